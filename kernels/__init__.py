@@ -1,0 +1,81 @@
+"""fa4.kernels: our FA4-style attention forward kernels (CuTe DSL) and the facts the harness needs.
+
+This package is the bottom of the dependency chain (harness `fa4tune` -> runtime `fa4` -> kernels) and
+imports nothing from above. Importing it does not import the DSL: compiling does.
+
+Public surface, the same for every kernel family:
+- `Config`, `knobs_for`, `AttentionProblem`: the knob model and the problem.
+- `feasible(config, problem) -> list[str]`: every reason the configuration cannot run the problem
+  (empty: feasible). The single check used by the tests, the search and the runtime.
+- `default_config(arch, problem)`: the heuristic default that seeds every search.
+- `compile_key(config, problem)`: what the generated code depends on (no sequence lengths or batch).
+- `compile_attention(config, problem)`: a launchable kernel for the GPU in this process.
+- `compile_report(config, problem)`: compile without a GPU and report registers, spills, shared memory.
+- `source_fingerprint(arch)`: a hash of the sources that generate the kernel, to detect stale tunings.
+
+A family (`sm90`, `sm100`) is a subpackage whose `__init__` provides, without importing the DSL:
+`can_implement(problem)`, `resource_reasons(config, problem)`, `resources(config, problem)`,
+`default_config(problem)`, `problem_key(config, problem)`, `compile_attention(config, problem)`,
+`compile_report(config, problem)` and `SOURCE_FILES` (paths relative to the family's folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from .knobs import ARCHS, KNOBS, Config, Knob, knob, knobs_for
+from .problem import DTYPES, AttentionProblem
+
+__all__ = [
+    "ARCHS", "KNOBS", "DTYPES", "Config", "Knob", "knob", "knobs_for", "AttentionProblem",
+    "family", "feasible", "default_config", "compile_key", "compile_attention", "compile_report",
+    "source_fingerprint",
+]
+
+_HERE = Path(__file__).resolve().parent
+
+
+def family(arch: str) -> ModuleType:
+    """The kernel family module of one architecture ("sm90" or "sm100")."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
+    return importlib.import_module(f"{__name__}.{arch}")
+
+
+def feasible(config: Config, problem: AttentionProblem) -> list[str]:
+    fam = family(config.arch)
+    return list(fam.can_implement(problem)) + list(fam.resource_reasons(config, problem))
+
+
+def default_config(arch: str, problem: AttentionProblem) -> Config:
+    return family(arch).default_config(problem)
+
+
+def compile_key(config: Config, problem: AttentionProblem) -> tuple:
+    return (config.arch, config.codegen_items(), tuple(family(config.arch).problem_key(config, problem)))
+
+
+def compile_attention(config: Config, problem: AttentionProblem):
+    reasons = feasible(config, problem)
+    if reasons:
+        raise ValueError(f"infeasible configuration {config.label()}: {'; '.join(reasons)}")
+    return family(config.arch).compile_attention(config, problem)
+
+
+def compile_report(config: Config, problem: AttentionProblem):
+    return family(config.arch).compile_report(config, problem)
+
+
+def source_fingerprint(arch: str) -> str:
+    """sha256 (first 16 hex digits) of the sources that decide the generated code of a family."""
+    fam = family(arch)
+    fam_dir = Path(fam.__file__).resolve().parent
+    paths = [_HERE / "knobs.py", _HERE / "problem.py"] + [fam_dir / p for p in sorted(fam.SOURCE_FILES)]
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]

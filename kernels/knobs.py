@@ -1,0 +1,217 @@
+"""Every tunable knob of our attention kernels, declared once.
+
+A knob is a name, its allowed values, a default, one line of meaning, whether it changes the generated
+code, and the architectures it applies to. Everything else derives from this table: the search space
+(`search_spaces/*.toml` may only narrow the choices), validation of a configuration, the compile key,
+the database columns and the report axes. Nothing here knows about budgets: feasibility is a separate
+function (`fa4.kernels.feasible`) because it depends on the problem too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Union
+
+Scalar = Union[bool, int, float, str]  # optuna categoricals must be plain scalars
+
+ARCHS = ("sm90", "sm100")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    choices: tuple[Scalar, ...]
+    default: Scalar
+    meaning: str
+    codegen: bool
+    archs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.default not in self.choices:
+            raise ValueError(f"knob {self.name}: default {self.default!r} not in {self.choices}")
+        unknown = set(self.archs) - set(ARCHS)
+        if unknown:
+            raise ValueError(f"knob {self.name}: unknown architectures {sorted(unknown)}")
+
+
+SM90 = ("sm90",)
+SM100 = ("sm100",)
+BOTH = ARCHS
+
+# Order matters only for display: it is the column order of tables and reports.
+KNOBS: tuple[Knob, ...] = (
+    # --- tiles ----------------------------------------------------------------------------------
+    Knob("tile_m", (64, 128, 192), 128,
+         "query rows per CTA tile; 64 rows per consumer warpgroup, so it sets the warpgroup count",
+         codegen=True, archs=SM90),
+    Knob("tile_m", (128,), 128,
+         "query rows per Q stage (one tcgen05 MMA of M=128; two Q stages make a 256-row CTA)",
+         codegen=True, archs=SM100),
+    Knob("tile_n", (64, 80, 96, 112, 128, 144, 160, 176, 192), 128,
+         "key/value rows per inner-loop block (the N of S = Q K^T)",
+         codegen=True, archs=SM90),
+    Knob("tile_n", (64, 128, 192, 256), 128,
+         "key/value rows per block (BLK_N); S/P needs tile_n TMEM columns per buffer",
+         codegen=True, archs=SM100),
+    # --- pipelines ------------------------------------------------------------------------------
+    Knob("kv_stages", (2, 3, 4), 2,
+         "depth of the shared-memory ring of K and V tiles filled by TMA",
+         codegen=True, archs=BOTH),
+    Knob("q_stages", (1, 2), 1,
+         "Q tiles in flight per CTA: 2 lets a persistent CTA load the next tile's Q during this one",
+         codegen=True, archs=SM90),
+    Knob("q_stages", (1, 2), 2,
+         "Q stages per CTA, each with its own softmax warpgroup (1: one softmax warpgroup idles)",
+         codegen=True, archs=SM100),
+    Knob("tmem_stages", (1, 2, 3), 2,
+         "depth of the S/P ring in TMEM (tile_n columns each)",
+         codegen=True, archs=SM100),
+    # --- softmax --------------------------------------------------------------------------------
+    Knob("rescale_threshold", (0.0, 4.0, 8.0, 12.0), 8.0,
+         "log2 headroom before the running max basis is raised and O rescaled (0: whenever it moves)",
+         codegen=True, archs=BOTH),
+    Knob("rescale_tile", (8, 16, 32, 64), 16,
+         "O columns per TMEM -> register -> TMEM round trip of the correction warpgroup",
+         codegen=True, archs=SM100),
+    Knob("softmax_overlap", (False, True), True,
+         "issue the next block's S = Q K^T before finishing this block's softmax (intra-warpgroup overlap)",
+         codegen=True, archs=SM90),
+    Knob("pv_operand", ("rs", "ss"), "rs",
+         "where the value MMA reads P: registers (rs) or shared memory (ss)",
+         codegen=True, archs=SM90),
+    # --- work distribution ----------------------------------------------------------------------
+    Knob("scheduler", ("single", "static", "lpt"), "single",
+         "tile scheduler: one CTA per tile, static persistent (grid = SMs), or persistent longest-first",
+         codegen=True, archs=BOTH),
+    Knob("pack_gqa", (False, True), True,
+         "pack the Hq/Hkv query heads sharing a KV head into one Q tile (K/V loaded once for all)",
+         codegen=True, archs=BOTH),
+    # --- registers ------------------------------------------------------------------------------
+    Knob("softmax_regs", (176, 184, 192, 200), 192,
+         "setmaxnreg for the softmax warpgroups; correction and the load/MMA/store warps get the rest",
+         codegen=True, archs=SM100),
+)
+
+
+def knobs_for(arch: str) -> tuple[Knob, ...]:
+    """The knobs of one architecture, in declaration order."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
+    return tuple(k for k in KNOBS if arch in k.archs)
+
+
+def knob(arch: str, name: str) -> Knob:
+    for k in knobs_for(arch):
+        if k.name == name:
+            return k
+    names = ", ".join(k.name for k in knobs_for(arch))
+    raise KeyError(f"unknown knob {name!r} for {arch}; known: {names}")
+
+
+def _check_declarations() -> None:
+    for arch in ARCHS:
+        names = [k.name for k in knobs_for(arch)]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"knobs declared twice for {arch}: {sorted(dup)}")
+
+
+_check_declarations()
+
+
+@dataclass(frozen=True)
+class Config:
+    """A complete, validated assignment of every knob of one architecture.
+
+    Immutable and hashable. Build with `Config.make(arch, **overrides)` (defaults fill the rest) or
+    `Config.from_dict(arch, mapping)` (every knob must be present). Unknown names or values raise.
+    """
+
+    arch: str
+    items: tuple[tuple[str, Scalar], ...]
+
+    def __post_init__(self) -> None:
+        declared = knobs_for(self.arch)
+        given = dict(self.items)
+        if len(given) != len(self.items):
+            raise ValueError("a knob is given twice")
+        missing = [k.name for k in declared if k.name not in given]
+        unknown = sorted(set(given) - {k.name for k in declared})
+        if unknown:
+            raise ValueError(f"unknown knob(s) for {self.arch}: {', '.join(unknown)}")
+        if missing:
+            raise ValueError(f"missing knob(s) for {self.arch}: {', '.join(missing)}")
+        for k in declared:
+            value = given[k.name]
+            if not _in_choices(value, k.choices):
+                raise ValueError(
+                    f"{self.arch} knob {k.name}={value!r} is not one of {list(k.choices)}")
+        # canonical order and canonical types (e.g. 8 -> 8.0 for a float knob)
+        canon = tuple((k.name, _canonical(given[k.name], k.choices)) for k in declared)
+        object.__setattr__(self, "items", canon)
+
+    @classmethod
+    def make(cls, arch: str, **overrides: Scalar) -> "Config":
+        values = {k.name: k.default for k in knobs_for(arch)}
+        values.update(overrides)
+        return cls(arch, tuple(values.items()))
+
+    @classmethod
+    def from_dict(cls, arch: str, values: Mapping[str, Any]) -> "Config":
+        return cls(arch, tuple(values.items()))
+
+    def replace(self, **overrides: Scalar) -> "Config":
+        values = dict(self.items)
+        unknown = sorted(set(overrides) - set(values))
+        if unknown:
+            raise ValueError(f"unknown knob(s) for {self.arch}: {', '.join(unknown)}")
+        values.update(overrides)
+        return Config(self.arch, tuple(values.items()))
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    def __getattr__(self, name: str) -> Scalar:
+        # only called when normal lookup fails, i.e. for knob names
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for key, value in object.__getattribute__(self, "items"):
+            if key == name:
+                return value
+        raise AttributeError(f"{self.arch} configuration has no knob {name!r}")
+
+    def __iter__(self) -> Iterator[tuple[str, Scalar]]:
+        return iter(self.items)
+
+    def codegen_items(self) -> tuple[tuple[str, Scalar], ...]:
+        """The knobs that change the generated code: the configuration's share of a compile key."""
+        return tuple((n, v) for n, v in self.items if knob(self.arch, n).codegen)
+
+    def label(self) -> str:
+        return " ".join(f"{n}={_short(v)}" for n, v in self.items)
+
+
+def _in_choices(value: Any, choices: tuple[Scalar, ...]) -> bool:
+    # bool is an int in Python: keep True from matching 1 and 1 from matching True
+    for c in choices:
+        if isinstance(c, bool) or isinstance(value, bool):
+            if isinstance(c, bool) and isinstance(value, bool) and c == value:
+                return True
+        elif c == value:
+            return True
+    return False
+
+
+def _canonical(value: Any, choices: tuple[Scalar, ...]) -> Scalar:
+    for c in choices:
+        if _in_choices(value, (c,)):
+            return c
+    raise AssertionError("checked before")
+
+
+def _short(v: Scalar) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
