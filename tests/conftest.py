@@ -1,0 +1,38 @@
+"""Marker handling: GPU tests run only where the GPU they need is present.
+
+`gpu`   needs a CUDA GPU our runnable kernel supports (Hopper, sm_90).
+`sm100` needs a Blackwell GPU (compute capability 10.x); nothing here has one.
+Detection touches CUDA only when such a test was collected, so CPU collection never needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def _compute_capability() -> tuple[int, int] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability()
+
+
+def pytest_collection_modifyitems(config, items):
+    wants_gpu = [i for i in items if "gpu" in i.keywords or "sm100" in i.keywords]
+    if not wants_gpu:
+        return
+    cc = _compute_capability()
+    for item in wants_gpu:
+        if "sm100" in item.keywords:
+            if cc is None or cc[0] != 10:
+                item.add_marker(pytest.mark.skip(reason=f"needs a Blackwell GPU (sm_100); found {cc}"))
+        elif cc is None:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is available"))
+        elif cc != (9, 0):
+            item.add_marker(pytest.mark.skip(reason=f"needs a Hopper GPU (sm_90); found sm_{cc[0]}{cc[1]}"))
