@@ -24,12 +24,13 @@ def _compute_capability() -> tuple[int, int] | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    wants_gpu = [i for i in items if "gpu" in i.keywords or "sm100" in i.keywords]
+    # markers, not keywords: a parametrize id such as "sm100" is a keyword too
+    wants_gpu = [i for i in items if i.get_closest_marker("gpu") or i.get_closest_marker("sm100")]
     if not wants_gpu:
         return
     cc = _compute_capability()
     for item in wants_gpu:
-        if "sm100" in item.keywords:
+        if item.get_closest_marker("sm100"):
             if cc is None or cc[0] != 10:
                 item.add_marker(pytest.mark.skip(reason=f"needs a Blackwell GPU (sm_100); found {cc}"))
         elif cc is None:
