@@ -1,0 +1,538 @@
+"""CPU emulation, in PyTorch, of the sm100 FA4 forward kernel's tile algorithm.
+
+No Blackwell GPU is lent here, so the numerics of the sm100 kernel are checked by replaying its exact
+tile algorithm on the CPU (design: `shared/design/fa4-sm100.md`). What is replayed, because it changes
+the numbers or the work done:
+
+- CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each; with
+  `pack_gqa` the Hq/Hkv query heads of one KV head share the tile, packed row r being
+  (seq = r // ratio, head = r % ratio); without it a task is (batch, q_head, m_block).
+- KV blocks of `tile_n` keys visited from the last one the task needs down to the first.
+- Per (m_block, n_block), decided once for the whole CTA (both Q stages ride the same KV loop): skipped
+  (entirely above the bottom-right causal diagonal: never loaded), full (no mask work) or masked
+  (straddles the diagonal or holds the key tail). Only masked blocks get a mask, so a wrong
+  classification shows up as a wrong result.
+- S = Q K^T in fp32; P = exp2(S * scale_log2 - basis * scale_log2) with scale * log2(e) folded.
+- The conditional rescale: the row basis is raised only when the new row max exceeds it by more than
+  `rescale_threshold` (log2 units); then O and l are multiplied by exp2((m_old - m_new) * scale_log2).
+  Otherwise the OLD BASIS IS KEPT, P reaches at most 2^threshold, and l and O stay on one basis: that,
+  not a factor close to 1, is why skipping is exact. The correction warpgroup rescales a Q stage tile
+  only when some row of it raised its basis (the "any row moved" vote); otherwise it releases O.
+- P rounded to the inputs' 16-bit type before the value MMA, fp32 accumulation of O and l (l sums the
+  fp32 P, as the softmax warpgroup holds it before packing), O / l only at the end, and a row that sees
+  no key gets O = 0, LSE = -inf.
+
+What is not replayed because it cannot change a number: KV/TMEM ring depths, RESCALE_TILE (the rescale
+is a per-row multiply whichever column chunking does it), the register split and the scheduler (tasks
+are independent). The order of the fp32 additions inside one MMA is the CPU matmul's, not the tensor
+core's.
+
+The emulation is vectorised over batch, heads and m_blocks; it loops only over KV blocks.
+
+Command line: `python -m fa4.kernels.sm100.emulation --help` (rescale statistics per threshold).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from fa4.kernels.knobs import Config
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+_INPUT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class RescaleStats:
+    """Work counters of one or more emulated forward calls (pass the same object to accumulate).
+
+    A "decision" is a visit of a tile (one Q stage of a task, one KV block) after the task's first KV
+    block: the point where the softmax warpgroup tells the correction warpgroup whether O must be
+    rescaled before the next value MMA. Row counters cover real query rows only (not tile padding).
+    """
+
+    tiles_visited: int = 0            # (task, Q stage, KV block) score tiles computed
+    blocks_full: int = 0              # (task, KV block) pairs with no mask work
+    blocks_masked: int = 0            # (task, KV block) pairs masked (causal diagonal or key tail)
+    blocks_skipped_causal: int = 0    # (task, KV block) pairs above the diagonal, never loaded
+    tile_decisions: int = 0           # tile visits after the task's first block
+    tile_rescales: int = 0            # ... where some row raised its basis: O round trip performed
+    tile_skips_by_threshold: int = 0  # ... released without rescale although some row's max moved
+    row_decisions: int = 0            # row visits after the task's first block
+    row_max_moved: int = 0            # ... where the block raised the row's running max
+    row_rescales: int = 0             # ... where the basis was raised (O and l multiplied)
+    row_basis_from_empty: int = 0     # ... of which the row had seen no key yet (O = l = 0)
+    max_p: float = 0.0                # largest P in fp32 (at most 2^threshold, up to rounding)
+    max_p_16bit: float = 0.0          # largest P after rounding to the input dtype (<= 2^threshold)
+
+    @property
+    def tile_skips(self) -> int:
+        """Decisions where the correction warpgroup released O without touching it."""
+        return self.tile_decisions - self.tile_rescales
+
+    @property
+    def row_rescales_skipped(self) -> int:
+        """Rows whose max moved but stayed within the threshold: basis kept, no multiply."""
+        return self.row_max_moved - (self.row_rescales - self.row_basis_from_empty)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tile_skips"] = self.tile_skips
+        out["row_rescales_skipped"] = self.row_rescales_skipped
+        return out
+
+    def merge(self, other: "RescaleStats") -> None:
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(mine, theirs) if f.name.startswith("max_") else mine + theirs)
+
+
+@dataclass(frozen=True)
+class BasisUpdate:
+    """What the softmax warpgroup decides for each row on a KV block after the first."""
+
+    running_max: torch.Tensor  # new running max m (raw score units; -inf while no key seen)
+    basis: torch.Tensor        # finite basis P is computed against (0 where no key seen yet)
+    o_scale: torch.Tensor      # factor the correction warpgroup applies to O (1: untouched)
+    l_scale: torch.Tensor      # factor applied to l
+    raised: torch.Tensor       # bool: the row votes for a rescale of its tile
+
+
+def choose_basis(running_max: torch.Tensor, block_max: torch.Tensor, threshold: float,
+                 scale_log2: float) -> BasisUpdate:
+    """The conditional rescale rule of the kernel (and of flash-attn 4's SoftmaxSm100).
+
+    Keep the old basis while (m_old - m_new) * scale_log2 >= -threshold; otherwise raise it to m_new and
+    scale O and l by exp2 of that difference. A row that has seen no key yet (m_old = -inf) always
+    "raises" (its factor is 0, harmless since O = l = 0 there).
+    """
+    candidate = torch.maximum(running_max, block_max)
+    candidate_basis = torch.where(candidate == -math.inf, torch.zeros_like(candidate), candidate)
+    log2_factor = (running_max - candidate_basis) * scale_log2
+    keep = log2_factor >= -threshold
+    factor = torch.where(keep, torch.ones_like(log2_factor), torch.exp2(log2_factor))
+    return BasisUpdate(
+        running_max=torch.where(keep, running_max, candidate),
+        basis=torch.where(keep, running_max, candidate_basis),
+        o_scale=factor,
+        l_scale=factor,
+        raised=~keep,
+    )
+
+
+# The rule in use; tests swap in a wrong rule to prove they would catch it.
+_basis_rule: Callable[[torch.Tensor, torch.Tensor, float, float], BasisUpdate] = choose_basis
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config) -> None:
+    if not isinstance(config, Config) or config.arch != "sm100":
+        raise ValueError(f"the sm100 emulation needs an sm100 Config, got {config!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q must be (B, Sq, Hq, D) and k, v (B, Sk, Hkv, D)")
+    if q.dtype not in _INPUT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one of {_INPUT_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"heads_q ({q.shape[2]}) must be a positive multiple of heads_kv ({k.shape[2]})")
+
+
+@dataclass(frozen=True)
+class _BlockPlan:
+    """Per m_block extents of the KV loop, decided once per CTA like the kernel does."""
+
+    n_blocks: int             # KV blocks of the whole key sequence
+    block_end: torch.Tensor   # (M,) blocks [0, block_end) are visited; the rest is skipped (causal)
+    full_end: torch.Tensor    # (M,) blocks [0, full_end) need no mask; [full_end, block_end) are masked
+
+
+def _plan_blocks(num_m: int, rows_per_cta: int, packed_rows: int, ratio: int, seqlen_q: int,
+                 seqlen_k: int, tile_n: int, causal: bool) -> _BlockPlan:
+    n_blocks = -(-seqlen_k // tile_n)
+    offset = seqlen_k - seqlen_q  # key j is visible from query i iff j <= i + offset (causal)
+    block_end, full_end = [], []
+    for m in range(num_m):
+        first_row = m * rows_per_cta
+        last_row = min((m + 1) * rows_per_cta, packed_rows) - 1
+        seq_lo, seq_hi = first_row // ratio, last_row // ratio
+        end, full = n_blocks, seqlen_k // tile_n  # the key tail block is always masked
+        if causal:
+            end = min(n_blocks, max(0, -(-(seq_hi + offset + 1) // tile_n)))
+            full = min(full, max(0, (seq_lo + offset + 1) // tile_n))
+        block_end.append(end)
+        full_end.append(min(full, end))
+    return _BlockPlan(n_blocks, torch.tensor(block_end), torch.tensor(full_end))
+
+
+def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config,
+                        causal: bool = False, softmax_scale: Optional[float] = None,
+                        return_lse: bool = False, stats: Optional[RescaleStats] = None):
+    """Run the sm100 kernel's tile algorithm on the CPU (or any torch device).
+
+    q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), fp16 or bf16. Returns O like q, and with `return_lse`
+    also LSE (B, Hq, Sq) fp32 in natural log. `stats`, when given, accumulates work counters.
+    """
+    _check(q, k, v, config)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    ratio = heads_q // heads_kv
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    scale_log2 = scale * LOG2_E
+    threshold = float(config.rescale_threshold)
+    tile_m, q_stages, tile_n = int(config.tile_m), int(config.q_stages), int(config.tile_n)
+    rows_per_cta = tile_m * q_stages
+    device = q.device
+
+    # Task layout: (B, T, rows, D) with T the task heads and rows the (packed) query rows.
+    if config.pack_gqa:
+        q_rows = q.reshape(batch, seqlen_q, heads_kv, ratio, head_dim).permute(0, 2, 1, 3, 4)
+        q_rows = q_rows.reshape(batch, heads_kv, seqlen_q * ratio, head_dim)
+        k_task, v_task = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        row_ratio = ratio
+    else:
+        q_rows = q.permute(0, 2, 1, 3)
+        k_task = k.permute(0, 2, 1, 3).repeat_interleave(ratio, dim=1)
+        v_task = v.permute(0, 2, 1, 3).repeat_interleave(ratio, dim=1)
+        row_ratio = 1
+    tasks, packed_rows = q_rows.shape[1], q_rows.shape[2]
+    num_m = -(-packed_rows // rows_per_cta)
+    padded_rows = num_m * rows_per_cta
+
+    out_rows = torch.zeros(batch, tasks, padded_rows, head_dim, dtype=torch.float32, device=device)
+    lse_rows = torch.full((batch, tasks, padded_rows), -math.inf, dtype=torch.float32, device=device)
+    if num_m > 0 and seqlen_k > 0:
+        q_f32 = torch.zeros(batch, tasks, padded_rows, head_dim, dtype=torch.float32, device=device)
+        q_f32[:, :, :packed_rows] = q_rows.float()  # TMA zero-fills rows past the sequence
+        plan = _plan_blocks(num_m, rows_per_cta, packed_rows, row_ratio, seqlen_q, seqlen_k, tile_n,
+                            causal)
+        _run_tasks(q_f32.view(batch, tasks, num_m, rows_per_cta, head_dim), k_task.float(),
+                   v_task.float(), plan, q.dtype, tile_m, tile_n, row_ratio, packed_rows, seqlen_q,
+                   seqlen_k, causal, scale_log2, threshold, out_rows, lse_rows, stats)
+
+    # Back to (B, Sq, Hq, D) and (B, Hq, Sq).
+    out_rows, lse_rows = out_rows[:, :, :packed_rows], lse_rows[:, :, :packed_rows]
+    if config.pack_gqa:
+        out = out_rows.reshape(batch, heads_kv, seqlen_q, ratio, head_dim).permute(0, 2, 1, 3, 4)
+        out = out.reshape(batch, seqlen_q, heads_q, head_dim)
+        lse = lse_rows.reshape(batch, heads_kv, seqlen_q, ratio).permute(0, 1, 3, 2)
+        lse = lse.reshape(batch, heads_q, seqlen_q)
+    else:
+        out, lse = out_rows.permute(0, 2, 1, 3), lse_rows
+    out = out.to(q.dtype).contiguous()
+    return (out, lse.contiguous()) if return_lse else out
+
+
+def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, row_ratio, packed_rows,
+               seqlen_q, seqlen_k, causal, scale_log2, threshold, out_rows, lse_rows,
+               stats: Optional[RescaleStats]) -> None:
+    """The KV loop of every CTA task at once: q_f32 (B, T, M, rows_per_cta, D), k/v (B, T, Sk, D)."""
+    batch, tasks, num_m, rows_per_cta, head_dim = q_f32.shape
+    q_stages = rows_per_cta // tile_m
+    device = q_f32.device
+    state_shape = (batch, tasks, num_m, rows_per_cta)
+    running_max = torch.full(state_shape, -math.inf, device=device)
+    basis = torch.zeros(state_shape, device=device)
+    row_sum = torch.zeros(state_shape, device=device)
+    acc_o = torch.zeros(*state_shape, head_dim, device=device)
+
+    row_index = torch.arange(num_m * rows_per_cta, device=device).view(num_m, rows_per_cta)
+    row_seq = row_index // row_ratio               # query position of each packed row
+    row_valid = row_index < packed_rows            # tile padding rows are computed, never stored
+    col = torch.arange(tile_n, device=device)
+    tasks_total = batch * tasks
+    counts = RescaleStats()
+    counts.blocks_skipped_causal = int((plan.n_blocks - plan.block_end).sum()) * tasks_total
+
+    for n in range(plan.n_blocks - 1, -1, -1):
+        active = n < plan.block_end
+        if not bool(active.any()):
+            continue
+        m_idx = active.nonzero().flatten()
+        m_dev = m_idx.to(device)
+        everyone = m_idx.numel() == num_m
+        first = (plan.block_end[m_idx] - 1 == n).to(device)
+        masked = (n >= plan.full_end[m_idx]).to(device)
+        counts.tiles_visited += m_idx.numel() * q_stages * tasks_total
+        counts.blocks_masked += int(masked.sum()) * tasks_total
+        counts.blocks_full += int((~masked).sum()) * tasks_total
+
+        key_lo, key_hi = n * tile_n, min((n + 1) * tile_n, seqlen_k)
+        k_blk = k_f32[:, :, key_lo:key_hi]
+        v_blk = v_f32[:, :, key_lo:key_hi]
+        if key_hi - key_lo < tile_n:  # TMA zero-fills keys past the sequence; the mask removes them
+            pad = tile_n - (key_hi - key_lo)
+            k_blk = torch.nn.functional.pad(k_blk, (0, 0, 0, pad))
+            v_blk = torch.nn.functional.pad(v_blk, (0, 0, 0, pad))
+        q_sel = q_f32 if everyone else q_f32.index_select(2, m_dev)
+        scores = torch.matmul(q_sel, k_blk.transpose(-1, -2).unsqueeze(2))  # (B, T, m, rows, N)
+
+        if bool(masked.any()):
+            key = key_lo + col
+            invisible = (key >= seqlen_k).expand(rows_per_cta, tile_n)
+            if causal:
+                invisible = invisible | (key[None, :] > row_seq[m_dev][:, :, None] + (seqlen_k - seqlen_q))
+            else:
+                invisible = invisible.expand(m_idx.numel(), rows_per_cta, tile_n)
+            scores = scores.masked_fill(invisible & masked[:, None, None], -math.inf)
+
+        block_max = scores.amax(dim=-1)
+        old_max = running_max if everyone else running_max.index_select(2, m_dev)
+        update = _basis_rule(old_max, block_max, threshold, scale_log2)
+        # First block of a task: the basis is the block's max (0 while the row sees no key).
+        first_b = first[:, None]
+        new_max = torch.where(first_b, block_max, update.running_max)
+        new_basis = torch.where(first_b, torch.where(block_max == -math.inf, 0.0, block_max), update.basis)
+        o_scale = torch.where(first_b, 0.0, update.o_scale)
+        l_scale = torch.where(first_b, 0.0, update.l_scale)
+
+        probs = torch.exp2(scores * scale_log2 - (new_basis * scale_log2)[..., None])
+        probs_16 = probs.to(p_dtype)
+        if stats is not None:
+            counts.max_p = max(counts.max_p, float(probs.max()))
+            counts.max_p_16bit = max(counts.max_p_16bit, float(probs_16.max()))
+            _count_decisions(counts, first, update, old_max, block_max, row_valid[m_dev], q_stages,
+                             tile_m)
+
+        old_sum = row_sum if everyone else row_sum.index_select(2, m_dev)
+        old_o = acc_o if everyone else acc_o.index_select(2, m_dev)
+        new_sum = old_sum * l_scale + probs.sum(dim=-1)
+        new_o = old_o * o_scale[..., None] + torch.matmul(probs_16.float(), v_blk.unsqueeze(2))
+        if everyone:
+            running_max, basis, row_sum, acc_o = new_max, new_basis, new_sum, new_o
+        else:
+            running_max.index_copy_(2, m_dev, new_max)
+            basis.index_copy_(2, m_dev, new_basis)
+            row_sum.index_copy_(2, m_dev, new_sum)
+            acc_o.index_copy_(2, m_dev, new_o)
+
+    seen = row_sum > 0
+    safe_sum = torch.where(seen, row_sum, torch.ones_like(row_sum))
+    out = torch.where(seen[..., None], acc_o / safe_sum[..., None], 0.0)
+    lse = torch.where(seen, (basis * scale_log2 + torch.log2(safe_sum)) * LN_2, -math.inf)
+    out_rows.copy_(out.view_as(out_rows))
+    lse_rows.copy_(lse.view_as(lse_rows))
+    if stats is not None:
+        stats.merge(counts)
+
+
+def _count_decisions(counts: RescaleStats, first: torch.Tensor, update: BasisUpdate,
+                     old_max: torch.Tensor, block_max: torch.Tensor, row_valid: torch.Tensor,
+                     q_stages: int, tile_m: int) -> None:
+    later = ~first[:, None]                           # (m, 1): decisions happen after the first block
+    real = (later & row_valid).expand_as(old_max)     # (B, T, m, rows)
+    moved = (block_max > old_max) & real
+    raised = update.raised & later.expand_as(old_max)  # padding rows vote too (they never move)
+    counts.row_decisions += int(real.sum())
+    counts.row_max_moved += int((moved & (old_max > -math.inf)).sum())
+    counts.row_rescales += int((raised & real).sum())
+    counts.row_basis_from_empty += int((raised & real & (old_max == -math.inf)).sum())
+    shape = old_max.shape[:3] + (q_stages, tile_m)
+    tile_vote = raised.view(shape).any(dim=-1)
+    tile_moved = (moved & (old_max > -math.inf)).view(shape).any(dim=-1)
+    counts.tile_decisions += int(later.sum()) * old_max.shape[0] * old_max.shape[1] * q_stages
+    counts.tile_rescales += int(tile_vote.sum())
+    counts.tile_skips_by_threshold += int((tile_moved & ~tile_vote).sum())
+
+
+# --------------------------------------------------------------------------------------------------
+# References and measurement (used by the tests and the command line)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        softmax_scale: Optional[float] = None, dtype: torch.dtype = torch.float32,
+                        head_chunk: int = 8):
+    """Plain softmax attention in `dtype` with the bottom-right causal mask, heads in chunks.
+
+    Returns O (B, Sq, Hq, D) in `dtype` and LSE (B, Hq, Sq); rows that see no key get O = 0, LSE = -inf.
+    """
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    ratio = heads_q // heads_kv
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    visible = visible_mask(seqlen_q, seqlen_k, causal, q.device)
+    out = torch.zeros(batch, heads_q, seqlen_q, head_dim, dtype=dtype, device=q.device)
+    lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=dtype, device=q.device)
+    for h0 in range(0, heads_q, head_chunk):
+        heads = torch.arange(h0, min(h0 + head_chunk, heads_q), device=q.device)
+        qh = q[:, :, heads].to(dtype).permute(0, 2, 1, 3)
+        kh = k[:, :, heads // ratio].to(dtype).permute(0, 2, 1, 3)
+        vh = v[:, :, heads // ratio].to(dtype).permute(0, 2, 1, 3)
+        logits = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+        logits = logits.masked_fill(~visible, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)
+        seen = row_lse > -math.inf
+        weights = torch.exp(logits - torch.where(seen, row_lse, 0.0)[..., None])
+        out[:, heads] = torch.matmul(weights, vh)
+        lse[:, heads] = row_lse
+    return out.permute(0, 2, 1, 3).contiguous(), lse
+
+
+def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> torch.Tensor:
+    """(Sq, Sk) bool, True where query i may see key j: j <= i + Sk - Sq when causal (bottom-right)."""
+    if not causal:
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    return j <= i + (seqlen_k - seqlen_q)
+
+
+INPUT_KINDS = {
+    "normal": "q, k, v ~ N(0, 1)",
+    "peaked": "q, k, v ~ N(0, 1) with 1/64 of the keys (key 0, an attention-sink position, among them) "
+              "scaled x4, so those logits are 4x larger",
+}
+
+
+def make_inputs(kind: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+                head_dim: int, dtype: torch.dtype = torch.float16, seed: int = 0):
+    """Real-looking attention inputs of one of INPUT_KINDS, deterministic in `seed`."""
+    if kind not in INPUT_KINDS:
+        raise ValueError(f"unknown input kind {kind!r}; known: {', '.join(INPUT_KINDS)}")
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen)
+    if kind == "peaked":
+        loud = torch.randperm(seqlen_k, generator=gen)[: max(1, seqlen_k // 64)]
+        loud = torch.unique(torch.cat([torch.zeros(1, dtype=torch.long), loud]))
+        k[:, loud] *= 4.0
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def measure_rescales(kinds, seqlens, thresholds, causal_modes, heads_q=32, heads_kv=8, head_dim=128,
+                     batch=1, dtype=torch.float16, base: Optional[Config] = None, progress=None) -> list:
+    """One row per (kind, causal, seqlen, threshold): work counters and error against fp32."""
+    base = base or Config.make("sm100")
+    rows = []
+    for kind in kinds:
+        for seqlen in seqlens:
+            q, k, v = make_inputs(kind, batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype,
+                                  seed=seqlen)
+            for causal in causal_modes:
+                ref, _ = reference_attention(q, k, v, causal=causal)
+                for threshold in thresholds:
+                    started = time.perf_counter()
+                    stats = RescaleStats()
+                    out = emulate_fa4_forward(q, k, v, base.replace(rescale_threshold=threshold),
+                                              causal=causal, stats=stats)
+                    err = float((out.float() - ref).abs().max())
+                    row = {"kind": kind, "causal": causal, "seqlen": seqlen, "threshold": float(threshold),
+                           "max_abs_err_vs_fp32": err, **stats.to_dict()}
+                    row["tile_rescale_fraction"] = stats.tile_rescales / max(1, stats.tile_decisions)
+                    rows.append(row)
+                    if progress:
+                        progress(f"{kind} causal={causal} S={seqlen} t={threshold:g}: "
+                                 f"{stats.tile_rescales}/{stats.tile_decisions} tile rescales, "
+                                 f"err {err:.2e} ({time.perf_counter() - started:.1f} s)")
+    return rows
+
+
+def format_table(rows: list) -> str:
+    head = (f"{'inputs':<7} {'mask':<6} {'S':>5} {'thr':>3} | {'tile resc.':>10} {'tile skip':>9} "
+            f"{'resc.%':>6} | {'row moved':>9} {'row resc.':>9} {'row kept':>9} | {'max P':>7} "
+            f"{'err fp32':>8}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['kind']:<7} {'causal' if r['causal'] else 'full':<6} {r['seqlen']:>5} "
+            f"{r['threshold']:>3g} | {r['tile_rescales']:>10} {r['tile_skips']:>9} "
+            f"{100 * r['tile_rescale_fraction']:>5.1f}% | {r['row_max_moved']:>9} "
+            f"{r['row_rescales'] - r['row_basis_from_empty']:>9} {r['row_rescales_skipped']:>9} | "
+            f"{r['max_p_16bit']:>7g} {r['max_abs_err_vs_fp32']:>8.1e}")
+    return "\n".join(lines)
+
+
+def default_stats_path() -> Path:
+    """results/sm100_rescale_stats.json of the source tree (where the command writes it)."""
+    return Path(__file__).resolve().parents[2] / "results" / "sm100_rescale_stats.json"
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle, sort_keys=True, indent=1)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def _saved_summary() -> str:
+    path = default_stats_path()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"No saved measurement at {path} yet: run the `stats` command."
+    summary = [f"Saved measurement ({path.name}, made by: {saved.get('command', '?')}):"]
+    summary += ["  " + line for line in format_table(saved["rows"]).splitlines()]
+    return "\n".join(summary)
+
+
+def _cli():
+    import click
+
+    @click.group(help="CPU emulation of the sm100 FA4 tile algorithm: rescale statistics per "
+                      "rescale_threshold on real-looking inputs.\n\n" + INPUT_KINDS["peaked"],
+                 epilog=None)
+    def main() -> None:
+        pass
+
+    @main.command(help="Emulate the default sm100 config at each threshold and count the rescales "
+                       "the correction warpgroup performs and skips.")
+    @click.option("--seqlen", "seqlens", multiple=True, type=int, default=(1024, 2048, 4096),
+                  show_default=True, help="Sq = Sk (repeatable).")
+    @click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.0, 4.0, 8.0, 12.0),
+                  show_default=True, help="rescale_threshold values (repeatable).")
+    @click.option("--kind", "kinds", multiple=True, type=click.Choice(list(INPUT_KINDS)),
+                  default=tuple(INPUT_KINDS), show_default=True)
+    @click.option("--mask", "masks", multiple=True, type=click.Choice(["full", "causal"]),
+                  default=("full", "causal"), show_default=True)
+    @click.option("--heads-q", default=32, show_default=True)
+    @click.option("--heads-kv", default=8, show_default=True)
+    @click.option("--head-dim", default=128, show_default=True)
+    @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+    @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                  show_default=True)
+    @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Also write the JSON (sorted keys) here, e.g. results/sm100_rescale_stats.json.")
+    def stats(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim, dtype, fmt, output):
+        torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        base = Config.make("sm100")
+        rows = measure_rescales(kinds, seqlens, thresholds, [m == "causal" for m in masks],
+                                heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=torch_dtype,
+                                base=base, progress=lambda s: click.echo(s, err=True))
+        payload = {
+            "command": "python -m fa4.kernels.sm100.emulation " + " ".join(sys.argv[1:]),
+            "what": "rescales the sm100 correction warpgroup performs vs skips per rescale_threshold, "
+                    "from the CPU emulation of the kernel's tile algorithm",
+            "shape": {"batch": 1, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim,
+                      "dtype": dtype},
+            "config": {k: v for k, v in base.to_dict().items() if k != "rescale_threshold"},
+            "inputs": {k: INPUT_KINDS[k] for k in kinds},
+            "torch": torch.__version__,
+            "rows": rows,
+        }
+        if output is not None:
+            _write_json_atomic(output, payload)
+        click.echo(json.dumps(payload, sort_keys=True, indent=1) if fmt == "json" else format_table(rows))
+
+    @main.command(help="Print the saved measurement (results/sm100_rescale_stats.json).")
+    def show():
+        click.echo(_saved_summary())
+
+    main.epilog = "\b\n" + _saved_summary()  # \b: keep click from re-wrapping the table
+    return main
+
+
+if __name__ == "__main__":
+    _cli()(prog_name="python -m fa4.kernels.sm100.emulation")
