@@ -1,1 +1,16 @@
-"""fa4: the runtime. `fa4.attention(q, k, v, causal=...)` looks up the tuned configuration and runs it."""
+"""fa4: the runtime. `fa4.attention(q, k, v, causal=...)` looks up the tuned configuration and runs it.
+
+    out = fa4.attention(q, k, v, causal=True)        # q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), fp16/bf16
+    out, lse = fa4.attention(q, k, v, return_lse=True)
+    print(fa4.explain(q, k, v, causal=True))         # which configuration would run, and why
+"""
+
+from fa4 import ops as _ops  # registers the custom op fa4::attention  # noqa: F401
+from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
+from fa4.runtime import (Explanation, Fa4Warning, KernelCompileError, attention, cache_info, explain,
+                         reset_caches, use_config_db)
+
+__all__ = [
+    "attention", "explain", "Explanation", "use_config_db", "cache_info", "reset_caches",
+    "Fa4Error", "InvalidInputError", "UnsupportedInputError", "KernelCompileError", "Fa4Warning",
+]

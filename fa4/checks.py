@@ -1,0 +1,225 @@
+"""Input checks of `fa4.attention`: every bad input gets an error that names the problem.
+
+Two kinds of problem, two error classes:
+- `InvalidInputError`: the call itself is wrong (wrong rank, shapes that disagree, mixed dtypes, tensors
+  on different devices, a tensor that requires grad). Always raised.
+- `UnsupportedInputError`: a well-formed call our kernels cannot run (CPU tensors, fp32, a GPU without a
+  kernel, a head dim no kernel supports, strides or pointers TMA cannot address). Raised by default;
+  `fallback="sdpa"` runs PyTorch's SDPA instead.
+
+Everything here except `pointers_misaligned` depends only on shapes, strides, dtypes and devices, so the
+runtime runs it once per input signature and caches the outcome. Nothing here touches CUDA: the checks
+run on CPU and meta tensors, which is how the CPU tests exercise them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fa4.kernels import AttentionProblem
+
+# TMA addresses global memory in 16-byte units: base pointers and every stride but the innermost.
+TMA_ALIGN_BYTES = 16
+
+KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+# Floating dtypes SDPA can run when the user opts into the fallback; any other dtype is an invalid call.
+FALLBACK_DTYPES = (torch.float32, torch.float64)
+
+LAYOUT = "q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv, head_dim)"
+
+
+class Fa4Error(Exception):
+    """Base class of the errors fa4 raises on purpose."""
+
+
+class InvalidInputError(Fa4Error, ValueError):
+    """The call is wrong: no backend could run it."""
+
+
+class UnsupportedInputError(Fa4Error, ValueError):
+    """A well-formed call our kernels cannot run; `fallback="sdpa"` runs SDPA instead."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the checks learnt from q, k and v; a function of their signature only."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    torch_dtype: torch.dtype
+    device: torch.device
+    # Why the kernels cannot run these tensors whatever the GPU (dtype, strides; the device is judged
+    # separately by `device_reasons`). Empty: nothing against them.
+    unsupported: tuple[str, ...]
+    # Dimensions of size 1 whose stride TMA could not use; harmless, the runtime re-strides them.
+    needs_restride: bool
+
+    @property
+    def dtype(self) -> str | None:
+        return KERNEL_DTYPES.get(self.torch_dtype)
+
+    def problem(self, causal: bool, return_lse: bool) -> AttentionProblem:
+        if self.dtype is None:
+            raise UnsupportedInputError(f"dtype {self.torch_dtype} has no kernel (fp16 or bf16 only)")
+        return AttentionProblem(
+            batch=self.batch, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, heads_q=self.heads_q,
+            heads_kv=self.heads_kv, head_dim=self.head_dim, dtype=self.dtype, causal=bool(causal),
+            return_lse=bool(return_lse))
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute: the output has no elements."""
+        return self.batch == 0 or self.seqlen_q == 0
+
+    @property
+    def has_no_keys(self) -> bool:
+        """Every query row sees no key: O = 0 and LSE = -inf, no launch."""
+        return self.seqlen_k == 0
+
+
+def check_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        names = [n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
+        raise InvalidInputError(
+            f"fa4.attention is forward only (no backward yet), but {', '.join(names)} requires grad; "
+            "call it under torch.no_grad() / torch.inference_mode(), or pass detached tensors")
+
+
+def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSpec:
+    """Check q, k, v; raise `InvalidInputError` for a wrong call, else return what we learnt.
+
+    Reasons the kernels cannot run the tensors (device, dtype, strides) are returned in
+    `InputSpec.unsupported`, not raised, so the caller can choose the fallback.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise InvalidInputError(
+                f"{name} must be 4-D, got {t.dim()}-D shape {tuple(t.shape)}; expected {LAYOUT}")
+
+    if not (q.device == k.device == v.device):
+        raise InvalidInputError(
+            f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}")
+
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InvalidInputError(
+            f"q, k and v must have one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    dtype = q.dtype
+    if dtype not in KERNEL_DTYPES and dtype not in FALLBACK_DTYPES:
+        raise InvalidInputError(f"dtype {dtype} is not supported: use torch.float16 or torch.bfloat16")
+
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
+    batch_v, seqlen_v, heads_v, head_dim_v = v.shape
+    if not (head_dim == head_dim_k == head_dim_v):
+        raise InvalidInputError(
+            f"head dims differ: q {head_dim}, k {head_dim_k}, v {head_dim_v} (last dimension); "
+            "the kernels need one head dim for q, k and v")
+    if not (batch == batch_k == batch_v):
+        raise InvalidInputError(
+            f"batch sizes differ: q {batch}, k {batch_k}, v {batch_v} (first dimension); expected {LAYOUT}")
+    if seqlen_k != seqlen_v:
+        raise InvalidInputError(
+            f"k and v must have the same sequence length, got k {seqlen_k}, v {seqlen_v} (second dimension)")
+    if heads_kv != heads_v:
+        raise InvalidInputError(
+            f"k and v must have the same number of heads, got k {heads_kv}, v {heads_v} (third dimension)")
+    if heads_q == 0 or heads_kv == 0:
+        raise InvalidInputError(f"need at least one head, got heads_q={heads_q}, heads_kv={heads_kv}")
+    if heads_q % heads_kv:
+        raise InvalidInputError(
+            f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query attention")
+
+    unsupported: list[str] = []
+    if dtype not in KERNEL_DTYPES:
+        unsupported.append(f"dtype {dtype} has no kernel; use torch.float16 or torch.bfloat16")
+    needs_restride = False
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        reasons, restride = _stride_reasons(name, t)
+        unsupported += reasons
+        needs_restride |= restride
+
+    return InputSpec(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+        head_dim=head_dim, torch_dtype=dtype, device=q.device, unsupported=tuple(unsupported),
+        needs_restride=needs_restride)
+
+
+def device_reasons(spec: InputSpec) -> list[str]:
+    if spec.device.type != "cuda":
+        return [f"the tensors are on {spec.device}; the kernels run on CUDA GPUs only"]
+    return []
+
+
+def _stride_reasons(name: str, t: torch.Tensor) -> tuple[list[str], bool]:
+    """Strides TMA cannot use: the head dim must be contiguous, the others multiples of 16 bytes.
+
+    A dimension of size 1 is never stepped over, so its stride does not matter; the runtime gives it an
+    aligned one instead of refusing the tensor (returned flag).
+    """
+    reasons = []
+    restride = False
+    shape, strides = t.shape, t.stride()
+    if shape[3] > 1 and strides[3] != 1:
+        reasons.append(
+            f"{name} has stride {strides[3]} in its last (head) dimension; the kernels need it contiguous "
+            f"(stride 1): call .contiguous() on {name}")
+    item = t.element_size()
+    for dim, dim_name in ((0, "batch"), (1, "sequence"), (2, "head")):
+        if (strides[dim] * item) % TMA_ALIGN_BYTES:
+            if shape[dim] <= 1:
+                restride = True
+            else:
+                reasons.append(
+                    f"{name} stride {strides[dim]} of its {dim_name} dimension is {strides[dim] * item} bytes, "
+                    f"not a multiple of {TMA_ALIGN_BYTES} (TMA needs 16-byte aligned strides): call "
+                    f".contiguous() on {name}")
+    return reasons, restride
+
+
+def aligned_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """Strides of `t` with those of size-1 dimensions replaced by aligned, equivalent ones."""
+    strides = list(t.stride())
+    item = t.element_size()
+    for dim in range(t.dim()):
+        if t.shape[dim] <= 1 and (strides[dim] * item) % TMA_ALIGN_BYTES:
+            # never stepped over: any value is the same tensor; use the extent of the inner dimensions
+            inner = [t.shape[d] * strides[d] for d in range(dim + 1, t.dim())]
+            strides[dim] = max(inner + [1])
+            while (strides[dim] * item) % TMA_ALIGN_BYTES:
+                strides[dim] += 1
+    return tuple(strides)
+
+
+def pointers_misaligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """The per-call check: the reason a base pointer breaks TMA's 16-byte alignment, or None."""
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES == 0:
+        return None
+    bad = [f"{n} at 0x{t.data_ptr():x} (storage offset {t.storage_offset()})"
+           for n, t in (("q", q), ("k", k), ("v", v)) if t.data_ptr() % TMA_ALIGN_BYTES]
+    return (f"data pointers not {TMA_ALIGN_BYTES}-byte aligned (TMA needs them): {', '.join(bad)}; "
+            "usually a view that starts mid-row: call .contiguous() on it")
+
+
+def kernel_reasons(arch: str, spec: InputSpec, causal: bool, return_lse: bool) -> list[str]:
+    """Why the `arch` kernel family cannot run this problem (head dim, GQA ratio, ...), empty if it can.
+
+    Asked with at least one row of each sequence and batch, so the answer is about the shape family,
+    not about a zero-length call (which never launches).
+    """
+    from fa4 import kernels
+
+    problem = AttentionProblem(
+        batch=max(spec.batch, 1), seqlen_q=max(spec.seqlen_q, 1), seqlen_k=max(spec.seqlen_k, 1),
+        heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, dtype=spec.dtype,
+        causal=bool(causal), return_lse=bool(return_lse))
+    return [f"the {arch} kernel cannot run {problem.label()}: {r}"
+            for r in kernels.family(arch).can_implement(problem)]

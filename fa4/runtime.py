@@ -1,0 +1,611 @@
+"""`fa4.attention`: choose a configuration for the inputs, compile it once, launch it cheaply.
+
+Two paths share one decision procedure (`_plan`):
+- Slow path, once per input signature (shapes, strides, dtypes, devices, flags): check the inputs,
+  resolve the GPU's architecture, look the configuration up (forced -> exact database hit -> nearest
+  bucket -> heuristic default), check it is feasible, compile it or take it from the in-process cache
+  of compiled kernels (keyed by `fa4.kernels.compile_key`, which holds no sequence length or batch), and
+  store a `_Launch` for the signature.
+- Fast path, every later call: build the signature key, find the `_Launch`, check the data pointers
+  (the one property a signature cannot promise), allocate O (and LSE), call the compiled kernel's
+  `run`. No torch.library dispatch: the custom op in `fa4.ops` serves torch.compile, which enters it
+  through `torch.compiler.is_compiling()` below.
+
+`explain(...)` runs the same `_plan` without compiling and says what would run and why.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from fa4 import checks, fallback as _fallback
+from fa4 import kernels
+from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
+from fa4.kernels import AttentionProblem, Config
+
+ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
+FALLBACKS = ("error", "sdpa")
+
+# Compute capability -> kernel family. sm_90a code runs on 9.0 only and sm_100a code on 10.0 only
+# (arch-specific features: a B300, 10.3, needs sm_103a), so no other capability maps to a family.
+CAPABILITY_ARCH = {(9, 0): "sm90", (10, 0): "sm100"}
+UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
+                           "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
+                           "was available to run it"}
+
+# Signatures kept in the fast-path table; past this the table starts over (dynamic shapes can create
+# one signature per sequence length).
+MAX_SIGNATURES = 4096
+
+
+class KernelCompileError(Fa4Error, RuntimeError):
+    """Compiling the chosen configuration failed (a bug in a kernel, or a missing DSL)."""
+
+
+class Fa4Warning(UserWarning):
+    """Something degraded silently otherwise: a database that cannot be read, stale tunings, SDPA."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# process-wide state
+# ---------------------------------------------------------------------------------------------------
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.launches: dict[tuple, _Launch] = {}
+        self.compiled: dict[tuple, Any] = {}
+        self.db_path: str | None = None  # None: fa4.database's default (env var, else packaged file)
+        self.db: Any = None
+        self.db_loaded = False
+        self.db_error: str | None = None
+        self.fingerprints: dict[str, str] = {}
+        self.devices: dict[int, tuple[str | None, str, tuple[int, int]]] = {}
+        self.warned: set[str] = set()
+        self.compiles = 0
+        self.slow_calls = 0
+
+
+_STATE = _State()
+
+
+def _warn_once(tag: str, message: str) -> None:
+    if tag in _STATE.warned:
+        return
+    _STATE.warned.add(tag)
+    warnings.warn(message, Fa4Warning, stacklevel=_user_stacklevel())
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning at the first caller outside the fa4 package."""
+    level, frame = 1, sys._getframe(2)  # frame 2: the caller of _warn_once
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level += 1
+        frame = frame.f_back
+    return level + 1
+
+
+def use_config_db(path: str | os.PathLike | None) -> None:
+    """Use another best-config database file for the rest of the process (None: the default, i.e.
+    `$FA4_CONFIG_DB` when set, else the database shipped with the package). Forgets cached choices."""
+    with _STATE.lock:
+        _STATE.db_path = None if path is None else os.fspath(path)
+        _STATE.db = None
+        _STATE.db_loaded = False
+        _STATE.db_error = None
+        _STATE.launches.clear()
+
+
+def reset_caches(compiled: bool = False) -> None:
+    """Forget cached decisions, the database and one-time warnings (and compiled kernels if asked)."""
+    with _STATE.lock:
+        _STATE.launches.clear()
+        _STATE.db = None
+        _STATE.db_loaded = False
+        _STATE.db_error = None
+        _STATE.fingerprints.clear()
+        _STATE.warned.clear()
+        if compiled:
+            _STATE.compiled.clear()
+            _STATE.compiles = 0
+        _STATE.slow_calls = 0
+
+
+def cache_info() -> dict[str, int]:
+    """Counters: kernels compiled by this process, compiled kernels cached, signatures cached, and
+    calls that took the slow path (first call of a signature, or a misaligned pointer)."""
+    return {"compiles": _STATE.compiles, "compiled_kernels": len(_STATE.compiled),
+            "signatures": len(_STATE.launches), "slow_calls": _STATE.slow_calls}
+
+
+def _database():
+    """The loaded database, or None when it cannot be read (warned once; defaults are used)."""
+    if _STATE.db_loaded:
+        return _STATE.db
+    with _STATE.lock:
+        if _STATE.db_loaded:
+            return _STATE.db
+        try:
+            from fa4 import database
+
+            _STATE.db = database.BestConfigDB.load(_STATE.db_path)
+            _STATE.db_error = None
+        except Exception as exc:  # a broken database must never break a forward pass
+            _STATE.db = None
+            _STATE.db_error = f"{type(exc).__name__}: {exc}"
+            _warn_once("db-error", f"fa4: cannot use the best-config database ({_STATE.db_error}); "
+                                   "running heuristic default configurations instead")
+        _STATE.db_loaded = True
+        return _STATE.db
+
+
+def _fingerprint(arch: str) -> str | None:
+    fp = _STATE.fingerprints.get(arch)
+    if fp is None:
+        try:
+            fp = kernels.source_fingerprint(arch)
+        except Exception:  # a family without sources yet: nothing can be trusted
+            return None
+        _STATE.fingerprints[arch] = fp
+    return fp
+
+
+def _device_facts(device: torch.device) -> tuple[str | None, str, tuple[int, int]]:
+    """(arch or None, device name, compute capability) of a CUDA device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    facts = _STATE.devices.get(index)
+    if facts is None:
+        capability = tuple(torch.cuda.get_device_capability(index))
+        facts = (CAPABILITY_ARCH.get(capability), torch.cuda.get_device_name(index), capability)
+        _STATE.devices[index] = facts
+    return facts
+
+
+def _sm100_allowed(flag: bool) -> bool:
+    return bool(flag) or os.environ.get(ALLOW_SM100_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the decision
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Explanation:
+    """What `fa4.attention` does with some inputs, and why. `str()` reads as a short report."""
+
+    path: str                      # "kernel", "sdpa", "empty" (no launch), "no_keys" (O = 0, LSE = -inf)
+    problem: str                   # the problem's label
+    device: str
+    arch: str | None = None
+    device_name: str | None = None
+    config: Config | None = None
+    source: str | None = None      # "forced", "exact", "nearest", "default"
+    entry: Any = None              # the database entry used, if any
+    distance: float | None = None  # log2 bucket distance of a nearest entry
+    database: str | None = None    # which database file, and its state
+    compile_key: tuple | None = None
+    compiled: bool = False         # already compiled in this process
+    reasons: list[str] = field(default_factory=list)  # why our kernel does not run (sdpa path)
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"fa4.attention on {self.problem} ({self.device}"
+                 + (f", {self.device_name}" if self.device_name else "")
+                 + (f", {self.arch}" if self.arch else "") + ")"]
+        if self.path == "kernel":
+            lines.append(f"  runs: our {self.arch} kernel")
+            lines.append(f"  configuration: {self.config.label()}")
+            lines.append(f"  chosen by: {self._source_text()}")
+            lines.append(f"  compiled: {'yes, cached in this process' if self.compiled else 'not yet (compiles on first call)'}")
+        elif self.path == "sdpa":
+            lines.append("  runs: torch SDPA (fallback='sdpa'), because:")
+            lines += [f"    - {r}" for r in self.reasons]
+        elif self.path == "empty":
+            lines.append("  runs: nothing (empty output, no launch)")
+        elif self.path == "no_keys":
+            lines.append("  runs: nothing (seqlen_k = 0: O = 0 and LSE = -inf, no launch)")
+        if self.database:
+            lines.append(f"  database: {self.database}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _source_text(self) -> str:
+        if self.source == "forced":
+            return "config= argument (forced)"
+        if self.source == "default":
+            return "heuristic default (fa4.kernels.default_config): no usable database entry"
+        e = self.entry
+        what = "exact database hit" if self.source == "exact" else (
+            f"nearest database bucket (log2 distance {self.distance:.2f})")
+        facts = [f"tuned on {e.device}", f"{e.us:.1f} us", f"{e.tflops:.0f} TFLOP/s"]
+        facts += [f"{v:.2f}x vs {k}" for k, v in sorted(e.speedup.items())]
+        return f"{what} {e.key} ({', '.join(facts)}; {e.date})"
+
+
+@dataclass
+class _Plan:
+    explanation: Explanation
+    spec: checks.InputSpec
+    problem: AttentionProblem | None
+    causal: bool
+    return_lse: bool
+
+
+def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
+    """A `Config` from the config= argument: a Config, or a mapping of knob values (the knobs it does
+    not name keep the heuristic default's values)."""
+    if isinstance(config, Config):
+        if config.arch != arch:
+            raise InvalidInputError(
+                f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
+        return config
+    if isinstance(config, str):
+        return _config_from_str(config, arch)
+    if isinstance(config, Mapping):
+        try:
+            return kernels.default_config(arch, problem).replace(**dict(config))
+        except ValueError as exc:
+            raise InvalidInputError(f"config= {dict(config)}: {exc}") from exc
+    raise InvalidInputError(f"config= must be a fa4.kernels.Config or a dict of knob values, got "
+                            f"{type(config).__name__}")
+
+
+def config_to_str(config: Config) -> str:
+    """A Config as a string (the custom op's schema has no Config type): 'arch;name=repr;...'."""
+    return ";".join([config.arch] + [f"{n}={v!r}" for n, v in config.items])
+
+
+def _config_from_str(text: str, arch: str) -> Config:
+    import ast
+
+    parts = text.split(";")
+    values = {}
+    for part in parts[1:]:
+        name, _, value = part.partition("=")
+        values[name] = ast.literal_eval(value)
+    config = Config.from_dict(parts[0], values)
+    if config.arch != arch:
+        raise InvalidInputError(f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
+    return config
+
+
+def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
+          arch: str | None = None, device_name: str | None = None) -> _Plan:
+    """Decide what to run; raise for invalid calls and, without a fallback, unsupported ones.
+
+    `arch` and `device_name` override the device's (explain for another GPU, e.g. on CPU tensors).
+    """
+    if fallback not in FALLBACKS:
+        raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if not isinstance(causal, bool) or not isinstance(return_lse, bool):
+        raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
+    spec = checks.inspect_inputs(q, k, v)
+    reasons = list(spec.unsupported)
+    if arch is not None:
+        if arch not in kernels.ARCHS:
+            raise InvalidInputError(f"unknown architecture {arch!r}; known: {', '.join(kernels.ARCHS)}")
+        device_name = device_name or "unknown device"
+    elif spec.device.type != "cuda":
+        reasons += checks.device_reasons(spec)
+    else:
+        arch, device_name, capability = _device_facts(spec.device)
+        if arch is None:
+            reasons.append(
+                f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
+                f"they exist for Hopper (9.0, sm_90a) and Blackwell (10.0, sm_100a)")
+    notes: list[str] = []
+    if arch in UNTESTED_ARCHS:
+        notes.append(UNTESTED_ARCHS[arch])
+        if not _sm100_allowed(allow_untested_sm100):
+            reasons.append(
+                f"{UNTESTED_ARCHS[arch]}; opt in with fa4.attention(..., allow_untested_sm100=True) or "
+                f"{ALLOW_SM100_ENV}=1, or pass fallback='sdpa' to run PyTorch SDPA instead")
+    if arch is not None and spec.dtype is not None and not reasons:
+        reasons += checks.kernel_reasons(arch, spec, causal, return_lse)
+
+    label = (f"B{spec.batch} Sq{spec.seqlen_q} Sk{spec.seqlen_k} H{spec.heads_q}/{spec.heads_kv} "
+             f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {'causal' if causal else 'full'}")
+    expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
+                       device_name=device_name, notes=notes)
+    if reasons:
+        if fallback != "sdpa":
+            raise UnsupportedInputError(
+                "fa4.attention cannot run these inputs with its kernels: " + "; ".join(reasons)
+                + ". Pass fallback='sdpa' to run PyTorch SDPA instead.")
+        expl.path, expl.reasons = "sdpa", reasons
+    if spec.is_empty:
+        expl.path = "empty"
+    elif spec.has_no_keys:
+        expl.path = "no_keys"
+    if expl.path != "kernel":
+        if config is not None and expl.path == "sdpa":
+            notes.append("config= is ignored: the kernel does not run")
+        return _Plan(expl, spec, None, causal, return_lse)
+
+    problem = spec.problem(causal, return_lse)
+    _choose_config(expl, arch, device_name, problem, config)
+    key = kernels.compile_key(expl.config, problem)
+    expl.compile_key = key
+    expl.compiled = key in _STATE.compiled
+    return _Plan(expl, spec, problem, causal, return_lse)
+
+
+def _choose_config(expl: Explanation, arch: str, device_name: str, problem: AttentionProblem,
+                   config: Any) -> None:
+    """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
+    if config is not None:
+        cfg = _coerce_config(config, arch, problem)
+        why = kernels.feasible(cfg, problem)
+        if why:
+            raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
+        expl.config, expl.source = cfg, "forced"
+        return
+
+    db = _database()
+    if db is None:
+        expl.database = f"unusable ({_STATE.db_error}); defaults are used"
+    else:
+        expl.database = f"{db.path} ({len(db)} entries)"
+        fingerprint = _fingerprint(arch)
+        found = db.lookup(arch, device_name, problem, fingerprint)
+        if found.stale:
+            keys = ", ".join(e.key for e in found.stale[:3]) + (" ..." if len(found.stale) > 3 else "")
+            message = (f"fa4: {len(found.stale)} tuned entr{'y' if len(found.stale) == 1 else 'ies'} for "
+                       f"{arch} {problem.dtype} d{problem.head_dim} gqa{problem.gqa_ratio} "
+                       f"{'causal' if problem.causal else 'full'} {'was' if len(found.stale) == 1 else 'were'} "
+                       f"tuned on other kernel sources (fingerprint differs from {fingerprint}) and "
+                       f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
+            expl.notes.append(message)
+            _warn_once("stale:" + "|".join(e.key for e in found.stale), message)
+        if found.kind in ("exact", "nearest") and found.entry is not None:
+            try:
+                cfg = Config.from_dict(arch, found.entry.config)
+                why = kernels.feasible(cfg, problem)
+            except (ValueError, KeyError) as exc:
+                cfg, why = None, [str(exc)]
+            if not why:
+                expl.config, expl.source, expl.entry = cfg, found.kind, found.entry
+                expl.distance = found.distance
+                return
+            expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
+                              f"({'; '.join(why)}); using the heuristic default")
+    expl.config, expl.source = kernels.default_config(arch, problem), "default"
+    why = kernels.feasible(expl.config, problem)
+    if why:
+        raise UnsupportedInputError(
+            f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# launching
+# ---------------------------------------------------------------------------------------------------
+
+_KERNEL, _EMPTY, _NO_KEYS, _SDPA = range(4)
+
+
+class _Launch:
+    """What a signature needs at call time. Plain slots: read on every call."""
+
+    __slots__ = ("kind", "run", "default_scale", "out_like_q", "out_shape", "lse_shape",
+                 "device_index", "restride", "causal")
+
+    def __init__(self, kind, run, default_scale, out_like_q, out_shape, lse_shape, device_index,
+                 restride, causal):
+        self.kind = kind
+        self.run = run
+        self.default_scale = default_scale
+        self.out_like_q = out_like_q
+        self.out_shape = out_shape
+        self.lse_shape = lse_shape
+        self.device_index = device_index
+        self.restride = restride
+        self.causal = causal
+
+
+def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
+    launcher = _STATE.compiled.get(key)
+    if launcher is None:
+        with _STATE.lock:
+            launcher = _STATE.compiled.get(key)
+            if launcher is None:
+                try:
+                    launcher = kernels.compile_attention(config, problem)
+                except Exception as exc:
+                    raise KernelCompileError(
+                        f"compiling {config.arch} {config.label()} for {problem.label()} failed: "
+                        f"{type(exc).__name__}: {exc}") from exc
+                _STATE.compiled[key] = launcher
+                _STATE.compiles += 1
+    return launcher
+
+
+def _make_launch(plan: _Plan, fallback: str) -> _Launch:
+    spec, expl = plan.spec, plan.explanation
+    kind = {"kernel": _KERNEL, "empty": _EMPTY, "no_keys": _NO_KEYS, "sdpa": _SDPA}[expl.path]
+    run = None
+    if kind == _KERNEL:
+        try:
+            run = _compiled_kernel(expl.config, plan.problem, expl.compile_key).run
+        except KernelCompileError as exc:
+            if fallback != "sdpa":
+                raise
+            _warn_once(f"compile:{expl.compile_key}", f"fa4: {exc}; running SDPA instead (fallback='sdpa')")
+            kind = _SDPA
+    if kind == _SDPA:
+        _warn_once("sdpa:" + "|".join(expl.reasons),
+                   "fa4: running PyTorch SDPA (fallback='sdpa') because " + "; ".join(expl.reasons or ["the kernel failed to compile"]))
+    out_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    return _Launch(
+        kind=kind, run=run, default_scale=1.0 / math.sqrt(spec.head_dim) if spec.head_dim else 1.0,
+        out_like_q=None, out_shape=out_shape, lse_shape=(spec.batch, spec.heads_q, spec.seqlen_q),
+        device_index=spec.device.index if spec.device.type == "cuda" else None,
+        restride=spec.needs_restride, causal=plan.causal)
+
+
+if hasattr(torch._C, "_cuda_getDevice"):
+    _current_cuda_device = torch._C._cuda_getDevice
+else:  # a CPU build: no kernel launch ever reaches the device check
+    def _current_cuda_device() -> int:
+        return -1
+
+
+def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
+    """Everything but the fast kernel path: empty outputs, no keys, SDPA, and kernels needing care."""
+    if launch.kind == _EMPTY:
+        out = q.new_empty(launch.out_shape)
+        lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
+        return (out, lse) if return_lse else out
+    if launch.kind == _NO_KEYS:
+        out = q.new_zeros(launch.out_shape)
+        lse = q.new_full(launch.lse_shape, -math.inf, dtype=torch.float32)
+        return (out, lse) if return_lse else out
+    if launch.kind == _SDPA:
+        out, lse = _fallback.sdpa_attention(q, k, v, launch.causal, softmax_scale, return_lse)
+        return (out, lse) if return_lse else out
+    # the kernel, with size-1 dimensions re-strided or on a device that is not the current one
+    if launch.restride:
+        q, k, v = (t.as_strided(t.shape, checks.aligned_strides(t)) for t in (q, k, v))
+    scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
+    out = q.new_empty(launch.out_shape)
+    lse = q.new_empty(launch.lse_shape, dtype=torch.float32) if return_lse else None
+    with torch.cuda.device(launch.device_index):
+        launch.run(q, k, v, out, lse, scale)
+    return (out, lse) if return_lse else out
+
+
+def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, key):
+    """First call of a signature (or one the fast path cannot take): decide, cache, run."""
+    _STATE.slow_calls += 1
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        checks.check_grad(q, k, v)
+    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
+    launch = _make_launch(plan, fallback)
+    if launch.kind == _KERNEL:
+        launch.out_like_q = q.is_contiguous()
+        misaligned = checks.pointers_misaligned(q, k, v)
+        if misaligned is not None:
+            if fallback != "sdpa":
+                raise UnsupportedInputError(
+                    f"fa4.attention cannot run these inputs with its kernels: {misaligned}. "
+                    "Pass fallback='sdpa' to run PyTorch SDPA instead.")
+            _warn_once("sdpa:misaligned", f"fa4: running PyTorch SDPA (fallback='sdpa') because {misaligned}")
+            out, lse = _fallback.sdpa_attention(q, k, v, causal, softmax_scale, return_lse)
+            return (out, lse) if return_lse else out
+    if key is not None:
+        with _STATE.lock:
+            if len(_STATE.launches) >= MAX_SIGNATURES:
+                _STATE.launches.clear()
+            _STATE.launches[key] = launch
+    return _run_launch(launch, q, k, v, softmax_scale, return_lse)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
+              fallback: str = "error", *, allow_untested_sm100: bool = False):
+    """Attention forward: O = softmax(Q K^T * scale) V, our kernel with its tuned configuration.
+
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
+    (grouped-query attention). Causal masks are bottom-right aligned (key j hidden from query i when
+    j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D).
+
+    Returns O (B, Sq, Hq, D) in q's dtype, or (O, LSE) with LSE (B, Hq, Sq) fp32 (natural log) when
+    return_lse. config= forces a configuration (a `fa4.kernels.Config`, or a dict of knob values over
+    the heuristic default). fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs
+    (with a one-time warning); the default raises `UnsupportedInputError`. The Blackwell kernel has
+    never run on hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).
+    Forward only: inputs that require grad (with grad mode on) raise `InvalidInputError`.
+    """
+    if torch.compiler.is_compiling():
+        checks.check_grad(q, k, v)
+        return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                           allow_untested_sm100)
+    try:
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+            checks.check_grad(q, k, v)
+        key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
+               allow_untested_sm100)
+        launch = _STATE.launches.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the slow path says
+        key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
+        launch = _STATE.launches.get(key) if key is not None else None
+    if launch is None:
+        return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                          allow_untested_sm100, key)
+    if launch.kind != _KERNEL or launch.restride or launch.device_index != _current_cuda_device():
+        return _run_launch(launch, q, k, v, softmax_scale, return_lse)
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                          allow_untested_sm100, None)
+    out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
+    if return_lse:
+        lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
+        launch.run(q, k, v, out, lse, launch.default_scale if softmax_scale is None else softmax_scale)
+        return out, lse
+    launch.run(q, k, v, out, None, launch.default_scale if softmax_scale is None else softmax_scale)
+    return out
+
+
+def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100):
+    """The signature key when the fast one failed: config mappings frozen; None for non-tensors."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return None
+    if isinstance(config, Mapping):
+        config = ("mapping",) + tuple(sorted(config.items()))
+    try:
+        key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
+               allow_untested_sm100)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
+    """The torch.compile path: the custom op `fa4::attention` (registered by fa4.ops)."""
+    if isinstance(config, Config):
+        config = config_to_str(config)
+    elif config is not None:
+        raise InvalidInputError("under torch.compile, config= must be a fa4.kernels.Config (or None)")
+    out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                                       allow_untested_sm100)
+    return (out, lse) if return_lse else out
+
+
+def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
+    """The real implementation of the custom op: the eager path, outputs always a pair, O contiguous."""
+    result = attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                       allow_untested_sm100=allow_untested_sm100)
+    out, lse = result if return_lse else (result, None)
+    if not out.is_contiguous():
+        out = out.contiguous()
+    if lse is None:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+            softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
+            fallback: str = "error", *, allow_untested_sm100: bool = False,
+            arch: str | None = None, device_name: str | None = None) -> Explanation:
+    """Which configuration `attention` would run on these inputs and why; compiles and launches nothing.
+
+    The arguments are those of `attention`; `arch` ("sm90", "sm100") and `device_name` (as torch names
+    the GPU, e.g. "NVIDIA H200") ask about another GPU, and accept CPU or meta tensors. Raises what
+    `attention` would raise for the same inputs (pointer alignment aside: it is checked per call).
+    """
+    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
+                 arch=arch, device_name=device_name)
+    return plan.explanation
