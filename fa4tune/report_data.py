@@ -1,0 +1,734 @@
+"""What the HTML report shows, computed as plain structures (no plotting here).
+
+Three inputs, each optional: the optuna storage of the searches, the best-config database
+(`results/best_configs.json`) and the bench results (`results/bench.json`). A missing or unreadable input
+becomes a line in `ReportData.missing` and an empty section, never an exception: a report of what exists
+is more useful than no report.
+
+`report_draw` turns a `ReportData` into figures and one HTML file. Everything that decides a number
+(speedups, failure counts, staleness, knob importance) lives here, so it is unit-tested without a browser.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import optuna
+
+# The failure classes a trial can end in (the search writes one of these to user_attrs["outcome"]).
+OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch")
+# Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
+# the heuristic default configuration, the rest are the peers timed in the same run.
+PEERS = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
+IMPLS = ("tuned", "default") + PEERS
+BASELINES = ("default",) + PEERS  # what "tuned" is compared against
+
+DEFAULT_DATABASE = "best_configs.json"
+DEFAULT_BENCH = "bench.json"
+STORAGE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".log", ".journal", ".jsonl")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------------
+
+def _is_sqlite_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _is_journal_file(path: Path) -> bool:
+    """An optuna journal is one JSON object per line, each with an "op_code"."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline()
+    except OSError:
+        return False
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "op_code" in record
+
+
+def storage_kind(spec: str) -> str:
+    """"url" (an SQLAlchemy URL such as sqlite:///x.db), "sqlite" (a database file) or "journal".
+
+    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is neither.
+    """
+    if "://" in spec:
+        return "url"
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"optuna storage {spec} does not exist")
+    if _is_sqlite_file(path):
+        return "sqlite"
+    if _is_journal_file(path) or path.stat().st_size == 0:
+        return "journal"
+    raise ValueError(f"{spec} is neither an SQLite database nor an optuna journal file")
+
+
+def open_storage(spec: str) -> optuna.storages.BaseStorage:
+    """Open an optuna storage from a URL or a path to an SQLite or journal file, detected by content."""
+    kind = storage_kind(spec)
+    if kind == "url":
+        return optuna.storages.RDBStorage(spec)
+    if kind == "sqlite":
+        return optuna.storages.RDBStorage(f"sqlite:///{Path(spec).resolve()}")
+    backend = optuna.storages.journal.JournalFileBackend(str(spec))
+    return optuna.storages.journal.JournalStorage(backend)
+
+
+def find_storages(results_dir: Path) -> list[Path]:
+    """The optuna storages directly in a results folder, recognised by their content, sorted by name."""
+    found = []
+    if not results_dir.is_dir():
+        return found
+    for path in sorted(results_dir.iterdir()):
+        if not path.is_file() or path.stat().st_size == 0:
+            continue
+        if path.name in (DEFAULT_DATABASE, DEFAULT_BENCH) or path.suffix in (".html", ".png", ".py"):
+            continue
+        if _is_sqlite_file(path) or _is_journal_file(path):
+            found.append(path)
+    return found
+
+
+def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+        return [optuna.load_study(study_name=s.study_name, storage=storage) for s in summaries]
+
+
+# --------------------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------------------
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or x is None:
+        return None
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def problem_flops(problem: Mapping[str, Any]) -> int | None:
+    from fa4.kernels import AttentionProblem
+    try:
+        return AttentionProblem(**{k: problem[k] for k in problem if k in _PROBLEM_FIELDS}).flops()
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+_PROBLEM_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal",
+                   "return_lse")
+
+
+def tflops_of(problem: Mapping[str, Any], us: float | None) -> float | None:
+    flops = problem_flops(problem)
+    if not flops or not us:
+        return None
+    return flops / (us * 1e-6) / 1e12
+
+
+def problem_key(problem: Mapping[str, Any]) -> tuple:
+    return tuple(problem.get(k) for k in _PROBLEM_FIELDS)
+
+
+def problem_label(problem: Mapping[str, Any]) -> str:
+    """Short, unambiguous: "B1 S1024 H32/8 D128 fp16 causal" (Sq and Sk shown apart when they differ)."""
+    sq, sk = problem.get("seqlen_q"), problem.get("seqlen_k")
+    seq = f"S{sq}" if sq == sk else f"Sq{sq} Sk{sk}"
+    mask = "causal" if problem.get("causal") else "full"
+    lse = " +lse" if problem.get("return_lse") else ""
+    return (f"B{problem.get('batch')} {seq} H{problem.get('heads_q')}/{problem.get('heads_kv')} "
+            f"D{problem.get('head_dim')} {problem.get('dtype')} {mask}{lse}")
+
+
+def device_name(device: Any) -> str:
+    if isinstance(device, Mapping):
+        return str(device.get("name") or "unknown device")
+    return str(device) if device else "unknown device"
+
+
+def current_fingerprints(archs: Iterable[str]) -> dict[str, str | None]:
+    """source_fingerprint(arch) for each arch; None where the kernel sources cannot be read."""
+    from fa4 import kernels
+    out: dict[str, str | None] = {}
+    for arch in sorted(set(archs)):
+        try:
+            out[arch] = kernels.source_fingerprint(arch)
+        except Exception:  # an arch whose family is absent here cannot be compared: "unknown", not stale
+            out[arch] = None
+    return out
+
+
+def fingerprint_state(recorded: str | None, current: str | None) -> str:
+    """"current", "stale" (the kernel sources changed since the measurement) or "unknown"."""
+    if not recorded or not current:
+        return "unknown"
+    return "current" if recorded == current else "stale"
+
+
+# --------------------------------------------------------------------------------------------------
+# studies
+# --------------------------------------------------------------------------------------------------
+
+def trial_outcome(trial: optuna.trial.FrozenTrial) -> str | None:
+    """The failure class of a finished trial; None for one still running or waiting.
+
+    The search records the class in user_attrs["outcome"]; the trial state alone cannot tell (a failed
+    configuration may be COMPLETE with no value, FAIL or PRUNED, depending on how it was recorded).
+    """
+    outcome = trial.user_attrs.get("outcome")
+    if outcome:
+        return str(outcome)
+    if trial.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
+        return None
+    if trial.state == optuna.trial.TrialState.COMPLETE and _finite(trial.value) is not None:
+        return "ok"
+    return "unrecorded"
+
+
+def trial_us(trial: optuna.trial.FrozenTrial) -> float | None:
+    """Kernel time of a successful trial, in µs (user_attrs["us"], else the objective value)."""
+    if trial_outcome(trial) != "ok":
+        return None
+    us = _finite(trial.user_attrs.get("us"))
+    return us if us is not None else _finite(trial.value)
+
+
+def ok_study(study: optuna.Study) -> optuna.Study:
+    """An in-memory copy holding only the successful, timed trials of `study`, valued in µs.
+
+    Optuna's plots and importance evaluators read trial values; a failure recorded as COMPLETE with a
+    penalty value would otherwise bend every axis.
+    """
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "a new study created" per study
+    try:
+        copy = optuna.create_study(study_name=study.study_name, direction="minimize")
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    keep = []
+    for t in study.get_trials(deepcopy=False):
+        us = trial_us(t)
+        if us is None:
+            continue
+        keep.append(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, value=us, params=t.params,
+            distributions=t.distributions, user_attrs=t.user_attrs))
+    copy.add_trials(keep)
+    return copy
+
+
+@dataclass
+class StudyInfo:
+    name: str
+    arch: str
+    problem: dict
+    label: str
+    device: dict
+    versions: dict
+    timing: dict
+    kernel_fingerprint: str | None
+    fingerprint_state: str
+    peers: dict                      # peer -> {"us", "tflops"} or {"error"}
+    default_us: float | None
+    knob_names: list[str]            # knobs searched (params seen), in declaration order
+    n_trials: int
+    outcomes: dict[str, int]         # outcome -> count, finished trials only
+    best: dict | None                # {"number", "us", "tflops", "params"}
+    history: list[tuple[int, float, float]]  # (trial number, µs, best µs so far), ok trials
+    importance: dict[str, float] | None
+    importance_note: str
+    ok_study: optuna.Study | None = field(default=None, repr=False, compare=False)
+
+
+def _knob_order(arch: str, names: Iterable[str]) -> list[str]:
+    names = set(names)
+    try:
+        from fa4.kernels import knobs_for
+        declared = [k.name for k in knobs_for(arch)]
+    except ValueError:
+        declared = []
+    return [n for n in declared if n in names] + sorted(names - set(declared))
+
+
+def knob_importance(study: optuna.Study, knob_names: Sequence[str],
+                    min_trials: int = 8) -> tuple[dict[str, float] | None, str]:
+    """PED-ANOVA importance of each knob for kernel time, over successful trials only.
+
+    Knobs that took a single value in the study cannot matter to it and are left out. Returns
+    (importances or None, a note saying what was done or why not).
+    """
+    trials = study.get_trials(deepcopy=False)
+    if len(trials) < min_trials:
+        return None, f"{len(trials)} successful trials; importance needs at least {min_trials}"
+    varied = [n for n in knob_names if len({repr(t.params.get(n)) for t in trials if n in t.params}) > 1]
+    if not varied:
+        return None, "no knob took more than one value"
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied,
+                                                           normalize=True)
+    except Exception as exc:  # optuna refuses some degenerate studies; say so in the report
+        return None, f"PED-ANOVA failed: {exc}"
+    return ({n: float(raw.get(n, 0.0)) for n in varied},
+            f"PED-ANOVA over {len(trials)} successful trials, {len(varied)} varied knobs")
+
+
+def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] | None = None,
+                    min_importance_trials: int = 8) -> StudyInfo:
+    attrs = study.user_attrs
+    arch = str(attrs.get("arch") or "unknown")
+    problem = dict(attrs.get("problem") or {})
+    trials = study.get_trials(deepcopy=False)
+    outcomes: dict[str, int] = {}
+    for t in trials:
+        outcome = trial_outcome(t)
+        if outcome is not None:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    history: list[tuple[int, float, float]] = []
+    best = None
+    best_us = math.inf
+    default_trial_us = None
+    for t in sorted(trials, key=lambda t: t.number):
+        us = trial_us(t)
+        if us is None:
+            continue
+        if t.user_attrs.get("is_default") and default_trial_us is None:
+            default_trial_us = us
+        if us < best_us:
+            best_us = us
+            best = {"number": t.number, "us": us,
+                    "tflops": _finite(t.user_attrs.get("tflops")) or tflops_of(problem, us),
+                    "params": dict(t.params)}
+        history.append((t.number, us, best_us))
+
+    knob_names = _knob_order(arch, {n for t in trials for n in t.params})
+    good = ok_study(study)
+    importance, note = knob_importance(good, knob_names, min_importance_trials)
+    recorded_fp = attrs.get("kernel_fingerprint")
+    current_fp = (fingerprints or {}).get(arch)
+    default_us = _finite(attrs.get("default_us"))
+    return StudyInfo(
+        name=study.study_name, arch=arch, problem=problem,
+        label=problem_label(problem) if problem else study.study_name,
+        device=dict(attrs.get("device") or {}), versions=dict(attrs.get("versions") or {}),
+        timing=dict(attrs.get("timing") or {}), kernel_fingerprint=recorded_fp,
+        fingerprint_state=fingerprint_state(recorded_fp, current_fp),
+        peers=dict(attrs.get("peers") or {}),
+        default_us=default_us if default_us is not None else default_trial_us,
+        knob_names=knob_names, n_trials=len(trials), outcomes=outcomes, best=best, history=history,
+        importance=importance, importance_note=note, ok_study=good if len(good.trials) else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# per-shape comparison (bench first, studies for shapes the bench did not cover)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class ShapeRow:
+    arch: str
+    device: str
+    problem: dict
+    label: str
+    source: str                                  # "bench" or "study"
+    impls: dict[str, dict]                       # impl -> {"us", "tflops"} or {"error"}
+    speedup: dict[str, float] = field(default_factory=dict)  # baseline -> baseline µs / tuned µs
+
+    def compute_speedups(self) -> None:
+        tuned = _finite(self.impls.get("tuned", {}).get("us"))
+        self.speedup = {}
+        if tuned is None:
+            return
+        for impl in BASELINES:
+            us = _finite(self.impls.get(impl, {}).get("us"))
+            if us is not None:
+                self.speedup[impl] = us / tuned
+
+
+def _impl_entry(us: Any, tflops: Any, problem: Mapping, error: Any = None) -> dict:
+    us = _finite(us)
+    if us is None:
+        return {"error": str(error or "no time recorded")}
+    return {"us": us, "tflops": _finite(tflops) or tflops_of(problem, us)}
+
+
+def rows_from_bench(records: Sequence[Mapping]) -> list[ShapeRow]:
+    """Group bench records (one per problem x implementation) into one row per (arch, device, problem)."""
+    rows: dict[tuple, ShapeRow] = {}
+    for rec in records:
+        problem = dict(rec.get("problem") or {})
+        impl = str(rec.get("impl") or "")
+        if not problem or not impl:
+            continue
+        arch = str(rec.get("arch") or "unknown")
+        dev = device_name(rec.get("device"))
+        key = (arch, dev, problem_key(problem))
+        row = rows.setdefault(key, ShapeRow(arch, dev, problem, problem_label(problem), "bench", {}))
+        status = str(rec.get("status") or "ok")
+        error = rec.get("error") or (None if status == "ok" else status)
+        row.impls[impl] = _impl_entry(rec.get("us") if not error else None, rec.get("tflops"), problem,
+                                      error)
+    for row in rows.values():
+        row.compute_speedups()
+    return list(rows.values())
+
+
+def rows_from_studies(studies: Sequence[StudyInfo]) -> list[ShapeRow]:
+    """What the searches themselves measured: best trial, default, and the peers timed alongside."""
+    rows = []
+    for s in studies:
+        if not s.problem:
+            continue
+        impls: dict[str, dict] = {}
+        impls["tuned"] = (_impl_entry(s.best["us"], s.best["tflops"], s.problem) if s.best
+                          else {"error": "no successful trial"})
+        if s.default_us is not None:
+            impls["default"] = _impl_entry(s.default_us, None, s.problem)
+        for peer, result in s.peers.items():
+            result = result if isinstance(result, Mapping) else {}
+            impls[peer] = _impl_entry(result.get("us"), result.get("tflops"), s.problem,
+                                      result.get("error"))
+        row = ShapeRow(s.arch, device_name(s.device), s.problem, s.label, "study", impls)
+        row.compute_speedups()
+        rows.append(row)
+    return rows
+
+
+def merge_rows(bench_rows: Sequence[ShapeRow], study_rows: Sequence[ShapeRow]) -> list[ShapeRow]:
+    """Bench rows win (a dedicated same-run comparison); study rows fill shapes the bench lacks."""
+    seen = {(r.arch, r.device, problem_key(r.problem)) for r in bench_rows}
+    rows = list(bench_rows) + [r for r in study_rows
+                               if (r.arch, r.device, problem_key(r.problem)) not in seen]
+    return sorted(rows, key=_row_sort_key)
+
+
+def _row_sort_key(row: ShapeRow) -> tuple:
+    p = row.problem
+    return (row.arch, row.device, str(p.get("dtype")), p.get("head_dim") or 0,
+            (p.get("heads_q") or 0) // max(1, p.get("heads_kv") or 1), p.get("heads_q") or 0,
+            bool(p.get("causal")), p.get("batch") or 0, p.get("seqlen_q") or 0, p.get("seqlen_k") or 0)
+
+
+@dataclass
+class Heatmap:
+    baseline: str
+    x: list[str]                 # sequence lengths and batch
+    y: list[str]                 # shape family: arch, dtype, head dim, heads, mask
+    z: list[list[float | None]]  # speedup of tuned over the baseline (>1: tuned is faster)
+
+
+def _family_label(row: ShapeRow) -> str:
+    p = row.problem
+    mask = "causal" if p.get("causal") else "full"
+    return f"{row.arch} {p.get('dtype')} D{p.get('head_dim')} H{p.get('heads_q')}/{p.get('heads_kv')} {mask}"
+
+
+def _length_label(row: ShapeRow) -> str:
+    p = row.problem
+    sq, sk = p.get("seqlen_q"), p.get("seqlen_k")
+    seq = f"S{sq}" if sq == sk else f"Sq{sq} Sk{sk}"
+    return f"B{p.get('batch')} {seq}"
+
+
+def speedup_heatmaps(rows: Sequence[ShapeRow]) -> list[Heatmap]:
+    """One grid per baseline that has any data: rows are shape families, columns batch x lengths."""
+    rows = sorted(rows, key=_row_sort_key)
+    ys: list[str] = []
+    xs: list[str] = []
+    x_order: dict[str, tuple] = {}
+    for r in rows:
+        if _family_label(r) not in ys:
+            ys.append(_family_label(r))
+        x = _length_label(r)
+        x_order.setdefault(x, (r.problem.get("seqlen_q") or 0, r.problem.get("seqlen_k") or 0,
+                               r.problem.get("batch") or 0))
+    xs = sorted(x_order, key=lambda x: x_order[x])
+    maps = []
+    for baseline in BASELINES:
+        z: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+        any_value = False
+        for r in rows:
+            value = r.speedup.get(baseline)
+            if value is None:
+                continue
+            i, j = ys.index(_family_label(r)), xs.index(_length_label(r))
+            # two devices measuring the same shape: keep the first (rows are sorted by device)
+            if z[i][j] is None:
+                z[i][j] = value
+                any_value = True
+        if any_value:
+            maps.append(Heatmap(baseline, xs, ys, z))
+    return maps
+
+
+# --------------------------------------------------------------------------------------------------
+# best-config database and bench file
+# --------------------------------------------------------------------------------------------------
+
+def _first(entry: Mapping, *names: str, default: Any = None) -> Any:
+    for name in names:
+        if name in entry and entry[name] is not None:
+            return entry[name]
+    return default
+
+
+@dataclass
+class BestConfigRow:
+    arch: str
+    device: str
+    shape: str          # the bucket description
+    tuned_on: str       # the exact problem the tuning ran on, when recorded
+    config: dict
+    us: float | None
+    tflops: float | None
+    speedup: dict[str, float]
+    max_err: float | None
+    kernel_fingerprint: str | None
+    fingerprint_state: str
+    versions: dict
+    date: str
+    study: str
+    trial: Any
+
+
+def _bucket_label(entry: Mapping) -> str:
+    parts = [str(_first(entry, "dtype", default="?")), f"D{_first(entry, 'head_dim', default='?')}",
+             f"GQA{_first(entry, 'gqa_ratio', default='?')}",
+             "causal" if _first(entry, "causal", default=False) else "full"]
+    for name, tag in (("seqlen_q_bucket", "Sq"), ("seqlen_k_bucket", "Sk"), ("work_bucket", "work")):
+        value = entry.get(name)
+        if value is not None:
+            parts.append(f"{tag} {value}")
+    return " ".join(parts)
+
+
+def best_config_rows(db: Any, fingerprints: Mapping[str, str | None]) -> list[BestConfigRow]:
+    """Rows of the best-config database, read tolerantly (a list, or {"entries": [...]})."""
+    entries = db.get("entries", []) if isinstance(db, Mapping) else db
+    if not isinstance(entries, list):
+        raise ValueError("the database holds no list of entries")
+    rows = []
+    for e in entries:
+        if not isinstance(e, Mapping):
+            continue
+        arch = str(_first(e, "arch", default="unknown"))
+        fp = _first(e, "kernel_fingerprint", "fingerprint")
+        speedup = _first(e, "speedup", "speedups", default={})
+        rows.append(BestConfigRow(
+            arch=arch, device=device_name(_first(e, "device")), shape=_bucket_label(e),
+            tuned_on=problem_label(e["problem"]) if isinstance(e.get("problem"), Mapping) else "",
+            config=dict(_first(e, "config", "knobs", default={})), us=_finite(_first(e, "us", "time_us")),
+            tflops=_finite(e.get("tflops")),
+            speedup={str(k): float(v) for k, v in (speedup.items() if isinstance(speedup, Mapping) else [])
+                     if _finite(v) is not None},
+            max_err=(float(e["max_err"]) if isinstance(e.get("max_err"), (int, float)) else None),
+            kernel_fingerprint=fp, fingerprint_state=fingerprint_state(fp, fingerprints.get(arch)),
+            versions=dict(_first(e, "versions", default={})), date=str(_first(e, "date", default="")),
+            study=str(_first(e, "study", default="")), trial=_first(e, "trial", default="")))
+    return sorted(rows, key=lambda r: (r.arch, r.device, r.shape))
+
+
+def bench_records(data: Any) -> list[Mapping]:
+    """Bench records from bench.json: a list, or {"rows"|"results"|"records": [...]}."""
+    if isinstance(data, list):
+        return [r for r in data if isinstance(r, Mapping)]
+    if isinstance(data, Mapping):
+        for name in ("rows", "results", "records", "entries"):
+            if isinstance(data.get(name), list):
+                return [r for r in data[name] if isinstance(r, Mapping)]
+    raise ValueError("bench file holds no list of rows")
+
+
+def bench_timing(data: Any) -> dict:
+    """The timing description a bench file carries at top level, if any."""
+    if isinstance(data, Mapping) and isinstance(data.get("timing"), Mapping):
+        return dict(data["timing"])
+    return {}
+
+
+# --------------------------------------------------------------------------------------------------
+# everything together
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class ReportData:
+    generated: str
+    sources: dict[str, str]           # input -> what was read (path, or why nothing)
+    missing: list[str]                # one line per input that is absent or unreadable
+    studies: list[StudyInfo]
+    shape_rows: list[ShapeRow]
+    heatmaps: list[Heatmap]
+    best_configs: list[BestConfigRow]
+    timing: list[str]                 # distinct timing descriptions (method, L2 state, ...)
+    devices: list[str]
+    versions: list[str]               # distinct version sets
+    warnings: list[str]               # sm100 not run on hardware, stale tunings, mixed timing
+    fingerprints: dict[str, str | None]
+
+    @property
+    def failure_table(self) -> tuple[list[str], list[str], list[list[int]]]:
+        """(study names, outcome classes, counts[outcome][study]): the failures-by-class figure."""
+        names = [s.name for s in self.studies]
+        seen = {o for s in self.studies for o in s.outcomes}
+        classes = [o for o in OUTCOMES if o in seen] + sorted(seen - set(OUTCOMES))
+        return names, classes, [[s.outcomes.get(o, 0) for s in self.studies] for o in classes]
+
+    @property
+    def importance_table(self) -> tuple[list[str], list[str], list[list[float | None]]]:
+        """(study names, knob names, importance[study][knob]) for studies where it was computed."""
+        studies = [s for s in self.studies if s.importance]
+        knobs: list[str] = []
+        for s in studies:
+            knobs += [k for k in s.knob_names if k in s.importance and k not in knobs]
+        return ([s.name for s in studies], knobs,
+                [[s.importance.get(k) for k in knobs] for s in studies])
+
+
+def describe_timing(timing: Mapping[str, Any]) -> str:
+    if not timing:
+        return "not recorded"
+    method = timing.get("method", "unknown method")
+    parts = [str(method)]
+    if timing.get("launches_per_graph") is not None:
+        parts.append(f"{timing['launches_per_graph']} launches per graph")
+    if timing.get("replays") is not None:
+        parts.append(f"median of {timing['replays']} replays")
+    l2 = timing.get("l2")
+    parts.append(f"L2 {l2}" if l2 is not None else "L2 state not recorded")
+    extra = sorted(set(timing) - {"method", "launches_per_graph", "replays", "l2"})
+    parts += [f"{k}={timing[k]}" for k in extra]
+    return ", ".join(parts)
+
+
+def _describe_versions(versions: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) if versions else "not recorded"
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def collect(results_dir: str | Path = "results", storage: str | None = None,
+            database: str | Path | None = None, bench: str | Path | None = None,
+            min_importance_trials: int = 8) -> ReportData:
+    """Read every input that exists and compute what the report shows.
+
+    `storage`: an optuna storage URL or file; by default every SQLite or journal file directly in
+    `results_dir`. `database`, `bench`: default `results_dir/best_configs.json`, `results_dir/bench.json`.
+    """
+    results_dir = Path(results_dir)
+    sources: dict[str, str] = {}
+    missing: list[str] = []
+
+    # optuna storage(s)
+    specs = [storage] if storage else [str(p) for p in find_storages(results_dir)]
+    raw_studies: list[optuna.Study] = []
+    if not specs:
+        missing.append(f"optuna storage: none found in {results_dir}/ (give --storage); "
+                       "no per-study history, parallel coordinates, importance or failure counts")
+    for spec in specs:
+        try:
+            found = load_studies(open_storage(spec))
+        except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
+            missing.append(f"optuna storage {spec}: could not be read ({type(exc).__name__}: {exc})")
+            continue
+        sources[f"optuna storage {spec}"] = f"{len(found)} studies"
+        raw_studies += found
+    archs = {str(s.user_attrs.get("arch")) for s in raw_studies if s.user_attrs.get("arch")}
+
+    # database
+    db_path = Path(database) if database else results_dir / DEFAULT_DATABASE
+    db = None
+    if db_path.is_file():
+        try:
+            db = _read_json(db_path)
+            entries = db.get("entries", []) if isinstance(db, Mapping) else db
+            archs |= {str(e.get("arch")) for e in entries if isinstance(e, Mapping) and e.get("arch")}
+        except (OSError, ValueError, AttributeError) as exc:
+            missing.append(f"best-config database {db_path}: could not be read ({exc})")
+            db = None
+    else:
+        missing.append(f"best-config database {db_path}: not found; no table of best configurations")
+
+    # bench
+    bench_path = Path(bench) if bench else results_dir / DEFAULT_BENCH
+    records: list[Mapping] = []
+    bench_data = None
+    if bench_path.is_file():
+        try:
+            bench_data = _read_json(bench_path)
+            records = bench_records(bench_data)
+            sources[f"bench {bench_path}"] = f"{len(records)} rows"
+        except (OSError, ValueError) as exc:
+            missing.append(f"bench results {bench_path}: could not be read ({exc})")
+    else:
+        missing.append(f"bench results {bench_path}: not found; the per-shape comparison uses the "
+                       "times measured during the searches")
+    archs |= {str(r.get("arch")) for r in records if r.get("arch")}
+
+    fingerprints = current_fingerprints(a for a in archs if a != "unknown")
+    studies = sorted((summarize_study(s, fingerprints, min_importance_trials) for s in raw_studies),
+                     key=lambda s: _row_sort_key(ShapeRow(s.arch, device_name(s.device), s.problem, "", "",
+                                                          {})) + (s.name,))
+    best_rows: list[BestConfigRow] = []
+    if db is not None:
+        try:
+            best_rows = best_config_rows(db, fingerprints)
+            sources[f"best-config database {db_path}"] = f"{len(best_rows)} entries"
+        except ValueError as exc:
+            missing.append(f"best-config database {db_path}: {exc}")
+
+    shape_rows = merge_rows(rows_from_bench(records), rows_from_studies(studies))
+
+    timing_set = {describe_timing(s.timing) for s in studies}
+    if bench_data is not None:
+        bench_t = bench_timing(bench_data) or next(
+            (dict(r["timing"]) for r in records if isinstance(r.get("timing"), Mapping)), {})
+        timing_set.add(describe_timing(bench_t) + " (bench)" if bench_t else
+                       "bench: timing method not recorded in bench.json")
+    devices = sorted({device_name(s.device) for s in studies} | {r.device for r in shape_rows}
+                     | {r.device for r in best_rows})
+    version_set = sorted({_describe_versions(s.versions) for s in studies}
+                         | {_describe_versions(r.versions) for r in best_rows})
+
+    notes: list[str] = []
+    all_archs = archs | {s.arch for s in studies} | {r.arch for r in shape_rows} | {r.arch for r in best_rows}
+    if "sm100" in all_archs:
+        notes.append("sm100 (Blackwell) data appears below: our sm100 kernel has never run on hardware "
+                     "(no Blackwell GPU was available). Any sm100 entry is compile-checked only; treat its "
+                     "numbers as untested.")
+    stale = [s.name for s in studies if s.fingerprint_state == "stale"]
+    stale_db = [r for r in best_rows if r.fingerprint_state == "stale"]
+    if stale or stale_db:
+        notes.append(f"{len(stale)} studies and {len(stale_db)} best-config entries were measured with kernel "
+                     "sources that differ from the current ones (stale: re-tune before trusting them).")
+    study_timings = {describe_timing(s.timing) for s in studies}
+    if len(study_timings) > 1:
+        notes.append("the searches used different timing methods or L2 states; compare within one only.")
+
+    return ReportData(
+        generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        sources=sources, missing=missing, studies=studies, shape_rows=shape_rows,
+        heatmaps=speedup_heatmaps(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
+        devices=devices, versions=version_set, warnings=notes, fingerprints=fingerprints)

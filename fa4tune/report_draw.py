@@ -1,0 +1,519 @@
+"""Draw a `ReportData` as plotly figures and assemble one self-contained HTML file.
+
+plotly.js is inlined once, so the file opens offline. Per-study views reuse optuna.visualization (the
+optimisation history and the parallel coordinates) on the study's successful trials; the cross-study
+views (comparison bars, speedup heatmaps, failures, knob importance) are drawn here from plain data.
+Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the README
+screenshot), and the click command `report_command` (`fa4tune report`).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import click
+import optuna
+import plotly.graph_objects as go
+import plotly.offline
+from plotly.subplots import make_subplots
+
+from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, collect, describe_timing
+
+IMPL_COLORS = {
+    "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
+    "sdpa_flash": "#9467bd",
+}
+IMPL_NAMES = {
+    "tuned": "fa4tune tuned", "default": "fa4tune default config", "flash_attn_4": "flash-attn-4",
+    "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash (FA2)",
+}
+OUTCOME_COLORS = {
+    "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
+    "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "unrecorded": "#c7c7c7",
+}
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------------
+
+def _row_names(rows: Sequence[ShapeRow]) -> list[str]:
+    """x labels; arch and device are added only when the rows span more than one."""
+    many = len({(r.arch, r.device) for r in rows}) > 1
+    return [f"{r.label}<br>{r.arch} {r.device}" if many else r.label for r in rows]
+
+
+def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
+    """Per shape: µs (top) and TFLOP/s (bottom) of every implementation; labels = time / tuned time."""
+    names = _row_names(rows)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("kernel time, µs (lower is better); label: its time ÷ tuned time",
+                                        "TFLOP/s (higher is better)"))
+    for impl in IMPLS:
+        if not any("us" in r.impls.get(impl, {}) for r in rows):
+            continue
+        us = [r.impls.get(impl, {}).get("us") for r in rows]
+        tf = [r.impls.get(impl, {}).get("tflops") for r in rows]
+        labels = []
+        for r in rows:
+            s = r.speedup.get(impl)
+            labels.append("tuned" if impl == "tuned" and "us" in r.impls.get("tuned", {})
+                          else (f"{s:.2f}×" if s is not None else ""))
+        common = dict(name=IMPL_NAMES.get(impl, impl), marker_color=IMPL_COLORS.get(impl), legendgroup=impl)
+        fig.add_trace(go.Bar(x=names, y=us, text=labels, textposition="outside", cliponaxis=False,
+                             hovertemplate="%{x}<br>%{y:.2f} µs<extra>" + IMPL_NAMES.get(impl, impl)
+                             + "</extra>", **common), row=1, col=1)
+        fig.add_trace(go.Bar(x=names, y=tf, showlegend=False, texttemplate="%{y:.0f}",
+                             textposition="outside", cliponaxis=False,
+                             hovertemplate="%{x}<br>%{y:.0f} TFLOP/s<extra>" + IMPL_NAMES.get(impl, impl)
+                             + "</extra>", **common), row=2, col=1)
+    times = [us for r in rows for e in r.impls.values() for us in [e.get("us")] if us]
+    if times and max(times) > 8 * min(times):  # shapes of very different cost: keep small ones readable
+        ticks = [m * 10 ** e for e in range(-1, 6) for m in (1, 2, 5)
+                 if min(times) / 2 <= m * 10 ** e <= max(times) * 2]
+        fig.update_yaxes(type="log", tickvals=ticks, row=1, col=1)
+    fig.update_layout(barmode="group", height=760, margin=dict(t=60, b=40),
+                      legend=dict(orientation="h", y=1.08, x=0), uniformtext=dict(minsize=8, mode="hide"))
+    fig.update_yaxes(title_text="µs", row=1, col=1)
+    fig.update_yaxes(title_text="TFLOP/s", row=2, col=1)
+    return fig
+
+
+def heatmap_figure(data: ReportData) -> go.Figure:
+    maps = data.heatmaps
+    fig = make_subplots(rows=1, cols=len(maps), shared_yaxes=True, horizontal_spacing=0.02,
+                        subplot_titles=[f"tuned vs {IMPL_NAMES.get(m.baseline, m.baseline)}" for m in maps])
+    values = [v for m in maps for row in m.z for v in row if v is not None]
+    spread = max([abs(v - 1.0) for v in values] + [0.05])
+    for col, m in enumerate(maps, start=1):
+        text = [[f"{v:.2f}×" if v is not None else "" for v in row] for row in m.z]
+        fig.add_trace(go.Heatmap(
+            x=m.x, y=m.y, z=m.z, text=text, texttemplate="%{text}", zmin=1 - spread, zmax=1 + spread,
+            zmid=1.0, colorscale="RdBu", showscale=(col == len(maps)), hoverongaps=False,
+            colorbar=dict(title="speedup"),
+            hovertemplate="%{y}<br>%{x}<br>tuned is %{z:.2f}× the speed<extra>" + m.baseline + "</extra>"),
+            row=1, col=col)
+    fig.update_layout(height=max(320, 120 + 40 * max((len(m.y) for m in maps), default=1)),
+                      margin=dict(l=10, t=60))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def failures_figure(data: ReportData) -> go.Figure:
+    names, classes, counts = data.failure_table
+    labels = [_study_short(s) for s in data.studies]
+    fig = go.Figure()
+    for outcome, row in zip(classes, counts):
+        fig.add_trace(go.Bar(y=labels, x=row, name=outcome, orientation="h",
+                             marker_color=OUTCOME_COLORS.get(outcome),
+                             hovertemplate="%{y}<br>%{x} trials<extra>" + outcome + "</extra>"))
+    fig.update_layout(barmode="stack", height=max(300, 110 + 26 * len(labels)), xaxis_title="trials",
+                      yaxis=dict(autorange="reversed"), margin=dict(l=10, t=30),
+                      legend=dict(orientation="h", y=1.06, x=0))
+    return fig
+
+
+def importance_figure(data: ReportData) -> go.Figure:
+    names, knobs, z = data.importance_table
+    by_name = {s.name: s for s in data.studies}
+    labels = [_study_short(by_name[n]) for n in names]
+    text = [[f"{v:.2f}" if v is not None else "" for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(x=knobs, y=labels, z=z, text=text, texttemplate="%{text}", zmin=0, zmax=1,
+                               colorscale="Blues", hoverongaps=False, colorbar=dict(title="importance"),
+                               hovertemplate="%{y}<br>%{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(height=max(300, 120 + 30 * len(labels)), yaxis=dict(autorange="reversed"),
+                      margin=dict(l=10, t=30))
+    return fig
+
+
+def history_figure(study: StudyInfo) -> go.Figure:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        fig = optuna.visualization.plot_optimization_history(study.ok_study, target_name="kernel µs")
+    # reference times as dashed lines named in the legend (annotations next to each other overlap)
+    refs = [("default", study.default_us)] + [
+        (peer, (study.peers.get(peer) or {}).get("us")) for peer in BASELINES[1:]]
+    last = max(len(study.ok_study.trials) - 1, 1)
+    for impl, us in refs:
+        if isinstance(us, (int, float)) and not isinstance(us, bool) and us > 0:
+            fig.add_trace(go.Scatter(x=[0, last], y=[us, us], mode="lines", hoverinfo="name",
+                                     line=dict(dash="dash", width=1.5, color=IMPL_COLORS.get(impl)),
+                                     name=f"{IMPL_NAMES.get(impl, impl)} {us:.1f}"))
+    fig.update_layout(title=dict(text="optimisation history", font_size=14), height=440,
+                      margin=dict(t=50, r=10), xaxis_title="successful trials, in search order",
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, font_size=11))
+    return fig
+
+
+def parallel_figure(study: StudyInfo) -> go.Figure:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        fig = optuna.visualization.plot_parallel_coordinate(study.ok_study, params=study.knob_names or None,
+                                                            target_name="kernel µs")
+    fig.update_layout(title=dict(text="knobs vs kernel time (successful trials)", font_size=14),
+                      height=380, margin=dict(t=80))
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML
+# --------------------------------------------------------------------------------------------------
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else none
+
+
+def _study_short(s: StudyInfo) -> str:
+    return f"{s.arch} {s.label}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _config_label(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def _state_badge(state: str) -> str:
+    return f'<span class="badge {state}">{_e(state)}</span>'
+
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1400px;
+       padding: 16px 24px; color: #222; background: #fff; }
+h1 { margin: 4px 0 2px; } h2 { margin-top: 34px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+h3 { margin: 22px 0 4px; }
+.meta { color: #555; font-size: 14px; } .meta td { padding: 1px 10px 1px 0; vertical-align: top; }
+.note { background: #fff4e5; border-left: 4px solid #f0a020; padding: 8px 12px; margin: 8px 0; }
+.missing { background: #f3f3f3; border-left: 4px solid #999; padding: 8px 12px; margin: 8px 0; }
+.caption { color: #444; font-size: 14px; max-width: 1100px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f6f6f6; } td.num { text-align: right; }
+.badge { padding: 0 6px; border-radius: 3px; font-size: 12px; }
+.badge.current { background: #dff0d8; } .badge.stale { background: #f2dede; font-weight: bold; }
+.badge.unknown { background: #eee; }
+.pair { display: grid; grid-template-columns: 2fr 3fr; gap: 8px; }
+code { font-size: 12px; }
+"""
+
+
+@dataclass
+class BuiltReport:
+    path: Path
+    figure_ids: list[str]       # the id of every plot div, in page order
+    size_bytes: int
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.figure_ids: list[str] = []
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+
+    def figure(self, fig: go.Figure) -> str:
+        div_id = f"fig{len(self.figure_ids)}"
+        self.figure_ids.append(div_id)
+        fig.update_layout(template="plotly_white", autosize=True)
+        return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
+                           default_width="100%", default_height=f"{fig.layout.height or 450}px")
+
+
+def _header(data: ReportData, page: _Page) -> None:
+    page.add("<h1>fa4tune report</h1>")
+    meta = [
+        ("generated", _e(data.generated)),
+        ("devices", _e(", ".join(data.devices) or "none recorded")),
+        ("timing", "<br>".join(_e(t) for t in data.timing) or "none recorded"),
+        ("versions", "<br>".join(_e(v) for v in data.versions) or "none recorded"),
+        ("kernel sources now", _e(", ".join(f"{a} {fp or 'unavailable (kernel family not importable here)'}"
+                                            for a, fp in data.fingerprints.items()) or "–")),
+        ("inputs read", "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in data.sources.items()) or "none"),
+    ]
+    page.add('<table class="meta">' + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in meta)
+             + "</table>")
+    for note in data.warnings:
+        page.add(f'<div class="note">{_e(note)}</div>')
+    for line in data.missing:
+        page.add(f'<div class="missing">missing: {_e(line)}</div>')
+
+
+def _comparison_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Tuned vs default vs peers, per shape</h2>")
+    rows = data.shape_rows
+    if not rows:
+        page.add('<div class="missing">No shape has a measurement: neither bench results nor a search '
+                 "with a successful trial.</div>")
+        return
+    sources = sorted({r.source for r in rows})
+    page.add('<p class="caption">Each group is one attention problem. "tuned" is our kernel with the best '
+             'configuration found, "default" our kernel with the heuristic default configuration; peers were '
+             "timed in the same run with the same method. A label is that implementation's time divided by "
+             "the tuned time: above 1 means the tuned kernel is faster. Rows from "
+             f"{' and '.join(sources)} data (bench rows are preferred where both exist).</p>")
+    page.add(page.figure(comparison_figure(rows)))
+    impls = [i for i in IMPLS if any(i in r.impls for r in rows)]
+    table_rows = []
+    for r in rows:
+        cells = [_e(r.label), _e(r.arch), _e(r.device), _e(r.source)]
+        for impl in impls:
+            entry = r.impls.get(impl)
+            if entry is None:
+                cells.append("")
+            elif "us" in entry:
+                s = r.speedup.get(impl)
+                cells.append(f"{entry['us']:.2f} µs<br>{_fmt(entry.get('tflops'), '.0f')} TFLOP/s"
+                             + (f"<br><b>{s:.2f}×</b>" if s is not None else ""))
+            else:
+                cells.append(f"<i>{_e(entry.get('error', ''))}</i>")
+        table_rows.append(cells)
+    page.add(_table(["shape", "arch", "device", "source"] + [IMPL_NAMES.get(i, i) for i in impls], table_rows))
+
+
+def _heatmap_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Speedup of the tuned kernel over the shapes searched</h2>")
+    if not data.heatmaps:
+        page.add('<div class="missing">No shape has both a tuned and a baseline time.</div>')
+        return
+    page.add('<p class="caption">Cell = baseline time ÷ tuned time (blue: tuned is faster, red: slower). '
+             "Rows: architecture, dtype, head dim, query/KV heads, mask; columns: batch and sequence lengths."
+             "</p>")
+    page.add(page.figure(heatmap_figure(data)))
+
+
+def _failures_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Trial outcomes by class</h2>")
+    if not data.studies:
+        page.add('<div class="missing">No optuna study was read.</div>')
+        return
+    page.add('<p class="caption">Every finished trial of every study, by the outcome the search recorded: '
+             "infeasible (rejected before compiling, with reasons), compile_error, launch_error, fault, "
+             "timeout, mismatch (wrong result against the reference) or ok.</p>")
+    page.add(page.figure(failures_figure(data)))
+
+
+def _importance_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Knob importance</h2>")
+    names, knobs, _ = data.importance_table
+    if not names:
+        reasons = sorted({s.importance_note for s in data.studies}) or ["no optuna study was read"]
+        page.add('<div class="missing">Not computed: ' + "; ".join(_e(r) for r in reasons) + "</div>")
+        return
+    page.add('<p class="caption">PED-ANOVA (optuna <code>PedAnovaImportanceEvaluator</code>): how much each '
+             "knob decides whether a configuration lands in the fastest 10 % of successful trials, normalised "
+             "per study. Knobs a study never varied are blank.</p>")
+    page.add(page.figure(importance_figure(data)))
+    skipped = [s for s in data.studies if not s.importance]
+    if skipped:
+        page.add('<p class="caption">Not computed for: ' + "; ".join(
+            f"{_e(_study_short(s))} ({_e(s.importance_note)})" for s in skipped) + "</p>")
+
+
+def _best_configs_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Best configurations (the database the runtime reads)</h2>")
+    if not data.best_configs:
+        page.add('<div class="missing">No best-config entries.</div>')
+        return
+    page.add('<p class="caption">Fingerprint: hash of the kernel sources at measurement time; '
+             '"stale" when it differs from the sources now (the configuration may no longer be the best, '
+             "or valid).</p>")
+    rows = []
+    for r in data.best_configs:
+        rows.append([
+            _e(r.arch), _e(r.device),
+            _e(r.shape) + (f"<br><small>tuned on {_e(r.tuned_on)}</small>" if r.tuned_on else ""),
+            f"<code>{_e(_config_label(r.config))}</code>",
+            _fmt(r.us), _fmt(r.tflops, ".0f"),
+            "<br>".join(f"{_e(k)} {v:.2f}×" for k, v in sorted(r.speedup.items())) or "–",
+            _fmt(r.max_err, ".1e"),
+            f"<code>{_e(r.kernel_fingerprint or '–')}</code> {_state_badge(r.fingerprint_state)}",
+            _e(", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())) or "–"), _e(r.date),
+            _e(f"{r.study} #{r.trial}" if r.study else "–"),
+        ])
+    page.add(_table(["arch", "device", "bucket", "config", "µs", "TFLOP/s", "speedup", "max err",
+                     "fingerprint", "versions", "date", "study / trial"], rows))
+
+
+def _studies_section(data: ReportData, page: _Page) -> None:
+    page.add("<h2>Searches</h2>")
+    if not data.studies:
+        page.add('<div class="missing">No optuna study was read.</div>')
+        return
+    rows = []
+    for s in data.studies:
+        fails = sum(n for o, n in s.outcomes.items() if o != "ok")
+        best = s.best["us"] if s.best else None
+        gain = (s.default_us / best) if best and s.default_us else None
+        rows.append([f'<a href="#{_e(s.name)}">{_e(s.label)}</a>', _e(s.arch), _e(s.device.get("name", "–")),
+                     str(s.n_trials), str(s.outcomes.get("ok", 0)), str(fails), _fmt(best), _fmt(s.default_us),
+                     _fmt(gain, ".2f") + ("×" if gain else ""), _state_badge(s.fingerprint_state),
+                     _e(describe_timing(s.timing))])
+    page.add(_table(["shape", "arch", "device", "trials", "ok", "failed", "best µs", "default µs",
+                     "default ÷ best", "fingerprint", "timing"], rows))
+    for s in data.studies:
+        page.add(f'<h3 id="{_e(s.name)}">{_e(s.label)} <small>({_e(s.arch)}, {_e(s.name)})</small></h3>')
+        outcomes = ", ".join(f"{o} {n}" for o, n in sorted(s.outcomes.items(), key=lambda kv: -kv[1]))
+        best = (f"best trial #{s.best['number']}: {s.best['us']:.2f} µs, "
+                f"{_fmt(s.best['tflops'], '.0f')} TFLOP/s, <code>{_e(_config_label(s.best['params']))}</code>"
+                if s.best else "no successful trial")
+        page.add(f'<p class="caption">{s.n_trials} trials ({_e(outcomes) or "none finished"}); {best}</p>')
+        if s.ok_study is None:
+            page.add('<div class="missing">No successful trial to plot.</div>')
+            continue
+        page.add('<div class="pair"><div>' + page.figure(history_figure(s)) + "</div><div>"
+                 + page.figure(parallel_figure(s)) + "</div></div>")
+
+
+def render_html(data: ReportData) -> tuple[str, list[str]]:
+    """The whole report as one HTML string, and the ids of its plot divs."""
+    page = _Page()
+    _header(data, page)
+    _comparison_section(data, page)
+    _heatmap_section(data, page)
+    _failures_section(data, page)
+    _importance_section(data, page)
+    _best_configs_section(data, page)
+    _studies_section(data, page)
+    body = "\n".join(page.parts)
+    doc = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        "<title>fa4tune report</title>"
+        f"<style>{CSS}</style>"
+        f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>"
+        f"</head><body data-figures=\"{len(page.figure_ids)}\">\n{body}\n</body></html>\n")
+    return doc, page.figure_ids
+
+
+def write_report(data: ReportData, out: str | Path) -> BuiltReport:
+    """Write the report atomically (temp file + rename): a reader never sees half a file."""
+    out = Path(out)
+    doc, ids = render_html(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(doc)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return BuiltReport(out, ids, out.stat().st_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# headless Chromium
+# --------------------------------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars",
+    # parallel coordinates draw with WebGL; with the GPU off Chromium needs this to use its software GL
+    "--enable-unsafe-swiftshader",
+)
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
+
+
+def render_in_chromium(page: str | Path, screenshot: str | Path | None = None, *,
+                       window: tuple[int, int] = (1400, 2400), budget_ms: int = 30000,
+                       timeout_s: float = 180.0, chromium: str | None = None) -> str:
+    """Load `page` in headless Chromium, let its scripts run for `budget_ms` of virtual time, and return
+    the DOM as rendered (and write a PNG of the window to `screenshot` if given)."""
+    exe = chromium or find_chromium()
+    if exe is None:
+        raise FileNotFoundError("no Chromium found (apt-get install chromium)")
+    url = Path(page).resolve().as_uri()
+    with tempfile.TemporaryDirectory(prefix="fa4tune-chromium-") as profile:
+        base = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}",
+                f"--virtual-time-budget={budget_ms}"]
+        dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=timeout_s,
+                             check=True).stdout
+        if screenshot is not None:
+            Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(base + [f"--screenshot={Path(screenshot).resolve()}", url], capture_output=True,
+                           timeout=timeout_s, check=True)
+            if not Path(screenshot).is_file():
+                raise RuntimeError(f"Chromium wrote no screenshot to {screenshot}")
+    return dom
+
+
+def rendered_plot_count(dom: str) -> int:
+    """How many plot containers of a dumped DOM hold a drawn SVG."""
+    # each chunk runs from one plot container to the next, so an SVG in it belongs to that plot
+    chunks = dom.split('class="plot-container plotly"')[1:]
+    return sum(1 for c in chunks if 'class="main-svg"' in c)
+
+
+# --------------------------------------------------------------------------------------------------
+# command
+# --------------------------------------------------------------------------------------------------
+
+@click.command("report")
+@click.option("--results", "results_dir", default="results", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="folder holding the inputs")
+@click.option("--storage", default=None,
+              help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
+                   "[default: every one found in --results]")
+@click.option("--database", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="best-config database [default: RESULTS/best_configs.json]")
+@click.option("--bench", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="bench results [default: RESULTS/bench.json]")
+@click.option("--out", default=Path("results/report.html"), show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="the HTML file to write")
+@click.option("--screenshot", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="also render the report in headless Chromium and save a PNG of its top here")
+@click.option("--screenshot-size", default="1400x1800", show_default=True, help="window WIDTHxHEIGHT")
+def report_command(results_dir: Path, storage: str | None, database: Path | None, bench: Path | None,
+                   out: Path, screenshot: Path | None, screenshot_size: str) -> None:
+    """Build one self-contained HTML report (works offline) of the searches, the best-config database
+    and the bench results."""
+    click.echo(f"reading {results_dir}/ ...", err=True)
+    data = collect(results_dir, storage=storage, database=database, bench=bench)
+    for line in data.missing:
+        click.echo(f"missing: {line}", err=True)
+    built = write_report(data, out)
+    click.echo(f"{len(data.studies)} studies, {len(data.shape_rows)} shapes, {len(data.best_configs)} "
+               f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
+    click.echo(str(built.path))
+    if screenshot is not None:
+        try:
+            width, height = (int(v) for v in screenshot_size.lower().split("x"))
+        except ValueError:
+            raise click.BadParameter("expected WIDTHxHEIGHT, e.g. 1400x1800", param_hint="--screenshot-size")
+        try:
+            dom = render_in_chromium(built.path, screenshot, window=(width, height))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            click.echo(f"screenshot failed: {exc}", err=True)
+            sys.exit(1)
+        drawn = rendered_plot_count(dom)
+        click.echo(f"screenshot {screenshot}: {drawn}/{len(built.figure_ids)} figures drawn", err=True)
+        if drawn != len(built.figure_ids):
+            sys.exit(1)
+        click.echo(str(screenshot))

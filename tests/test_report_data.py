@@ -1,0 +1,334 @@
+"""The report's data layer on synthetic searches built with optuna itself (no GPU, no browser).
+
+`write_synthetic_results` is also used by the browser test: it writes an optuna journal, a best-config
+database and a bench file with the schemas the search and bench commands write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fa4.kernels import AttentionProblem, Config, knobs_for
+from fa4tune import report_data as rd
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SHAPES = (
+    AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=False),
+    AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True),
+    AttentionProblem(2, 4096, 4096, 16, 16, 64, "bf16", causal=False),
+)
+DEVICE = {"name": "NVIDIA H200", "sm_count": 132, "driver": "580.00", "cc": "9.0"}
+VERSIONS = {"torch": "2.11.0", "cutlass_dsl": "4.8.1", "optuna": "5.0.0", "cuda": "13.0",
+            "flash_attn_4": "4.0.0b36"}
+TIMING = {"method": "cuda-graph replay", "launches_per_graph": 20, "replays": 7, "l2": "warm"}
+PEERS_US = {"flash_attn_4": 30.0, "sdpa_cudnn": 31.6, "sdpa_flash": 53.0}
+
+
+def study_name(arch: str, p: AttentionProblem) -> str:
+    mask = "causal" if p.causal else "full"
+    return (f"{arch}-{p.dtype}-b{p.batch}-hq{p.heads_q}-hkv{p.heads_kv}-d{p.head_dim}-sq{p.seqlen_q}"
+            f"-sk{p.seqlen_k}-{mask}")
+
+
+def _synthetic_us(cfg: dict, base: float, rng: random.Random) -> float:
+    """A made-up cost model in which tile_n matters most and kv_stages a little, plus 1 % noise."""
+    us = base * (1.0 + abs(cfg["tile_n"] - 128) / 64.0)
+    us *= 1.08 if cfg["kv_stages"] == 2 else 1.0
+    return us * (1.0 + 0.01 * rng.random())
+
+
+def _outcome(cfg: dict, rng: random.Random) -> str:
+    if cfg["tile_n"] >= 160 and cfg.get("pv_operand", "ss") == "ss":
+        return "infeasible"
+    r = rng.random()
+    return ("compile_error" if r < 0.06 else "mismatch" if r < 0.10 else "launch_error" if r < 0.13
+            else "timeout" if r < 0.15 else "ok")
+
+
+def add_synthetic_study(storage, arch: str, problem: AttentionProblem, n_trials: int, seed: int,
+                        fingerprint: str = "f" * 16) -> dict:
+    """One search as `fa4tune search` records it. Returns what a reader must find: outcome counts,
+    the best and the default time. Failures are recorded three ways (FAIL, PRUNED, and COMPLETE with a
+    penalty value) because the report must count by the "outcome" attribute, not by state."""
+    rng = random.Random(seed)
+    study = optuna.create_study(study_name=study_name(arch, problem), storage=storage, direction="minimize",
+                                sampler=optuna.samplers.RandomSampler(seed=seed))
+    base = problem.flops() / 600e12 * 1e6  # µs at 600 TFLOP/s
+    default = Config.make(arch).to_dict()
+    default_us = _synthetic_us(default, base, random.Random(seed + 1))
+    study.set_user_attr("arch", arch)
+    study.set_user_attr("problem", problem.to_dict())
+    study.set_user_attr("device", DEVICE)
+    study.set_user_attr("versions", VERSIONS)
+    study.set_user_attr("kernel_fingerprint", fingerprint)
+    study.set_user_attr("timing", TIMING)
+    study.set_user_attr("peers", {"flash_attn_4": {"us": base * 1.1, "tflops": 545.0},
+                                  "sdpa_cudnn": {"us": base * 1.15, "tflops": 520.0},
+                                  "sdpa_flash": {"error": "sdpa flash backend rejected the shape"}})
+    study.set_user_attr("default_us", default_us)
+    study.enqueue_trial(default, user_attrs={"is_default": True})
+    counts: dict[str, int] = {}
+    ok_us = []
+    dists = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in knobs_for(arch)}
+    for _ in range(n_trials):
+        trial = study.ask(dists)
+        cfg = trial.params
+        outcome = "ok" if trial.user_attrs.get("is_default") else _outcome(cfg, rng)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        trial.set_user_attr("outcome", outcome)
+        if outcome == "ok":
+            us = default_us if trial.user_attrs.get("is_default") else _synthetic_us(cfg, base, rng)
+            ok_us.append(us)
+            trial.set_user_attr("us", us)
+            trial.set_user_attr("tflops", problem.flops() / us / 1e6)
+            trial.set_user_attr("compile_s", 2.0)
+            trial.set_user_attr("max_err", 1e-3)
+            study.tell(trial, us)
+        elif outcome == "mismatch":
+            trial.set_user_attr("max_err", 0.5)
+            study.tell(trial, 1e9)  # a penalty value: must not reach any plot or best
+        elif outcome == "compile_error":
+            trial.set_user_attr("error", "synthetic compile failure")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            trial.set_user_attr("reasons", ["synthetic"])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return {"name": study.study_name, "counts": counts, "best_us": min(ok_us), "default_us": default_us,
+            "n_ok": len(ok_us), "peer_base": base}
+
+
+def write_synthetic_results(folder: Path, n_trials: int = 40, seed: int = 0,
+                            fingerprint: str = "f" * 16, archs=("sm90",)) -> dict:
+    """A results folder: journal storage, best_configs.json (schema 1) and bench.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.journal.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(folder / "search.journal")))
+    expected = {}
+    entries, bench = [], []
+    for arch in archs:
+        for i, p in enumerate(SHAPES):
+            info = add_synthetic_study(storage, arch, p, n_trials, seed + 10 * i, fingerprint)
+            expected[info["name"]] = info
+            entries.append({
+                "arch": arch, "device": DEVICE["name"], "dtype": p.dtype, "head_dim": p.head_dim,
+                "gqa_ratio": p.gqa_ratio, "causal": p.causal, "seqlen_q_bucket": p.seqlen_q,
+                "seqlen_k_bucket": p.seqlen_k, "work_bucket": p.batch * p.heads_kv, "problem": p.to_dict(),
+                "config": Config.make(arch).to_dict(), "us": info["best_us"],
+                "tflops": p.flops() / info["best_us"] / 1e6, "default_us": info["default_us"],
+                "speedup": {"default": info["default_us"] / info["best_us"]}, "max_err": 1e-3,
+                "kernel_fingerprint": fingerprint if i else "0" * 16, "versions": VERSIONS,
+                "date": "2026-11-30T05:00:00+00:00", "study": info["name"], "trial": 3})
+            if i < 2:  # the bench covers two of the three shapes
+                for impl, factor in (("tuned", 1.0), ("default", 1.25), ("flash_attn_4", 1.1),
+                                     ("sdpa_cudnn", 1.2), ("sdpa_flash", 1.9)):
+                    us = info["best_us"] * factor
+                    bench.append({"problem": p.to_dict(), "arch": arch, "device": DEVICE["name"],
+                                  "impl": impl, "us": us, "tflops": p.flops() / us / 1e6,
+                                  "config": None, "status": "ok"})
+    (folder / "best_configs.json").write_text(json.dumps({"schema": 1, "entries": entries}, indent=2))
+    (folder / "bench.json").write_text(json.dumps({"timing": TIMING, "rows": bench}, indent=2))
+    return expected
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("results")
+    expected = write_synthetic_results(folder)
+    return folder, expected
+
+
+# ------------------------------------------------------------------------------------------------
+
+def test_storage_detection(tmp_path, synthetic):
+    folder, expected = synthetic
+    journal = folder / "search.journal"
+    assert rd.storage_kind(str(journal)) == "journal"
+    assert rd.find_storages(folder) == [journal]
+    # the same studies copied into SQLite are found by content, whatever the file is called
+    sqlite = tmp_path / "studies.bin"
+    for name in expected:
+        optuna.copy_study(from_study_name=name, from_storage=rd.open_storage(str(journal)),
+                          to_storage=f"sqlite:///{sqlite}")
+    assert rd.storage_kind(str(sqlite)) == "sqlite"
+    names = sorted(s.study_name for s in rd.load_studies(rd.open_storage(str(sqlite))))
+    assert names == sorted(expected)
+    assert rd.storage_kind(f"sqlite:///{sqlite}") == "url"
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("hello\n")
+    with pytest.raises(ValueError):
+        rd.storage_kind(str(garbage))
+    with pytest.raises(FileNotFoundError):
+        rd.storage_kind(str(tmp_path / "absent.db"))
+    assert rd.find_storages(tmp_path) == [sqlite]
+
+
+def test_study_summary_counts_by_outcome_not_state(synthetic):
+    folder, expected = synthetic
+    studies = rd.load_studies(rd.open_storage(str(folder / "search.journal")))
+    for study in studies:
+        want = expected[study.study_name]
+        info = rd.summarize_study(study, {"sm90": "f" * 16})
+        assert info.outcomes == want["counts"]
+        assert sum(info.outcomes.values()) == info.n_trials == 40
+        assert info.best["us"] == pytest.approx(want["best_us"])
+        assert info.default_us == pytest.approx(want["default_us"])
+        # penalty values of mismatching trials reach neither the history nor the plotted study
+        assert len(info.history) == want["n_ok"] == len(info.ok_study.trials)
+        assert max(us for _, us, _ in info.history) < 1e6
+        assert [b for _, _, b in info.history] == sorted((b for _, _, b in info.history), reverse=True)
+        assert info.fingerprint_state == "current"
+        assert info.knob_names == [k.name for k in knobs_for("sm90")]
+        assert info.label.startswith("B")
+
+
+def test_importance_finds_the_knob_that_matters(synthetic):
+    folder, expected = synthetic
+    studies = rd.load_studies(rd.open_storage(str(folder / "search.journal")))
+    ranked = []
+    for study in studies:
+        info = rd.summarize_study(study, {})
+        assert info.importance is not None, info.importance_note
+        assert set(info.importance) <= set(info.knob_names)
+        assert sum(info.importance.values()) == pytest.approx(1.0)
+        ranked.append(max(info.importance, key=info.importance.get))
+    # tile_n decides the synthetic time by up to 2x; every other knob but kv_stages is noise
+    assert ranked.count("tile_n") >= 2, ranked
+
+
+def test_importance_refuses_too_few_trials():
+    study = optuna.create_study()
+    study.add_trial(optuna.trial.create_trial(
+        value=1.0, params={"a": 1}, distributions={"a": optuna.distributions.CategoricalDistribution((1, 2))}))
+    importance, note = rd.knob_importance(study, ["a"], min_trials=8)
+    assert importance is None and "at least 8" in note
+
+
+def _bench_row(problem, impl, us=None, status="ok", error=None):
+    return {"problem": problem.to_dict(), "arch": "sm90", "device": "NVIDIA H200", "impl": impl, "us": us,
+            "tflops": None, "config": None, "status": status, "error": error}
+
+
+def test_bench_rows_and_speedups():
+    p = SHAPES[0]
+    rows = rd.rows_from_bench([
+        _bench_row(p, "tuned", 20.0), _bench_row(p, "default", 25.0), _bench_row(p, "flash_attn_4", 30.0),
+        _bench_row(p, "sdpa_flash", None, "error", "not supported"),
+        _bench_row(SHAPES[1], "flash_attn_4", 21.0),
+    ])
+    assert len(rows) == 2
+    row = next(r for r in rows if r.problem == p.to_dict())
+    assert row.speedup == pytest.approx({"default": 1.25, "flash_attn_4": 1.5})
+    assert row.impls["sdpa_flash"] == {"error": "not supported"}
+    # TFLOP/s derived from the problem when the record has none
+    assert row.impls["tuned"]["tflops"] == pytest.approx(p.flops() / 20.0 / 1e6)
+    lone = next(r for r in rows if r.problem == SHAPES[1].to_dict())
+    assert lone.speedup == {}  # no tuned time: nothing to compare
+
+
+def test_bench_rows_read_tolerantly():
+    assert rd.bench_records([{"a": 1}]) == [{"a": 1}]
+    assert rd.bench_records({"results": [{"a": 1}]}) == [{"a": 1}]
+    with pytest.raises(ValueError):
+        rd.bench_records({"nothing": 1})
+
+
+def test_bench_wins_over_study_rows_and_heatmap_places_cells():
+    p0, p1 = SHAPES[0], SHAPES[2]
+    bench = rd.rows_from_bench([_bench_row(p0, "tuned", 20.0), _bench_row(p0, "default", 30.0)])
+    study_row = rd.ShapeRow("sm90", "NVIDIA H200", p0.to_dict(), rd.problem_label(p0.to_dict()), "study",
+                            {"tuned": {"us": 10.0}, "default": {"us": 11.0}})
+    other = rd.ShapeRow("sm90", "NVIDIA H200", p1.to_dict(), rd.problem_label(p1.to_dict()), "study",
+                        {"tuned": {"us": 10.0}, "flash_attn_4": {"us": 12.0}})
+    for r in (study_row, other):
+        r.compute_speedups()
+    rows = rd.merge_rows(bench, [study_row, other])
+    assert [r.source for r in rows] == ["study", "bench"]  # sorted: bf16 D64 before fp16 D128
+    maps = {m.baseline: m for m in rd.speedup_heatmaps(rows)}
+    assert set(maps) == {"default", "flash_attn_4"}
+    d = maps["default"]
+    i = d.y.index("sm90 fp16 D128 H32/8 full")
+    j = d.x.index("B1 S1024")
+    assert d.z[i][j] == pytest.approx(1.5)
+    assert d.z[d.y.index("sm90 bf16 D64 H16/16 full")][d.x.index("B2 S4096")] is None
+    assert maps["flash_attn_4"].z[d.y.index("sm90 bf16 D64 H16/16 full")][d.x.index("B2 S4096")] == \
+        pytest.approx(1.2)
+
+
+def test_best_config_rows_flag_stale_entries():
+    entry = {"arch": "sm90", "device": "NVIDIA H200", "dtype": "fp16", "head_dim": 128, "gqa_ratio": 4,
+             "causal": True, "seqlen_q_bucket": 1024, "seqlen_k_bucket": 1024, "work_bucket": 8,
+             "config": {"tile_n": 128}, "us": 20.0, "tflops": 400.0, "speedup": {"flash_attn_4": 1.05},
+             "max_err": 2e-3, "kernel_fingerprint": "abc", "versions": VERSIONS, "date": "2026-11-30",
+             "study": "s", "trial": 4, "problem": SHAPES[1].to_dict()}
+    sm100 = dict(entry, arch="sm100")
+    rows = rd.best_config_rows({"schema": 1, "entries": [entry, sm100]}, {"sm90": "abc", "sm100": None})
+    assert [(r.arch, r.fingerprint_state) for r in rows] == [("sm100", "unknown"), ("sm90", "current")]
+    rows = rd.best_config_rows([entry], {"sm90": "def"})
+    assert rows[0].fingerprint_state == "stale"
+    assert rows[0].shape == "fp16 D128 GQA4 causal Sq 1024 Sk 1024 work 8"
+    assert rows[0].tuned_on == "B1 S1024 H32/8 D128 fp16 causal"
+    assert rows[0].speedup == {"flash_attn_4": 1.05}
+    with pytest.raises(ValueError):
+        rd.best_config_rows({"entries": "nope"}, {})
+
+
+def test_describe_timing_states_l2():
+    assert rd.describe_timing(TIMING) == ("cuda-graph replay, 20 launches per graph, median of 7 replays, "
+                                          "L2 warm")
+    assert "L2 state not recorded" in rd.describe_timing({"method": "events"})
+    assert rd.describe_timing({}) == "not recorded"
+
+
+def test_collect_with_nothing_says_what_is_missing(tmp_path):
+    data = rd.collect(tmp_path / "empty")
+    assert data.studies == [] and data.shape_rows == [] and data.best_configs == []
+    text = " ".join(data.missing)
+    assert "optuna storage" in text and "best-config database" in text and "bench results" in text
+
+
+def test_collect_reports_unreadable_inputs(tmp_path):
+    (tmp_path / "best_configs.json").write_text("{not json")
+    (tmp_path / "bench.json").write_text("[]")
+    journal = tmp_path / "broken.journal"
+    journal.write_text('{"op_code": 99}\n')
+    data = rd.collect(tmp_path)
+    assert any("best-config database" in m and "could not be read" in m for m in data.missing)
+    assert data.sources[f"bench {tmp_path / 'bench.json'}"] == "0 rows"
+
+
+def test_collect_end_to_end(synthetic, monkeypatch):
+    folder, expected = synthetic
+    import fa4.kernels
+    monkeypatch.setattr(fa4.kernels, "source_fingerprint", lambda arch: "f" * 16)
+    data = rd.collect(folder)
+    assert not data.missing
+    assert sorted(s.name for s in data.studies) == sorted(expected)
+    assert [r.source for r in data.shape_rows].count("bench") == 2
+    assert [r.source for r in data.shape_rows].count("study") == 1
+    assert {m.baseline for m in data.heatmaps} == {"default", "flash_attn_4", "sdpa_cudnn", "sdpa_flash"}
+    # one database entry carries an old fingerprint
+    assert [r.fingerprint_state for r in data.best_configs].count("stale") == 1
+    assert any("stale" in w for w in data.warnings)
+    assert not any("sm100" in w for w in data.warnings)
+    assert data.timing == sorted({rd.describe_timing(TIMING), rd.describe_timing(TIMING) + " (bench)"})
+    names, classes, counts = data.failure_table
+    assert classes[0] == "ok" and "infeasible" in classes
+    for j, name in enumerate(names):
+        assert {c: counts[i][j] for i, c in enumerate(classes) if counts[i][j]} == expected[name]["counts"]
+    studies, knobs, z = data.importance_table
+    assert len(studies) == 3 and "tile_n" in knobs
+
+
+def test_sm100_data_carries_the_not_run_on_hardware_warning(tmp_path):
+    write_synthetic_results(tmp_path, n_trials=10, archs=("sm100",))
+    data = rd.collect(tmp_path)
+    assert any("sm100" in w and "never run on hardware" in w for w in data.warnings)
+    assert all(s.arch == "sm100" for s in data.studies)
+    assert all(math.isfinite(s.best["us"]) for s in data.studies)
