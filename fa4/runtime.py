@@ -141,6 +141,9 @@ def _database():
 
             _STATE.db = database.BestConfigDB.load(_STATE.db_path)
             _STATE.db_error = None
+            if _STATE.db.path is not None and not os.path.exists(_STATE.db.path):
+                _warn_once("db-missing", f"fa4: best-config database {_STATE.db.path} does not exist; "
+                                         "running heuristic default configurations")
         except Exception as exc:  # a broken database must never break a forward pass
             _STATE.db = None
             _STATE.db_error = f"{type(exc).__name__}: {exc}"
@@ -296,11 +299,11 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
         if arch not in kernels.ARCHS:
             raise InvalidInputError(f"unknown architecture {arch!r}; known: {', '.join(kernels.ARCHS)}")
         device_name = device_name or "unknown device"
-    elif spec.device.type != "cuda":
-        reasons += checks.device_reasons(spec)
     else:
-        arch, device_name, capability = _device_facts(spec.device)
-        if arch is None:
+        device_problems = checks.device_reasons(spec)
+        reasons += device_problems
+        arch, device_name, capability = (None, None, None) if device_problems else _device_facts(spec.device)
+        if arch is None and not device_problems:
             reasons.append(
                 f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
                 f"they exist for Hopper (9.0, sm_90a) and Blackwell (10.0, sm_100a)")
@@ -449,7 +452,8 @@ def _make_launch(plan: _Plan, fallback: str) -> _Launch:
     return _Launch(
         kind=kind, run=run, default_scale=1.0 / math.sqrt(spec.head_dim) if spec.head_dim else 1.0,
         out_like_q=None, out_shape=out_shape, lse_shape=(spec.batch, spec.heads_q, spec.seqlen_q),
-        device_index=spec.device.index if spec.device.type == "cuda" else None,
+        # -1 off CUDA: what the current-device probe answers on a CPU build (the tests' fake kernels)
+        device_index=spec.device.index if spec.device.type == "cuda" else -1,
         restride=spec.needs_restride, causal=plan.causal)
 
 

@@ -1,0 +1,425 @@
+"""fa4.attention's decisions and fast path on CPU, with a stand-in kernel family.
+
+The stand-in (`FakeFamily`) answers the family protocol and "launches" by computing SDPA into the output
+buffers, so everything between the user's call and the kernel's `run` is exercised here: the lookup
+order, stale and broken databases, the signature cache, the compile cache, zero-length sequences, the
+sm100 opt-in, the fallback and the torch.compile path through the custom op. The real families are
+checked by their own tests and on the GPU (tests/gpu/test_runtime_gpu.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import warnings
+
+import pytest
+import torch
+
+import fa4
+from fa4 import checks, database, fallback, kernels, runtime
+from fa4.checks import InvalidInputError, UnsupportedInputError
+from fa4.kernels import AttentionProblem, Config
+
+F16 = torch.float16
+FINGERPRINT = "current0fingerprint"
+
+
+class FakeLauncher:
+    def __init__(self, config, problem):
+        self.config, self.problem, self.calls = config, problem, []
+
+    def run(self, q, k, v, out, lse, softmax_scale):
+        self.calls.append((tuple(q.shape), tuple(k.shape), softmax_scale, lse is not None))
+        o, l = fallback.sdpa_attention(q, k, v, self.problem.causal, softmax_scale, lse is not None)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l)
+
+
+class FakeFamily(types.SimpleNamespace):
+    """Head dims 64 and 128; tile_n=192 does not fit (a stand-in resource limit)."""
+
+    def __init__(self, arch):
+        super().__init__(arch=arch, launchers=[])
+
+    def can_implement(self, problem):
+        return [] if problem.head_dim in (64, 128) else [f"head_dim {problem.head_dim} not in (64, 128)"]
+
+    def resource_reasons(self, config, problem):
+        return ["shared memory 250000 B > 232448 B"] if config.tile_n == 192 else []
+
+    def default_config(self, problem):
+        return Config.make(self.arch)
+
+    def problem_key(self, config, problem):
+        return (problem.dtype, problem.head_dim, problem.gqa_ratio, problem.causal, problem.return_lse)
+
+    def compile_attention(self, config, problem):
+        launcher = FakeLauncher(config, problem)
+        self.launchers.append(launcher)
+        return launcher
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """Stand-in kernels on a pretend H200 that runs CPU tensors; an empty database in tmp_path."""
+    families = {arch: FakeFamily(arch) for arch in kernels.ARCHS}
+    monkeypatch.setattr(kernels, "family", lambda arch: families[arch])
+    monkeypatch.setattr(kernels, "source_fingerprint", lambda arch: FINGERPRINT)
+    monkeypatch.setattr(runtime, "_device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
+    db_path = tmp_path / "best.json"
+    db_path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
+    fa4.use_config_db(db_path)
+    fa4.reset_caches(compiled=True)
+    ns = types.SimpleNamespace(families=families, db_path=db_path, sm90=families["sm90"])
+    yield ns
+    fa4.use_config_db(None)
+    fa4.reset_caches(compiled=True)
+
+
+@pytest.fixture(autouse=True)
+def quiet_db(tmp_path):
+    fa4.reset_caches()
+    yield
+    fa4.reset_caches()
+
+
+def qkv(b=1, sq=64, sk=64, hq=4, hkv=2, d=64, dtype=F16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, s, h, d, dtype=dtype, generator=g)
+                 for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+
+
+def add_entry(path, *, seqlen, tile_n=96, kv_stages=3, fingerprint=FINGERPRINT, device="NVIDIA H200",
+              hq=4, hkv=2, d=64, causal=False, us=10.0):
+    problem = AttentionProblem(1, seqlen, seqlen, hq, hkv, d, "fp16", causal)
+    cfg = Config.make("sm90", tile_n=tile_n, kv_stages=kv_stages)
+    entry = database.Entry.from_result(
+        arch="sm90", device=device, problem=problem, config=cfg.to_dict(), us=us, tflops=100.0,
+        default_us=12.0, peers_us={"flash-attn-4": 11.0}, max_err=1e-3, kernel_fingerprint=fingerprint,
+        versions={}, study="s", trial=1)
+    database.record(entry, path)
+    return cfg
+
+
+def reference(q, k, v, causal, scale=None):
+    """fp32 attention with a bottom-right causal mask, our layout."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ratio = q.shape[2] // k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(ratio, 1), vf.repeat_interleave(ratio, 1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(~fallback.bottom_right_causal_mask(q.shape[1], k.shape[1], q.device), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return (p @ vf).transpose(1, 2), lse
+
+
+# --- lookup order ----------------------------------------------------------------------------------
+
+def test_default_when_database_is_empty(fake):
+    e = fa4.explain(*qkv())
+    assert e.path == "kernel" and e.source == "default"
+    assert e.config == kernels.default_config("sm90", AttentionProblem(1, 64, 64, 4, 2, 64))
+    assert "heuristic default" in str(e)
+
+
+def test_exact_hit_then_nearest_bucket(fake):
+    tuned = add_entry(fake.db_path, seqlen=64)
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(*qkv(sq=64, sk=64))
+    assert (e.source, e.config) == ("exact", tuned)
+    assert "exact database hit sm90|NVIDIA H200|fp16|d64|gqa2|full|sq64|sk64|w2" in str(e)
+    assert "1.10x vs flash-attn-4" in str(e)
+    e = fa4.explain(*qkv(sq=300, sk=300))
+    assert (e.source, e.config) == ("nearest", tuned) and e.distance == pytest.approx(6.0)
+    assert "nearest database bucket" in str(e)
+
+
+def test_nearest_requires_same_head_dim_gqa_causal(fake):
+    add_entry(fake.db_path, seqlen=64)
+    fa4.use_config_db(fake.db_path)
+    assert fa4.explain(*qkv(d=128)).source == "default"
+    assert fa4.explain(*qkv(hq=4, hkv=4)).source == "default"
+    assert fa4.explain(*qkv(), causal=True).source == "default"
+
+
+def test_nearest_picks_the_closest_bucket(fake):
+    add_entry(fake.db_path, seqlen=64, tile_n=64)
+    near = add_entry(fake.db_path, seqlen=1024, tile_n=112)
+    fa4.use_config_db(fake.db_path)
+    assert fa4.explain(*qkv(sq=700, sk=700)).config == near
+
+
+def test_stale_entries_are_not_used_and_warned_once(fake):
+    add_entry(fake.db_path, seqlen=64, fingerprint="old0fingerprint")
+    fa4.use_config_db(fake.db_path)
+    q, k, v = qkv()
+    with pytest.warns(fa4.Fa4Warning, match="1 tuned entry .* not used .*re-run fa4tune search"):
+        out = fa4.attention(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fa4.attention(*qkv(sq=65, sk=65))  # another signature, same stale entry: no second warning
+    assert fa4.explain(q, k, v).source == "default"
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_corrupt_database_warns_once_then_defaults(fake):
+    fake.db_path.write_text("{ not json")
+    fa4.use_config_db(fake.db_path)
+    q, k, v = qkv()
+    with pytest.warns(fa4.Fa4Warning, match="cannot use the best-config database"):
+        out = fa4.attention(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fa4.attention(*qkv(sq=65, sk=65))
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+    assert "unusable" in fa4.explain(q, k, v).database
+
+
+def test_wrong_schema_database_warns_then_defaults(fake):
+    fake.db_path.write_text(json.dumps({"schema": 99, "entries": []}))
+    fa4.use_config_db(fake.db_path)
+    with pytest.warns(fa4.Fa4Warning, match="schema 99"):
+        fa4.attention(*qkv())
+
+
+def test_missing_database_warns_once_then_defaults(fake, tmp_path):
+    fa4.use_config_db(tmp_path / "nowhere.json")
+    with pytest.warns(fa4.Fa4Warning, match="does not exist"):
+        fa4.attention(*qkv())
+    assert fa4.explain(*qkv()).source == "default"
+
+
+def test_database_from_environment_variable(fake, monkeypatch):
+    tuned = add_entry(fake.db_path, seqlen=64)
+    monkeypatch.setenv(database.ENV_VAR, str(fake.db_path))
+    fa4.use_config_db(None)
+    assert fa4.explain(*qkv()).config == tuned
+
+
+def test_entry_that_does_not_fit_falls_back_to_default_with_a_note(fake):
+    add_entry(fake.db_path, seqlen=64, tile_n=192)  # the stand-in says tile_n=192 does not fit
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(*qkv())
+    assert e.source == "default" and any("does not fit" in n for n in e.notes)
+
+
+# --- config= -----------------------------------------------------------------------------------------
+
+def test_forced_config_object_and_mapping(fake):
+    add_entry(fake.db_path, seqlen=64)
+    fa4.use_config_db(fake.db_path)
+    forced = Config.make("sm90", tile_n=64, kv_stages=4)
+    e = fa4.explain(*qkv(), config=forced)
+    assert (e.source, e.config) == ("forced", forced)
+    e = fa4.explain(*qkv(), config={"tile_n": 80})
+    assert e.config == Config.make("sm90").replace(tile_n=80)
+    q, k, v = qkv()
+    fa4.attention(q, k, v, config=forced)
+    assert fake.sm90.launchers[-1].config == forced
+
+
+def test_forced_config_is_never_adjusted(fake):
+    with pytest.raises(InvalidInputError, match="cannot run .*shared memory"):
+        fa4.attention(*qkv(), config=Config.make("sm90", tile_n=192))
+    with pytest.raises(InvalidInputError, match="is an sm100 configuration, but the device runs the sm90"):
+        fa4.attention(*qkv(), config=Config.make("sm100"))
+    with pytest.raises(InvalidInputError, match="unknown knob"):
+        fa4.attention(*qkv(), config={"tile_q": 64})
+
+
+# --- caches and the fast path --------------------------------------------------------------------
+
+def test_other_seqlens_reuse_the_compiled_kernel(fake):
+    for seqlen in (64, 200, 1000, 64):
+        q, k, v = qkv(sq=seqlen, sk=seqlen + 3, seed=seqlen)
+        out = fa4.attention(q, k, v, causal=True)
+        torch.testing.assert_close(out.float(), reference(q, k, v, True)[0], rtol=1e-2, atol=1e-2)
+    info = fa4.cache_info()
+    assert info["compiles"] == 1 and len(fake.sm90.launchers) == 1
+    assert info["signatures"] == 3 and info["slow_calls"] == 3
+    fa4.attention(*qkv(sq=64, sk=64))  # causal=False changes the code: a second compile
+    assert fa4.cache_info()["compiles"] == 2
+
+
+def test_repeated_calls_take_the_fast_path(fake):
+    q, k, v = qkv()
+    first = fa4.attention(q, k, v)
+    for _ in range(3):
+        again = fa4.attention(q, k, v)
+    assert fa4.cache_info()["slow_calls"] == 1
+    assert torch.equal(first, again) and again.data_ptr() != first.data_ptr()
+    assert len(fake.sm90.launchers[0].calls) == 4
+
+
+def test_lse_and_scale(fake):
+    q, k, v = qkv(sq=48, sk=96)
+    out, lse = fa4.attention(q, k, v, causal=True, return_lse=True, softmax_scale=0.3)
+    ref_out, ref_lse = reference(q, k, v, True, scale=0.3)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 4, 48)
+    torch.testing.assert_close(out.float(), ref_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+    assert fake.sm90.launchers[0].calls[-1][2] == 0.3
+    fa4.attention(q, k, v, causal=True, return_lse=True)
+    assert fake.sm90.launchers[0].calls[-1][2] == pytest.approx(1 / 8)
+
+
+def test_misaligned_pointer_is_caught_even_for_a_cached_signature(fake):
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    shifted = torch.empty(q.numel() + 8, dtype=F16)[1:1 + q.numel()].view(q.shape)
+    assert shifted.stride() == q.stride()  # same signature as the cached call
+    with pytest.raises(UnsupportedInputError, match="not 16-byte aligned"):
+        fa4.attention(shifted, k, v)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out = fa4.attention(shifted.copy_(q), k, v, fallback="sdpa")
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_size_one_dim_restride_runs(fake):
+    q, k, v = qkv(b=1)
+    odd = q.as_strided(q.shape, (3, *q.stride()[1:]))
+    for _ in range(2):
+        out = fa4.attention(odd, k, v)
+        torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_non_contiguous_q_gives_contiguous_output(fake):
+    packed = torch.randn(1, 64, 3, 4, 64, dtype=F16)  # (B, S, q/k/v, H, D), as a fused projection gives
+    q, k, v = packed[:, :, 0], packed[:, :, 1, :2], packed[:, :, 2, :2]
+    out = fa4.attention(q, k, v)
+    assert out.is_contiguous() and out.shape == q.shape
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+# --- zero lengths ----------------------------------------------------------------------------------
+
+def test_empty_query_returns_empty_without_a_launch(fake):
+    q, k, v = qkv(sq=0, sk=64)
+    out, lse = fa4.attention(q, k, v, return_lse=True)
+    assert out.shape == (1, 0, 4, 64) and lse.shape == (1, 4, 0)
+    assert fake.sm90.launchers == [] and fa4.explain(q, k, v).path == "empty"
+    assert fa4.attention(*qkv(b=0)).shape == (0, 64, 4, 64)
+
+
+def test_empty_keys_give_zero_output_and_minus_inf_lse(fake):
+    q, k, v = qkv(sq=16, sk=0)
+    for _ in range(2):  # first and cached call
+        out, lse = fa4.attention(q, k, v, causal=True, return_lse=True)
+        assert torch.equal(out, torch.zeros_like(q)) and out.dtype == F16
+        assert lse.shape == (1, 4, 16) and torch.all(lse == -math.inf)
+    assert fake.sm90.launchers == []
+
+
+# --- architectures ---------------------------------------------------------------------------------
+
+def test_sm100_needs_an_opt_in(fake, monkeypatch):
+    q, k, v = qkv()
+    with pytest.raises(UnsupportedInputError, match="has not yet run on hardware.*allow_untested_sm100=True"):
+        fa4.explain(q, k, v, arch="sm100")
+    e = fa4.explain(q, k, v, arch="sm100", allow_untested_sm100=True)
+    assert e.path == "kernel" and e.config.arch == "sm100"
+    assert "has not yet run on hardware" in str(e)
+    monkeypatch.setenv(runtime.ALLOW_SM100_ENV, "1")
+    assert fa4.explain(q, k, v, arch="sm100").path == "kernel"
+
+
+def test_sm100_device_without_opt_in_falls_back_only_when_asked(fake, monkeypatch):
+    monkeypatch.setattr(runtime, "_device_facts", lambda device: ("sm100", "NVIDIA B200", (10, 0)))
+    q, k, v = qkv()
+    with pytest.raises(UnsupportedInputError, match="not yet run on hardware"):
+        fa4.attention(q, k, v)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out = fa4.attention(q, k, v, fallback="sdpa")
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+    fa4.attention(q, k, v, allow_untested_sm100=True)
+    assert fake.families["sm100"].launchers and not fake.sm90.launchers
+
+
+def test_unsupported_gpu(fake, monkeypatch):
+    monkeypatch.setattr(runtime, "_device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    q, k, v = qkv()
+    with pytest.raises(UnsupportedInputError, match=r"A100.*compute capability 8\.0.*no fa4 kernel.*fallback='sdpa'"):
+        fa4.attention(q, k, v)
+    with pytest.warns(fa4.Fa4Warning, match="compute capability 8.0"):
+        out = fa4.attention(q, k, v, causal=True, fallback="sdpa")
+    torch.testing.assert_close(out.float(), reference(q, k, v, True)[0], rtol=1e-2, atol=1e-2)
+    assert "torch SDPA" in str(fa4.explain(q, k, v, fallback="sdpa"))
+
+
+def test_head_dim_no_kernel_supports(fake):
+    q, k, v = qkv(d=96)
+    with pytest.raises(UnsupportedInputError, match="head_dim 96 not in"):
+        fa4.attention(q, k, v)
+    with pytest.warns(fa4.Fa4Warning):
+        assert fa4.attention(q, k, v, fallback="sdpa").shape == q.shape
+
+
+# --- torch.compile through the custom op -------------------------------------------------------------
+
+def test_torch_compile_fullgraph_through_the_custom_op(fake):
+    q, k, v = qkv(sq=40, sk=72)
+
+    def block(q, k, v):
+        out, lse = fa4.attention(q * 1.0, k, v, causal=True, return_lse=True)
+        return out + 1, lse
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out, lse = compiled(q, k, v)
+    ref_out, ref_lse = reference(q, k, v, True)
+    torch.testing.assert_close(out.float(), ref_out + 1, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+    assert fake.sm90.launchers, "the compiled graph must launch our kernel"
+
+
+def test_torch_compile_with_a_forced_config(fake):
+    forced = Config.make("sm90", tile_n=64)
+    compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, config=forced), fullgraph=True,
+                             backend="aot_eager")
+    q, k, v = qkv()
+    torch.testing.assert_close(compiled(q, k, v).float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+    assert fake.sm90.launchers[-1].config == forced
+
+
+def test_custom_op_fake_impl_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 33, 8, 128, dtype=F16)
+        k = torch.empty(2, 70, 2, 128, dtype=F16)
+        out, lse = torch.ops.fa4.attention(q, k, k, True, None, True, None, "error", False)
+        assert out.shape == q.shape and out.dtype == F16 and out.is_contiguous()
+        assert lse.shape == (2, 8, 33) and lse.dtype == torch.float32
+        _, no_lse = torch.ops.fa4.attention(q, k, k, True, None, False, None, "error", False)
+        assert no_lse.shape == (0,)
+
+
+def test_custom_op_opcheck(fake):
+    q, k, v = qkv()
+    torch.library.opcheck(torch.ops.fa4.attention.default, (q, k, v, False, None, True, None, "error", False),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_config_string_round_trip():
+    cfg = Config.make("sm90", tile_n=80, rescale_threshold=4.0, softmax_overlap=False)
+    assert runtime._config_from_str(runtime.config_to_str(cfg), "sm90") == cfg
+
+
+# --- the SDPA fallback itself ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sq,sk", [(64, 64), (40, 100), (100, 40), (1, 33)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2)])
+def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
+    q, k, v = qkv(sq=sq, sk=sk, hq=hq, hkv=hkv, dtype=torch.float32)
+    out, lse = fallback.sdpa_attention(q, k, v, causal, None, True)
+    ref_out, ref_lse = reference(q, k, v, causal)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4)
+    if causal and sq > sk:  # rows that see no key
+        assert torch.all(out[:, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == -math.inf)
