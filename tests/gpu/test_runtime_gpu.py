@@ -1,0 +1,220 @@
+"""fa4.attention on a Hopper GPU: correctness against SDPA and fp32, config forcing, compile-cache reuse
+across sequence lengths, torch.compile(fullgraph=True), CUDA-graph capture, zero lengths, errors.
+
+    python -m pytest -m gpu -q tests/gpu/test_runtime_gpu.py
+
+Every test uses its own empty best-config database (so the heuristic default runs unless a test forces
+a configuration), except `test_packaged_database_is_usable`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa4
+from fa4 import database, fallback, kernels, runtime
+from fa4.kernels import Config
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(autouse=True)
+def empty_database(tmp_path):
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
+    fa4.use_config_db(path)
+    fa4.reset_caches()
+    yield path
+    fa4.use_config_db(None)
+    fa4.reset_caches()
+
+
+def make_qkv(b, sq, sk, hq, hkv, d, dtype="fp16", seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dtype], generator=gen)
+                 for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+
+
+def reference_fp32(q, k, v, causal, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ratio = q.shape[2] // k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(ratio, 1), vf.repeat_interleave(ratio, 1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(~fallback.bottom_right_causal_mask(q.shape[1], k.shape[1], q.device), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    out = (torch.softmax(s, -1).nan_to_num(0.0) @ vf).transpose(1, 2)
+    return out, lse
+
+
+def check_against_references(out, q, k, v, causal, scale=None):
+    """Within rtol = atol = 1e-2 of fp32, and not much worse than SDPA in the same precision."""
+    ref, _ = reference_fp32(q, k, v, causal, scale)
+    same_precision, _ = fallback.sdpa_attention(q, k, v, causal, scale, False)
+    ours_err = (out.float() - ref).abs().max().item()
+    sdpa_err = (same_precision.float() - ref).abs().max().item()
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    assert ours_err <= 3 * sdpa_err + 2e-3, f"max error {ours_err:.3g} vs SDPA's {sdpa_err:.3g}"
+
+
+SHAPES = [  # b, sq, sk, hq, hkv, d, dtype
+    (1, 1024, 1024, 32, 8, 128, "fp16"),  # the issue's shape
+    (2, 333, 333, 16, 16, 128, "bf16"),   # tails, no GQA
+    (1, 200, 517, 8, 2, 64, "fp16"),      # Sq != Sk, head dim 64
+    (1, 517, 200, 8, 1, 128, "bf16"),     # Sq > Sk: causal rows with no key
+    (3, 1, 77, 4, 4, 128, "fp16"),        # one query row (decode-like)
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}_Sq{}_Sk{}_H{}-{}_D{}_{}".format(*s))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_matches_sdpa_and_fp32(shape, causal):
+    b, sq, sk, hq, hkv, d, dtype = shape
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, dtype)
+    plan = fa4.explain(q, k, v, causal=causal)
+    assert plan.path == "kernel" and plan.arch == "sm90", str(plan)
+    with torch.no_grad():
+        out, lse = fa4.attention(q, k, v, causal=causal, return_lse=True)
+        again = fa4.attention(q, k, v, causal=causal)  # the cached fast path, no LSE
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (b, hq, sq)
+    check_against_references(out, q, k, v, causal)
+    check_against_references(again, q, k, v, causal)
+    _, ref_lse = reference_fp32(q, k, v, causal)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+
+
+def test_softmax_scale_and_extreme_logits():
+    q, k, v = make_qkv(1, 256, 256, 8, 2, 128)
+    q = q * 8  # scores in the hundreds: the online softmax must rescale correctly
+    for scale in (0.05, 0.5):
+        out = fa4.attention(q, k, v, causal=True, softmax_scale=scale)
+        check_against_references(out, q, k, v, True, scale)
+
+
+def test_non_contiguous_inputs_from_a_packed_projection():
+    packed = torch.randn(2, 300, 3, 8, 128, device="cuda", dtype=torch.float16)
+    q, k, v = packed[:, :, 0], packed[:, :, 1, :4], packed[:, :, 2, :4]
+    out = fa4.attention(q, k, v, causal=True)
+    assert out.is_contiguous()
+    check_against_references(out, q, k, v, True)
+
+
+def test_forced_config_runs_that_config():
+    q, k, v = make_qkv(1, 1024, 1024, 32, 8, 128)
+    problem = kernels.AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", False)
+    default = kernels.default_config("sm90", problem)
+    forced = next(default.replace(tile_n=n) for n in (64, 96, 112, 176)
+                  if n != default.tile_n and not kernels.feasible(default.replace(tile_n=n), problem))
+    plan = fa4.explain(q, k, v, config=forced)
+    assert (plan.source, plan.config) == ("forced", forced)
+    out = fa4.attention(q, k, v, config=forced)
+    launchers = [l for l in runtime._STATE.compiled.values() if getattr(l, "config", None) == forced]
+    assert launchers, "the forced configuration was not the one compiled"
+    check_against_references(out, q, k, v, False)
+
+
+def test_other_seqlens_do_not_recompile(monkeypatch):
+    fa4.reset_caches(compiled=True)
+    calls = []
+    real = kernels.compile_attention
+    monkeypatch.setattr(kernels, "compile_attention", lambda c, p: calls.append(p) or real(c, p))
+    for seqlen in (512, 777, 1024, 2048, 4000):
+        q, k, v = make_qkv(1, seqlen, seqlen, 32, 8, 128, seed=seqlen)
+        out = fa4.attention(q, k, v, causal=True)
+        check_against_references(out, q, k, v, True)
+    assert len(calls) == 1, f"compiled {len(calls)} times for one configuration: {calls}"
+    assert fa4.cache_info()["compiles"] == 1
+
+
+def test_torch_compile_fullgraph():
+    q, k, v = make_qkv(2, 384, 384, 16, 4, 128)
+    w = torch.randn(128, 128, device="cuda", dtype=torch.float16) / 12
+
+    def block(q, k, v):
+        out, lse = fa4.attention(q @ w, k, v, causal=True, return_lse=True)
+        return out * 2 + 1, lse
+
+    compiled = torch.compile(block, fullgraph=True)
+    out, lse = compiled(q, k, v)
+    ref_out, ref_lse = reference_fp32(q @ w, k, v, True)
+    torch.testing.assert_close(out.float(), ref_out * 2 + 1, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+    q2, k2, v2 = make_qkv(2, 384, 384, 16, 4, 128, seed=1)  # same shapes, new data: no recompile
+    out2, _ = compiled(q2, k2, v2)
+    torch.testing.assert_close(out2.float(), reference_fp32(q2 @ w, k2, v2, True)[0] * 2 + 1,
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_torch_compile_reduce_overhead_cuda_graphs():
+    q, k, v = make_qkv(1, 512, 512, 16, 4, 128)
+    compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, causal=False) + 0, fullgraph=True,
+                             mode="reduce-overhead")
+    for _ in range(3):  # cudagraph trees record on a later call
+        out = compiled(q, k, v)
+    check_against_references(out.clone(), q, k, v, False)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = make_qkv(1, 1024, 1024, 32, 8, 128)
+    fa4.attention(q, k, v, causal=True)  # compile and cache outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = fa4.attention(q, k, v, causal=True, return_lse=True)
+    for seed in (1, 2):
+        q2, k2, v2 = make_qkv(1, 1024, 1024, 32, 8, 128, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_references(out, q2, k2, v2, True)
+        torch.testing.assert_close(lse, reference_fp32(q2, k2, v2, True)[1], rtol=1e-3, atol=1e-3)
+
+
+def test_zero_lengths_on_gpu():
+    q, k, v = make_qkv(1, 0, 64, 8, 2, 128)
+    out, lse = fa4.attention(q, k, v, return_lse=True)
+    assert out.shape == (1, 0, 8, 128) and lse.shape == (1, 8, 0) and out.is_cuda
+    q, k, v = make_qkv(1, 32, 0, 8, 2, 128)
+    out, lse = fa4.attention(q, k, v, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+def test_errors_on_gpu():
+    q, k, v = make_qkv(1, 128, 128, 8, 2, 128)
+    with pytest.raises(fa4.InvalidInputError, match="forward only"):
+        fa4.attention(q.requires_grad_(True), k, v)
+    q = q.detach()
+    flat = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)
+    shifted = flat[1:1 + q.numel()].view(q.shape).copy_(q)
+    fa4.attention(q, k, v)
+    with pytest.raises(fa4.UnsupportedInputError, match="16-byte aligned"):
+        fa4.attention(shifted, k, v)
+    with pytest.raises(fa4.InvalidInputError, match="one device"):
+        fa4.attention(q, k.cpu(), v)
+    with pytest.raises(fa4.UnsupportedInputError, match="float32 has no kernel"):
+        fa4.attention(q.float(), k.float(), v.float())
+
+
+def test_sm100_is_opt_in_and_labelled_untested():
+    q, k, v = make_qkv(1, 128, 128, 8, 2, 128)
+    with pytest.raises(fa4.UnsupportedInputError, match="not yet run on hardware"):
+        fa4.explain(q, k, v, arch="sm100")
+    assert "not yet run on hardware" in str(fa4.explain(q, k, v, arch="sm100", allow_untested_sm100=True))
+
+
+def test_packaged_database_is_usable():
+    fa4.use_config_db(None)
+    fa4.reset_caches()
+    q, k, v = make_qkv(1, 1024, 1024, 32, 8, 128)
+    plan = fa4.explain(q, k, v, causal=True)
+    print(plan)
+    assert plan.path == "kernel" and "unusable" not in (plan.database or "")
+    check_against_references(fa4.attention(q, k, v, causal=True), q, k, v, True)
