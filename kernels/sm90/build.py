@@ -1,0 +1,176 @@
+"""Compiling the sm90 kernel: for the GPU in this process, or for sm_90a on a CPU-only machine.
+
+One compile serves every batch size and sequence length (and head count) of a compile key: the
+kernel is traced with fake tensors whose batch, sequence and head extents are symbolic, and called
+through the DSL's TVM-FFI entry point with torch tensors directly (no per-call DLPack conversion).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from ..knobs import Config
+from ..problem import AttentionProblem
+
+SM_COUNT_H200 = 132
+TARGET_ARCH = "sm_90a"
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def _kernel_for(config: Config, problem: AttentionProblem, num_sms: int):
+    from .kernel import FlashAttentionSm90
+    return FlashAttentionSm90(
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
+        return_lse=problem.return_lse,
+        gqa_pack_ratio=problem.gqa_ratio if config.pack_gqa else None,
+        tile_m=config.tile_m, tile_n=config.tile_n, kv_stages=config.kv_stages,
+        q_stages=config.q_stages, rescale_threshold=config.rescale_threshold,
+        scheduler=config.scheduler, pv_operand=config.pv_operand,
+        softmax_overlap=config.softmax_overlap, num_sms=num_sms)
+
+
+def _fake_args(problem: AttentionProblem):
+    """Fake Q, K, V, O, LSE with symbolic batch / sequence / head extents and 16-byte strides."""
+    import cutlass
+    import cutlass.cute as cute
+    dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[problem.dtype]
+    d = problem.head_dim
+    batch, seq_q, seq_k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    heads_q, heads_kv = cute.sym_int(), cute.sym_int()
+
+    def bshd(seq, heads):
+        stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8),
+                  cute.sym_int64(divisibility=8), 1)
+        return cute.runtime.make_fake_tensor(dtype, (batch, seq, heads, d), stride=stride,
+                                             assumed_align=16)
+
+    q, o = bshd(seq_q, heads_q), bshd(seq_q, heads_q)
+    k, v = bshd(seq_k, heads_kv), bshd(seq_k, heads_kv)
+    lse = None
+    if problem.return_lse:
+        lse = cute.runtime.make_fake_tensor(
+            cutlass.Float32, (batch, heads_q, seq_q),
+            stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return q, k, v, o, lse
+
+
+def _compile(config: Config, problem: AttentionProblem, num_sms: int, extra_options: str = ""):
+    """(compiled function, kernel object, SharedStorage bytes, seconds)."""
+    import cutlass
+    import cutlass.cute as cute
+    kern = _kernel_for(config, problem, num_sms)
+    q, k, v, o, lse = _fake_args(problem)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    t0 = time.perf_counter()
+    compiled = cute.compile[cute.GPUArch(TARGET_ARCH)](
+        kern, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+        options=("--enable-tvm-ffi " + extra_options).strip())
+    seconds = time.perf_counter() - t0
+    smem = kern.smem_bytes
+    return compiled, kern, smem, seconds
+
+
+class CompiledAttention:
+    """A compiled kernel; `.run(q, k, v, out, lse, softmax_scale)` launches on torch's current stream."""
+
+    def __init__(self, compiled, config: Config, problem: AttentionProblem, smem_bytes: int,
+                 compile_seconds: float):
+        self._fn = compiled
+        self.config = config
+        self.problem = problem
+        self.smem_bytes = smem_bytes
+        self.compile_seconds = compile_seconds
+        self._default_scale = 1.0 / math.sqrt(problem.head_dim)
+
+    def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None) -> None:
+        if (lse is None) == self.problem.return_lse:
+            raise ValueError("lse must be given exactly when the problem returns LSE")
+        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
+        self._fn(q, k, v, out, lse, scale)
+
+
+def compile_attention(config: Config, problem: AttentionProblem, key, num_sms: int = SM_COUNT_H200):
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    compiled, _, smem, seconds = _compile(config, problem, num_sms)
+    result = CompiledAttention(compiled, config, problem, smem, seconds)
+    with _cache_lock:
+        _cache.setdefault(key, result)
+    return _cache[key]
+
+
+_REG_RE = re.compile(r"Used (\d+) registers")
+
+
+def compile_report(config: Config, problem: AttentionProblem, num_sms: int = SM_COUNT_H200) -> dict:
+    """Compile for sm_90a without a GPU and report what the compiler says."""
+    # the DSL checks the target of arch-specific atoms (wgmma, TMA) against this at trace time
+    os.environ["CUTE_DSL_ARCH"] = TARGET_ARCH
+    with tempfile.TemporaryDirectory(prefix="fa4-sm90-") as tmp:
+        remarks = os.path.join(tmp, "remarks.yaml")
+        import cutlass.cute as cute
+        try:
+            compiled, kern, smem, seconds = _compile_keep(config, problem, num_sms, remarks)
+        except Exception as exc:  # a failing configuration is a result with a reason
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        text = open(remarks).read() if os.path.exists(remarks) else ""
+        ptx = getattr(compiled, "__ptx__", "") or ""
+        if not ptx:
+            for name in os.listdir(tmp):
+                if name.endswith(".ptx"):
+                    ptx = open(os.path.join(tmp, name)).read()
+    report = _parse_remarks(text)
+    report.update({
+        "ok": True,
+        "smem_bytes": smem,
+        "compile_seconds": round(seconds, 2),
+        "ptx_markers": {
+            "wgmma": "wgmma.mma_async" in ptx,
+            "tma_load": "cp.async.bulk.tensor" in ptx,
+            "setmaxnreg": "setmaxnreg" in ptx,
+            "stmatrix": "stmatrix" in ptx,
+        },
+        "threads": kern.num_threads,
+    })
+    return report
+
+
+def _compile_keep(config, problem, num_sms, remarks_path):
+    import cutlass.cute as cute
+    import cutlass
+    kern = _kernel_for(config, problem, num_sms)
+    q, k, v, o, lse = _fake_args(problem)
+    # The device code does not depend on the host calling convention, so the report compiles
+    # without TVM-FFI (which a CPU-only CI machine need not have).
+    stream = cute.runtime.make_fake_stream()
+    t0 = time.perf_counter()
+    dump_dir = os.path.dirname(remarks_path)
+    compiled = cute.compile[cute.GPUArch(TARGET_ARCH)](
+        kern, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+        options=f"--keep-ptx --dump-dir {dump_dir} remarks{{ptx}} --remark-output {remarks_path}")
+    seconds = time.perf_counter() - t0
+    smem = kern.smem_bytes
+    return compiled, kern, smem, seconds
+
+
+def _parse_remarks(text: str) -> dict:
+    regs = [int(m) for m in _REG_RE.findall(text)]
+    spill_st = [int(m) for m in re.findall(r"(\d+) bytes spill stores", text)]
+    spill_ld = [int(m) for m in re.findall(r"(\d+) bytes spill loads", text)]
+    return {
+        "registers": max(regs) if regs else None,
+        "spill_stores": sum(spill_st),
+        "spill_loads": sum(spill_ld),
+        "wgmma_serialized": "serialized" in text,
+        "remarks_excerpt": text[:1500],
+    }

@@ -1,0 +1,712 @@
+"""FA4-style attention forward for Hopper (sm_90a) in CuTe DSL.
+
+Warp-specialised: warpgroup 0 is the producer (one warp issues TMA loads of Q and of K/V blocks into
+a shared-memory ring; the warpgroup gives its registers away with setmaxnreg), warpgroups 1..W are
+consumers, each owning 64 rows of the Q tile: they issue wgmma for S = Q K^T and O += P V, run the
+online softmax in registers and write O (and LSE) in the epilogue. Consumer warpgroups ping-pong
+through named barriers so one warpgroup's softmax runs under another's MMAs; with softmax_overlap
+each warpgroup also issues the next block's S = Q K^T before this block's softmax.
+
+Math (design/fa4-sm100.md "Math"): exp2 with scale * log2(e) folded; per row a max basis that moves
+only when the new block max exceeds it by more than `rescale_threshold` (log2 units); O and l stay
+on the row's basis and are normalised once, at the end. Causal is bottom-right aligned and split in
+three regions: blocks right of the diagonal are never loaded, blocks on it are masked before the
+max, blocks left of it do no mask work.
+"""
+
+
+
+import math
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as hopper_helpers
+
+from . import layouts as L
+from .scheduler import TileScheduler
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+# named barrier ids (0 is __syncthreads)
+BAR_EPILOGUE = 1
+BAR_STORE = 2
+BAR_PINGPONG_FIRST = 3  # one per consumer warpgroup: 3, 4, 5
+
+# setmaxnreg split (producer, consumer) per consumer-warpgroup count; the block's 64K registers
+# must cover 128 * (producer + W * consumer).
+REGISTER_SPLIT = {1: (56, 256), 2: (24, 240), 3: (32, 160)}
+
+
+class FlashAttentionSm90:
+    """One compiled variant of the forward kernel.
+
+    Problem constants (change the code): dtype ("fp16"/"bf16"), head_dim (64/128), causal,
+    return_lse, and the GQA ratio when rows are packed.
+    Knobs (kernels/knobs.py, sm90):
+      tiles:      tile_m (64/128/192 -> 1/2/3 consumer warpgroups), tile_n
+      pipelines:  kv_stages (K/V ring depth), q_stages (Q buffers; the epilogue stages O in the
+                  current Q buffer, so with 1 the next tile's Q waits for this tile's O store)
+      softmax:    rescale_threshold, softmax_overlap, pv_operand ("rs" registers / "ss" smem)
+      scheduling: scheduler ("single"/"static"/"lpt"), pack_gqa
+    """
+
+    def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
+                 gqa_pack_ratio: Optional[int], tile_m: int, tile_n: int, kv_stages: int,
+                 q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
+                 softmax_overlap: bool, num_sms: int = 132):
+        self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
+        self.head_dim = head_dim
+        self.causal = causal
+        self.return_lse = return_lse
+        self.pack_ratio = gqa_pack_ratio  # None: one query head per tile
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.kv_stages = kv_stages
+        self.q_stages = q_stages
+        self.rescale_threshold = float(rescale_threshold)
+        self.scheduler_kind = scheduler
+        self.pv_from_smem = pv_operand == "ss"
+        self.overlap = softmax_overlap
+        self.num_sms = num_sms
+        self._setup_attributes()
+
+    def _setup_attributes(self) -> None:
+        assert self.tile_m % 64 == 0 and self.tile_m // 64 in REGISTER_SPLIT
+        self.num_wg = self.tile_m // 64
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.producer_regs, self.consumer_regs = REGISTER_SPLIT[self.num_wg]
+        # Ping-pong between consumer warpgroups (FA3): with overlap for any count of warpgroups,
+        # without it only for two (three warpgroups in strict turn serialise the softmaxes).
+        self.pingpong = self.num_wg >= 2 if self.overlap else self.num_wg == 2
+        if self.pack_ratio is not None:
+            assert self.tile_m % self.pack_ratio == 0
+        self.rows_per_thread = 2  # an m64 wgmma accumulator gives each thread rows r and r + 8
+
+    # ------------------------------------------------------------------------------------------
+    # shared memory
+    # ------------------------------------------------------------------------------------------
+    def _make_layouts(self) -> None:
+        d = self.head_dim
+        self.sQ_layout = L.smem_layout(self.dtype, self.tile_m, d, self.q_stages)
+        self.sK_layout = L.smem_layout(self.dtype, self.tile_n, d, self.kv_stages)
+        self.sV_layout = L.smem_layout(self.dtype, self.tile_n, d, self.kv_stages)
+        self.sO_layout = L.smem_layout(self.dtype, self.tile_m, d)  # aliases one Q stage
+        self.sP_layout = (L.smem_layout(self.dtype, self.tile_m, self.tile_n)
+                          if self.pv_from_smem else None)
+
+    def shared_storage(self):
+        """The kernel's SharedStorage struct (its size_in_bytes() is the dynamic smem per CTA)."""
+        self._make_layouts()
+        align = 1024
+        p_elems = cute.cosize(self.sP_layout) if self.sP_layout is not None else 0
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], align]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], align]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], align]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], align]
+
+        return SharedStorage
+
+    def _tiled_mmas(self):
+        qk = hopper_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_n))
+        pv = hopper_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.head_dim),
+            a_source=(warpgroup.OperandSource.SMEM if self.pv_from_smem
+                      else warpgroup.OperandSource.RMEM))
+        return qk, pv
+
+    # ------------------------------------------------------------------------------------------
+    # launch
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: Optional[cute.Tensor], softmax_scale: Float32, stream: cuda.CUstream):
+        """Q, O: (B, Sq, Hq, D); K, V: (B, Sk, Hkv, D); LSE: (B, Hq, Sq) fp32 or None."""
+        if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
+                      or mV.element_type != self.dtype or mO.element_type != self.dtype):
+            raise TypeError("Q, K, V and O must all have the kernel's dtype")
+        # (B, S, H, D) -> (S, D, H, B): rows, then the contiguous head dim, then heads and batch
+        mQ, mK, mV, mO = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+        if const_expr(mLSE is not None):
+            mLSE = L.permute_modes(mLSE, [2, 1, 0])  # (Sq, Hq, B)
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        heads_q = mQ.shape[2]
+        heads_kv = mK.shape[2]
+        batch = mQ.shape[3]
+        ratio_rt = heads_q // heads_kv
+
+        SharedStorage = self.shared_storage()
+        self.smem_bytes = int(SharedStorage.size_in_bytes())  # recorded at trace time for reports
+        tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
+        sQ_one = cute.select(self.sQ_layout, mode=[0, 1])
+        sK_one = cute.select(self.sK_layout, mode=[0, 1])
+        sV_one = cute.select(self.sV_layout, mode=[0, 1])
+        load_op = cpasync.CopyBulkTensorTileG2SOp()
+        store_op = cpasync.CopyBulkTensorTileS2GOp()
+        if const_expr(self.pack_ratio is None):
+            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_one,
+                                                            (self.tile_m, self.head_dim))
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(store_op, mO, self.sO_layout,
+                                                            (self.tile_m, self.head_dim))
+            rows_q = seqlen_q
+            heads_tile = heads_q
+        else:
+            tma_atom_Q, tma_Q = L.packed_tma_atom(load_op, mQ, sQ_one, self.tile_m,
+                                                  self.head_dim, self.pack_ratio)
+            tma_atom_O, tma_O = L.packed_tma_atom(store_op, mO, self.sO_layout, self.tile_m,
+                                                  self.head_dim, self.pack_ratio)
+            if const_expr(mLSE is not None):
+                mLSE = L.pack_rows(mLSE, self.pack_ratio, 1, heads_kv)
+            rows_q = seqlen_q * self.pack_ratio
+            heads_tile = heads_kv
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_one,
+                                                        (self.tile_n, self.head_dim))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sV_one,
+                                                        (self.tile_n, self.head_dim))
+        self.q_bytes = cute.size_in_bytes(self.dtype, sQ_one)
+        self.kv_bytes = cute.size_in_bytes(self.dtype, sK_one)
+
+        num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
+        kv_unit_bytes = cutlass.max(seqlen_k, 1) * (self.head_dim * 2 * 2)
+        group_heads = cutlass.max(Int32(32 * 1024 * 1024) // kv_unit_bytes, 1)
+        sched = TileScheduler(self.scheduler_kind, num_m_blocks, heads_tile, batch, group_heads,
+                              self.num_sms)
+        scale_log2 = softmax_scale * Float32(LOG2_E)
+
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, seqlen_q, seqlen_k, ratio_rt, num_m_blocks, heads_tile, batch,
+            group_heads, tiled_mma_qk, tiled_mma_pv, self.sQ_layout, self.sK_layout, self.sV_layout,
+            self.sP_layout, SharedStorage,
+        ).launch(grid=sched.grid(), block=[self.num_threads, 1, 1], stream=stream,
+                 min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------------
+    # device code
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: Optional[cute.Tensor], tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
+               tma_atom_V: cute.CopyAtom, tma_atom_O: cute.CopyAtom, scale_log2: Float32,
+               seqlen_q: Int32, seqlen_k: Int32, ratio_rt: Int32, num_m_blocks: Int32,
+               num_heads: Int32, batch: Int32, group_heads: Int32,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, sP_layout: Optional[cute.ComposedLayout],
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                   self.num_consumer_threads // 32)
+        # Q is released by the warp that stores O (O is staged in the Q buffer): one arrival.
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages,
+            producer_group=one_thread, consumer_group=one_thread, tx_count=self.q_bytes,
+            defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
+            producer_group=one_thread, consumer_group=consumer_warps, tx_count=self.kv_bytes,
+            defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.kv_stages,
+            producer_group=one_thread, consumer_group=consumer_warps, tx_count=self.kv_bytes,
+            defer_sync=True)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=None, is_relaxed=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sP = None
+        if const_expr(self.pv_from_smem):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+
+        sched = TileScheduler(self.scheduler_kind, num_m_blocks, num_heads, batch, group_heads,
+                              self.num_sms)
+        pipeline.pipeline_init_wait(cluster_shape_mn=None)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                             pipe_q, pipe_k, pipe_v, sched, seqlen_q, seqlen_k, ratio_rt)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v, sched,
+                         tiled_mma_qk, tiled_mma_pv, scale_log2, seqlen_q, seqlen_k)
+
+    # ---- block ranges --------------------------------------------------------------------------
+    @cute.jit
+    def kv_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """[n_min, n_max): the K/V blocks this tile must visit (causal skips those right of it)."""
+        n_max = (seqlen_k + self.tile_n - 1) // self.tile_n
+        if const_expr(self.causal):
+            last_row = (m_block + 1) * self.tile_m  # one past the tile's last (packed) row
+            if const_expr(self.pack_ratio is not None):
+                last_row = (last_row + self.pack_ratio - 1) // self.pack_ratio
+            last_col = last_row + seqlen_k - seqlen_q  # one past the last visible key
+            n_max = cutlass.min(n_max, (last_col + self.tile_n - 1) // self.tile_n)
+        return Int32(0), n_max
+
+    @cute.jit
+    def first_masked_block(self, m_block: Int32, n_min: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """Blocks below this index are left of the diagonal for every row of the tile: no mask."""
+        first_row = m_block * self.tile_m
+        if const_expr(self.pack_ratio is not None):
+            first_row = first_row // self.pack_ratio
+        first_row_limit = first_row + seqlen_k - seqlen_q  # last visible key of the first row
+        return cutlass.max(n_min, cutlass.max(first_row_limit, 0) // self.tile_n)
+
+    # ---- producer ------------------------------------------------------------------------------
+    @cute.jit
+    def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                pipe_v, sched: cutlass.Constexpr, seqlen_q: Int32, seqlen_k: Int32,
+                ratio_rt: Int32):
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                self.kv_stages)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch_idx = sched.decode(task)
+            head_kv = head
+            if const_expr(self.pack_ratio is None):
+                head_kv = head // ratio_rt
+            gQ = cute.local_tile(mQ[None, None, head, batch_idx], (self.tile_m, self.head_dim),
+                                 (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head_kv, batch_idx],
+                                 (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch_idx],
+                                 (self.tile_n, self.head_dim), (None, 0))
+            tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
+            tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
+            tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
+
+            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k)
+            n_count = n_max - n_min
+            # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
+            # previous tile's O store, and this K load need not.
+            if n_count > 0:
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_atom_K, tKg[None, n_max - 1], tKs[None, kv_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQg, tQs[None, q_state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            q_state.advance()
+            if n_count > 0:
+                if const_expr(not self.overlap):
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_atom_V, tVg[None, n_max - 1], tVs[None, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+                    for i in cutlass.range(n_count - 1, unroll=1):
+                        n_block = n_max - 2 - i
+                        pipe_k.producer_acquire(kv_state)
+                        cute.copy(tma_atom_K, tKg[None, n_block], tKs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_atom_V, tVg[None, n_block], tVs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                else:
+                    # the consumer wants K of block n before V of block n + 1: load in that order
+                    for i in cutlass.range(n_count - 1, unroll=1):
+                        n_prev = n_max - 1 - i
+                        prev_state = kv_state.clone()
+                        kv_state.advance()
+                        pipe_k.producer_acquire(kv_state)
+                        cute.copy(tma_atom_K, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                        pipe_v.producer_acquire(prev_state)
+                        cute.copy(tma_atom_V, tVg[None, n_prev], tVs[None, prev_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_atom_V, tVg[None, n_min], tVs[None, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+            task, valid = sched.next_work(task)
+
+    # ---- consumers -----------------------------------------------------------------------------
+    @cute.jit
+    def consume(self, mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v,
+                sched: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv, scale_log2: Float32,
+                seqlen_q: Int32, seqlen_k: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        tidx = tidx - 128
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * 128)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * 128)
+
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        sVt = L.transpose_smem_view(sV)
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(
+            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        tOrP = None
+        tPsP = None
+        p_store = None
+        if const_expr(self.pv_from_smem):
+            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_A(sP))
+            p_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype),
+                                             tiled_mma_qk).get_slice(tidx)
+            tPsP = p_store.partition_D(sP)
+        else:
+            tOrP = cute.make_rmem_tensor(
+                wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)), self.dtype)
+        s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+
+        # (row, col) coordinates of this thread's S fragment, and thread 0's (compile-time)
+        ident_S = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = L.acc_rows_cols(thr_mma_qk.partition_C(ident_S))
+        t0ScS = L.acc_rows_cols(tiled_mma_qk.get_slice(0).partition_C(ident_S))
+
+        row_max = cute.make_rmem_tensor(self.rows_per_thread, Float32)
+        row_sum = cute.make_rmem_tensor(self.rows_per_thread, Float32)
+
+        if const_expr(self.pingpong):
+            if wg_idx == 0:  # the first consumer warpgroup takes the first turn
+                cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_FIRST,
+                                         number_of_threads=2 * 128)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                self.kv_stages)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch_idx = sched.decode(task)
+            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k)
+            n_count = n_max - n_min
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            acc_O.fill(0.0)
+            pipe_q.consumer_wait(q_state)
+            tSrQ_cur = tSrQ[None, None, None, q_state.index]
+            ctx = (tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS,
+                   t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2,
+                   m_block, seqlen_q, seqlen_k)
+            if n_count > 0:
+                n_mask_from = n_min
+                if const_expr(self.causal):
+                    n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k)
+                kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from)
+            self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, mO, mLSE, tma_atom_O,
+                          tiled_mma_pv, tidx, m_block, head, batch_idx, seqlen_q, pipe_q, q_state)
+            q_state.advance()
+            task, valid = sched.next_work(task)
+
+    @cute.jit
+    def mainloop(self, ctx, kv_state, n_min: Int32, n_max: Int32, n_mask_from: Int32):
+        """All K/V blocks of one tile, rightmost first: the first block carries the seqlen (and
+        causal) mask, then the diagonal blocks the causal mask, then the full blocks none."""
+        if const_expr(not self.overlap):
+            self.pingpong_wait()
+            kv_state = self.block_step(ctx, kv_state, n_max - 1, is_first=True, mask_seqlen=True,
+                                       mask_causal=self.causal)
+            n_after_first = n_max - 1
+            if const_expr(self.causal):
+                n_diag = cutlass.max(n_after_first - n_mask_from, 0)
+                for i in cutlass.range(n_diag, unroll=1):
+                    kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i,
+                                               is_first=False, mask_seqlen=False,
+                                               mask_causal=True)
+                n_after_first = cutlass.min(n_after_first, n_mask_from)
+            for i in cutlass.range(n_after_first - n_min, unroll=1):
+                kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i, is_first=False,
+                                           mask_seqlen=False, mask_causal=False)
+            self.pingpong_pass()
+        else:
+            self.overlap_first_block(ctx, kv_state, n_max - 1)
+            n_after_first = n_max - 1
+            if const_expr(self.causal):
+                n_diag = cutlass.max(n_after_first - n_mask_from, 0)
+                for i in cutlass.range(n_diag, unroll=1):
+                    kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
+                                                 mask_causal=True)
+                n_after_first = cutlass.min(n_after_first, n_mask_from)
+            for i in cutlass.range(n_after_first - n_min, unroll=1):
+                kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
+                                             mask_causal=False)
+            kv_state = self.overlap_last_pv(ctx, kv_state)
+        return kv_state
+
+    # ---- ping-pong between consumer warpgroups ------------------------------------------------
+    @cute.jit
+    def pingpong_wait(self):
+        """Wait for this warpgroup's turn to issue MMAs."""
+        if const_expr(self.pingpong):
+            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4) - 1
+            cute.arch.barrier(barrier_id=BAR_PINGPONG_FIRST + wg, number_of_threads=2 * 128)
+
+    @cute.jit
+    def pingpong_pass(self):
+        """Hand the turn to the next consumer warpgroup."""
+        if const_expr(self.pingpong):
+            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4) - 1
+            nxt = wg + 1
+            if nxt == self.num_wg:
+                nxt = 0
+            cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_FIRST + nxt,
+                                     number_of_threads=2 * 128)
+
+    # ---- one block without overlap -------------------------------------------------------------
+    @cute.jit
+    def block_step(self, ctx, kv_state, n_block: Int32, is_first: cutlass.Constexpr,
+                   mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
+        (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
+         tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
+         seqlen_k) = ctx
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        pipe_k.consumer_wait(kv_state)
+        L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                zero_init=True, wait_pending=-1)
+        self.pingpong_pass()
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(kv_state)
+        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
+                        mask_causal)
+        row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, is_first)
+        self.write_p(acc_S, tOrP, tPsP, p_store)
+        if const_expr(not is_first):
+            self.rescale_o(acc_O, row_scale, any_moved)
+        if const_expr(self.pv_from_smem):
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()  # a warp's P rows feed only that warp's part of the MMA
+        pipe_v.consumer_wait(kv_state)
+        self.pingpong_wait()
+        L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+                zero_init=False, wait_pending=0)
+        pipe_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    # ---- blocks with intra-warpgroup overlap ---------------------------------------------------
+    @cute.jit
+    def overlap_first_block(self, ctx, kv_state, n_block: Int32):
+        (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
+         tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
+         seqlen_k) = ctx
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        pipe_k.consumer_wait(kv_state)
+        L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                zero_init=True, wait_pending=0)
+        pipe_k.consumer_release(kv_state)
+        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, True,
+                        self.causal)
+        self.online_softmax(acc_S, row_max, row_sum, scale_log2, True)
+        self.write_p(acc_S, tOrP, tPsP, p_store)
+        if const_expr(self.pv_from_smem):
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+
+    @cute.jit
+    def overlap_step(self, ctx, kv_state, n_block: Int32, mask_causal: cutlass.Constexpr):
+        """S of block n_block is computed while P V of the previous block runs."""
+        (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
+         tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
+         seqlen_k) = ctx
+        prev_state = kv_state.clone()
+        kv_state.advance()
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        pipe_k.consumer_wait(kv_state)
+        self.pingpong_wait()
+        L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                zero_init=True, wait_pending=-1)
+        pipe_v.consumer_wait(prev_state)
+        L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_state.index],
+                zero_init=False, wait_pending=-1)
+        self.pingpong_pass()
+        warpgroup.wait_group(1)  # S is ready; P V may still run
+        pipe_k.consumer_release(kv_state)
+        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False,
+                        mask_causal)
+        row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, False)
+        warpgroup.wait_group(0)  # P V done: its P registers / smem and O may be touched
+        pipe_v.consumer_release(prev_state)
+        self.write_p(acc_S, tOrP, tPsP, p_store)
+        self.rescale_o(acc_O, row_scale, any_moved)
+        if const_expr(self.pv_from_smem):
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+        return kv_state
+
+    @cute.jit
+    def overlap_last_pv(self, ctx, kv_state):
+        (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
+         tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
+         seqlen_k) = ctx
+        pipe_v.consumer_wait(kv_state)
+        L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+                zero_init=False, wait_pending=0)
+        pipe_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    # ---- masking -------------------------------------------------------------------------------
+    @cute.jit
+    def apply_mask(self, acc_S, tScS, t0ScS, m_block: Int32, n_block: Int32, seqlen_q: Int32,
+                   seqlen_k: Int32, mask_seqlen: cutlass.Constexpr,
+                   mask_causal: cutlass.Constexpr):
+        """Set scores of invisible keys to -inf: columns >= Sk (mask_seqlen) and, under causal,
+        key j > query i + Sk - Sq. Compares compile-time column offsets against a per-thread limit."""
+        if const_expr(mask_seqlen or mask_causal):
+            S = L.acc_rows_cols(acc_S)
+            col_offset = tScS[0, 0][1]
+            seqlen_limit = seqlen_k - n_block * self.tile_n - col_offset
+            for r in cutlass.range_constexpr(cute.size(S.shape[0])):
+                limit = seqlen_limit
+                if const_expr(mask_causal):
+                    row = m_block * self.tile_m + tScS[r, 0][0]
+                    if const_expr(self.pack_ratio is not None):
+                        row = row // self.pack_ratio
+                    causal_limit = row + 1 + seqlen_k - seqlen_q - n_block * self.tile_n - col_offset
+                    if const_expr(mask_seqlen):
+                        limit = cutlass.min(limit, causal_limit)
+                    else:
+                        limit = causal_limit
+                for c in cutlass.range_constexpr(cute.size(S.shape[1])):
+                    if t0ScS[0, c][1] >= limit:
+                        S[r, c] = -Float32.inf
+
+    # ---- softmax -------------------------------------------------------------------------------
+    @cute.jit
+    def online_softmax(self, acc_S, row_max, row_sum, scale_log2: Float32,
+                       is_first: cutlass.Constexpr):
+        """S -> P = exp2(S * scale_log2 - basis * scale_log2) in place; returns (per-row O scale,
+        whether any row of this warp moved its basis)."""
+        S = L.acc_rows_cols(acc_S)
+        row_scale = cute.make_rmem_tensor(self.rows_per_thread, Float32)
+        moved = Boolean(False)
+        for r in cutlass.range_constexpr(cute.size(S.shape[0])):
+            s_row = S[r, None].load()
+            blk_max = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            blk_max = cute.arch.warp_reduction_max(blk_max, threads_in_group=4)
+            basis = blk_max
+            scale = Float32(1.0)
+            if const_expr(not is_first):
+                old = row_max[r]
+                new = cute.arch.fmax(old, blk_max)
+                # in log2 units; +inf when the basis was still -inf, nan when both are -inf
+                jump = (new - old) * scale_log2
+                basis = old
+                if jump > Float32(self.rescale_threshold):
+                    basis = new
+                    scale = cute.math.exp2((old - new) * scale_log2, fastmath=True)
+                    moved = Boolean(True)
+            row_max[r] = basis
+            basis_safe = basis
+            if basis == -Float32.inf:
+                basis_safe = Float32(0.0)
+            bias = basis_safe * scale_log2
+            p_row = cute.math.exp2(s_row * scale_log2 - bias, fastmath=True)
+            blk_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if const_expr(is_first):
+                row_sum[r] = blk_sum
+            else:
+                row_sum[r] = row_sum[r] * scale + blk_sum
+            row_scale[r] = scale
+            S[r, None].store(p_row)
+        any_moved = moved
+        if const_expr(not is_first):
+            any_moved = cute.arch.vote_any_sync(moved)
+        return row_scale, any_moved
+
+    @cute.jit
+    def rescale_o(self, acc_O, row_scale, any_moved):
+        """O *= scale per row, skipped when no row of the warp moved its basis."""
+        if any_moved:
+            O = L.acc_rows_cols(acc_O)
+            for r in cutlass.range_constexpr(cute.size(O.shape[0])):
+                O[r, None].store(O[r, None].load() * row_scale[r])
+
+    @cute.jit
+    def write_p(self, acc_S, tOrP, tPsP, p_store):
+        """P (fp32 in the S registers) -> 16-bit A operand: in registers (rs) or shared memory (ss)."""
+        P_view = L.acc_as_operand_a(acc_S)
+        if const_expr(not self.pv_from_smem):
+            tOrP.store(P_view.load().to(self.dtype))
+        else:
+            rP = cute.make_rmem_tensor_like(P_view, self.dtype)
+            rP.store(P_view.load().to(self.dtype))
+            cute.copy(p_store, p_store.retile(rP), tPsP)
+
+    # ---- epilogue ------------------------------------------------------------------------------
+    @cute.jit
+    def epilogue(self, acc_O, row_max, row_sum, scale_log2: Float32, sQ, mO, mLSE, tma_atom_O,
+                 tiled_mma_pv, tidx: Int32, m_block: Int32, head: Int32, batch_idx: Int32,
+                 seqlen_q: Int32, pipe_q, q_state):
+        """O / l -> 16-bit -> shared memory (this tile's Q buffer) -> TMA store; LSE from registers."""
+        O = L.acc_rows_cols(acc_O)
+        lse = cute.make_rmem_tensor(self.rows_per_thread, Float32)
+        for r in cutlass.range_constexpr(self.rows_per_thread):
+            total = row_sum[r]
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+            empty = total == Float32(0.0) or total != total
+            inv = Float32(1.0)
+            lse[r] = -Float32.inf
+            if not empty:
+                inv = cute.arch.rcp_approx(total)
+                lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+            O[r, None].store(O[r, None].load() * inv)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+
+        # every consumer warpgroup is done reading this Q buffer (its S MMAs have completed)
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        sO = sQ[None, None, q_state.index]  # O is staged in this tile's Q buffer
+        o_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype), tiled_mma_pv).get_slice(tidx)
+        cute.copy(o_store, o_store.retile(rO), o_store.partition_D(sO))
+
+        if const_expr(self.return_lse):
+            ident_O = cute.make_identity_tensor((self.tile_m, self.head_dim))
+            tOcO = L.acc_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(ident_O))
+            lse_rows = mLSE[None, head, batch_idx]
+            row_limit = seqlen_q
+            if const_expr(self.pack_ratio is not None):
+                row_limit = seqlen_q * self.pack_ratio
+            if tOcO[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(self.rows_per_thread):
+                    row = m_block * self.tile_m + tOcO[r, 0][0]
+                    if row < row_limit:
+                        lse_rows[row] = lse[r]
+
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=BAR_STORE,
+                                 number_of_threads=self.num_consumer_threads + 32)
+        if tidx < 32:
+            cute.arch.barrier(barrier_id=BAR_STORE,
+                              number_of_threads=self.num_consumer_threads + 32)
+            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim),
+                                 (m_block, 0))
+            tOs, tOg = L.tma_copier(tma_atom_O, sO, gO, smem_staged=False, gmem_tiled=False)
+            cute.copy(tma_atom_O, tOs, tOg)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # the Q buffer (holding O) may now be refilled
+            pipe_q.consumer_release(q_state)
+
