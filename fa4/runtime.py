@@ -62,6 +62,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.launches: dict[tuple, _Launch] = {}
+        self.last: tuple = (None, None)  # (key, launch) of the latest signature cached
         self.compiled: dict[tuple, Any] = {}
         self.db_path: str | None = None  # None: fa4.database's default (env var, else packaged file)
         self.db: Any = None
@@ -105,12 +106,14 @@ def use_config_db(path: str | os.PathLike | None) -> None:
         _STATE.db_loaded = False
         _STATE.db_error = None
         _STATE.launches.clear()
+        _STATE.last = (None, None)
 
 
 def reset_caches(compiled: bool = False) -> None:
     """Forget cached decisions, the database and one-time warnings (and compiled kernels if asked)."""
     with _STATE.lock:
         _STATE.launches.clear()
+        _STATE.last = (None, None)
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
@@ -510,7 +513,9 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
         with _STATE.lock:
             if len(_STATE.launches) >= MAX_SIGNATURES:
                 _STATE.launches.clear()
+                _STATE.last = (None, None)
             _STATE.launches[key] = launch
+            _STATE.last = (key, launch)
     return _run_launch(launch, q, k, v, softmax_scale, return_lse)
 
 
@@ -540,7 +545,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
                allow_untested_sm100)
-        launch = _STATE.launches.get(key)
+        last = _STATE.last  # consecutive calls usually share a signature: skip hashing the key
+        launch = last[1] if key == last[0] else _STATE.launches.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable config: the slow path says
         key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
         launch = _STATE.launches.get(key) if key is not None else None
