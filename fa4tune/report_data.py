@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import optuna
 
 # The failure classes a trial can end in (the search writes one of these to user_attrs["outcome"]).
-OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch")
+# "interrupted": the harness died while the trial ran (swept on the next run).
+OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch", "interrupted")
 # Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
 # the heuristic default configuration, the rest are the peers timed in the same run.
 PEERS = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
@@ -203,6 +204,38 @@ def trial_outcome(trial: optuna.trial.FrozenTrial) -> str | None:
     return "unrecorded"
 
 
+def is_repeat(trial: optuna.trial.FrozenTrial) -> bool:
+    """A configuration already evaluated in the study: its result was copied, not measured again."""
+    return "repeat_of" in trial.user_attrs
+
+
+def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that each evaluated a configuration (repeats left out), by trial number."""
+    return sorted((t for t in study.get_trials(deepcopy=False) if not is_repeat(t)), key=lambda t: t.number)
+
+
+def split_study_name(name: str) -> tuple[str, int]:
+    """("<shape key>", n) of a study name "<shape key>~n"; n = 1 without a suffix.
+
+    The search continues a shape in "<key>~2", "~3", ... when the kernel fingerprint or the search
+    space changed; the highest suffix is the current study of that shape.
+    """
+    base, sep, suffix = name.rpartition("~")
+    if sep and suffix.isdigit() and base:
+        return base, int(suffix)
+    return name, 1
+
+
+def current_and_superseded(studies: Sequence[optuna.Study]) -> tuple[list[optuna.Study], list[optuna.Study]]:
+    latest: dict[str, tuple[int, optuna.Study]] = {}
+    for s in studies:
+        base, n = split_study_name(s.study_name)
+        if base not in latest or n > latest[base][0]:
+            latest[base] = (n, s)
+    current = [s for _, s in latest.values()]
+    return current, [s for s in studies if all(s is not c for c in current)]
+
+
 def trial_us(trial: optuna.trial.FrozenTrial) -> float | None:
     """Kernel time of a successful trial, in µs (user_attrs["us"], else the objective value)."""
     if trial_outcome(trial) != "ok":
@@ -224,7 +257,7 @@ def ok_study(study: optuna.Study) -> optuna.Study:
     finally:
         optuna.logging.set_verbosity(verbosity)
     keep = []
-    for t in study.get_trials(deepcopy=False):
+    for t in measured_trials(study):
         us = trial_us(t)
         if us is None:
             continue
@@ -249,8 +282,8 @@ class StudyInfo:
     peers: dict                      # peer -> {"us", "tflops"} or {"error"}
     default_us: float | None
     knob_names: list[str]            # knobs searched (params seen), in declaration order
-    n_trials: int
-    outcomes: dict[str, int]         # outcome -> count, finished trials only
+    n_trials: int                    # configurations evaluated (repeats of one left out)
+    outcomes: dict[str, int]         # outcome -> count, finished trials only, repeats left out
     best: dict | None                # {"number", "us", "tflops", "params"}
     history: list[tuple[int, float, float]]  # (trial number, µs, best µs so far), ok trials
     importance: dict[str, float] | None
@@ -298,7 +331,7 @@ def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] 
     attrs = study.user_attrs
     arch = str(attrs.get("arch") or "unknown")
     problem = dict(attrs.get("problem") or {})
-    trials = study.get_trials(deepcopy=False)
+    trials = measured_trials(study)
     outcomes: dict[str, int] = {}
     for t in trials:
         outcome = trial_outcome(t)
@@ -309,7 +342,7 @@ def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] 
     best = None
     best_us = math.inf
     default_trial_us = None
-    for t in sorted(trials, key=lambda t: t.number):
+    for t in trials:
         us = trial_us(t)
         if us is None:
             continue
@@ -575,7 +608,8 @@ class ReportData:
     generated: str
     sources: dict[str, str]           # input -> what was read (path, or why nothing)
     missing: list[str]                # one line per input that is absent or unreadable
-    studies: list[StudyInfo]
+    studies: list[StudyInfo]          # the current study of each shape
+    superseded: list[str]             # older studies of a shape ("<key>" when "<key>~2" exists)
     shape_rows: list[ShapeRow]
     heatmaps: list[Heatmap]
     best_configs: list[BestConfigRow]
@@ -604,10 +638,14 @@ class ReportData:
                 [[s.importance.get(k) for k in knobs] for s in studies])
 
 
+TIMING_METHODS = {"cuda_graph": "CUDA-graph replay"}
+
+
 def describe_timing(timing: Mapping[str, Any]) -> str:
     if not timing:
         return "not recorded"
     method = timing.get("method", "unknown method")
+    method = TIMING_METHODS.get(method, method)
     parts = [str(method)]
     if timing.get("launches_per_graph") is not None:
         parts.append(f"{timing['launches_per_graph']} launches per graph")
@@ -655,6 +693,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
             continue
         sources[f"optuna storage {spec}"] = f"{len(found)} studies"
         raw_studies += found
+    raw_studies, superseded = current_and_superseded(raw_studies)
     archs = {str(s.user_attrs.get("arch")) for s in raw_studies if s.user_attrs.get("arch")}
 
     # database
@@ -729,6 +768,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
 
     return ReportData(
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        sources=sources, missing=missing, studies=studies, shape_rows=shape_rows,
+        sources=sources, missing=missing, studies=studies,
+        superseded=sorted(s.study_name for s in superseded), shape_rows=shape_rows,
         heatmaps=speedup_heatmaps(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
         devices=devices, versions=version_set, warnings=notes, fingerprints=fingerprints)

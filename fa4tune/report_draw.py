@@ -38,7 +38,8 @@ IMPL_NAMES = {
 }
 OUTCOME_COLORS = {
     "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
-    "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "unrecorded": "#c7c7c7",
+    "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "interrupted": "#17becf",
+    "unrecorded": "#c7c7c7",
 }
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -307,7 +308,8 @@ def _failures_section(data: ReportData, page: _Page) -> None:
         return
     page.add('<p class="caption">Every finished trial of every study, by the outcome the search recorded: '
              "infeasible (rejected before compiling, with reasons), compile_error, launch_error, fault, "
-             "timeout, mismatch (wrong result against the reference) or ok.</p>")
+             "timeout, mismatch (wrong result against the reference), interrupted (the harness died "
+             "meanwhile) or ok. A configuration evaluated twice counts once.</p>")
     page.add(page.figure(failures_figure(data)))
 
 
@@ -369,6 +371,10 @@ def _studies_section(data: ReportData, page: _Page) -> None:
                      _e(describe_timing(s.timing))])
     page.add(_table(["shape", "arch", "device", "trials", "ok", "failed", "best µs", "default µs",
                      "default ÷ best", "fingerprint", "timing"], rows))
+    if data.superseded:
+        page.add('<p class="caption">Superseded studies (a later "~n" study of the same shape exists, made '
+                 "after the kernel or the search space changed), not shown: "
+                 + ", ".join(f"<code>{_e(n)}</code>" for n in data.superseded) + "</p>")
     for s in data.studies:
         page.add(f'<h3 id="{_e(s.name)}">{_e(s.label)} <small>({_e(s.arch)}, {_e(s.name)})</small></h3>')
         outcomes = ", ".join(f"{o} {n}" for o, n in sorted(s.outcomes.items(), key=lambda kv: -kv[1]))

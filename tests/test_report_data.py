@@ -27,7 +27,7 @@ SHAPES = (
 DEVICE = {"name": "NVIDIA H200", "sm_count": 132, "driver": "580.00", "cc": "9.0"}
 VERSIONS = {"torch": "2.11.0", "cutlass_dsl": "4.8.1", "optuna": "5.0.0", "cuda": "13.0",
             "flash_attn_4": "4.0.0b36"}
-TIMING = {"method": "cuda-graph replay", "launches_per_graph": 20, "replays": 7, "l2": "warm"}
+TIMING = {"method": "cuda_graph", "launches_per_graph": 20, "replays": 7, "l2": "warm"}
 PEERS_US = {"flash_attn_4": 30.0, "sdpa_cudnn": 31.6, "sdpa_flash": 53.0}
 
 
@@ -53,13 +53,14 @@ def _outcome(cfg: dict, rng: random.Random) -> str:
 
 
 def add_synthetic_study(storage, arch: str, problem: AttentionProblem, n_trials: int, seed: int,
-                        fingerprint: str = "f" * 16) -> dict:
+                        fingerprint: str = "f" * 16, suffix: str = "") -> dict:
     """One search as `fa4tune search` records it. Returns what a reader must find: outcome counts,
     the best and the default time. Failures are recorded three ways (FAIL, PRUNED, and COMPLETE with a
-    penalty value) because the report must count by the "outcome" attribute, not by state."""
+    penalty value) because the report must count by the "outcome" attribute, not by state. One extra
+    trial repeats the best configuration ("repeat_of"), which the report must not count again."""
     rng = random.Random(seed)
-    study = optuna.create_study(study_name=study_name(arch, problem), storage=storage, direction="minimize",
-                                sampler=optuna.samplers.RandomSampler(seed=seed))
+    study = optuna.create_study(study_name=study_name(arch, problem) + suffix, storage=storage,
+                                direction="minimize", sampler=optuna.samplers.RandomSampler(seed=seed))
     base = problem.flops() / 600e12 * 1e6  # µs at 600 TFLOP/s
     default = Config.make(arch).to_dict()
     default_us = _synthetic_us(default, base, random.Random(seed + 1))
@@ -100,6 +101,10 @@ def add_synthetic_study(storage, arch: str, problem: AttentionProblem, n_trials:
         else:
             trial.set_user_attr("reasons", ["synthetic"])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    best = study.best_trial
+    study.enqueue_trial(best.params, user_attrs={"repeat_of": best.number, "outcome": "ok",
+                                                 "us": best.value})
+    study.tell(study.ask(dists), best.value)
     return {"name": study.study_name, "counts": counts, "best_us": min(ok_us), "default_us": default_us,
             "n_ok": len(ok_us), "peer_base": base}
 
@@ -109,7 +114,7 @@ def write_synthetic_results(folder: Path, n_trials: int = 40, seed: int = 0,
     """A results folder: journal storage, best_configs.json (schema 1) and bench.json."""
     folder.mkdir(parents=True, exist_ok=True)
     storage = optuna.storages.journal.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(folder / "search.journal")))
+        optuna.storages.journal.JournalFileBackend(str(folder / "studies.journal")))
     expected = {}
     entries, bench = [], []
     for arch in archs:
@@ -148,17 +153,18 @@ def synthetic(tmp_path_factory):
 
 def test_storage_detection(tmp_path, synthetic):
     folder, expected = synthetic
-    journal = folder / "search.journal"
+    journal = folder / "studies.journal"
     assert rd.storage_kind(str(journal)) == "journal"
     assert rd.find_storages(folder) == [journal]
-    # the same studies copied into SQLite are found by content, whatever the file is called
+    # a study copied into SQLite is found by content, whatever the file is called, and reads the same
     sqlite = tmp_path / "studies.bin"
-    for name in expected:
-        optuna.copy_study(from_study_name=name, from_storage=rd.open_storage(str(journal)),
-                          to_storage=f"sqlite:///{sqlite}")
+    name = sorted(expected)[0]
+    optuna.copy_study(from_study_name=name, from_storage=rd.open_storage(str(journal)),
+                      to_storage=f"sqlite:///{sqlite}")
     assert rd.storage_kind(str(sqlite)) == "sqlite"
-    names = sorted(s.study_name for s in rd.load_studies(rd.open_storage(str(sqlite))))
-    assert names == sorted(expected)
+    (copied,) = rd.load_studies(rd.open_storage(str(sqlite)))
+    assert copied.study_name == name
+    assert rd.summarize_study(copied).outcomes == expected[name]["counts"]
     assert rd.storage_kind(f"sqlite:///{sqlite}") == "url"
     garbage = tmp_path / "notes.txt"
     garbage.write_text("hello\n")
@@ -171,12 +177,12 @@ def test_storage_detection(tmp_path, synthetic):
 
 def test_study_summary_counts_by_outcome_not_state(synthetic):
     folder, expected = synthetic
-    studies = rd.load_studies(rd.open_storage(str(folder / "search.journal")))
+    studies = rd.load_studies(rd.open_storage(str(folder / "studies.journal")))
     for study in studies:
         want = expected[study.study_name]
         info = rd.summarize_study(study, {"sm90": "f" * 16})
         assert info.outcomes == want["counts"]
-        assert sum(info.outcomes.values()) == info.n_trials == 40
+        assert sum(info.outcomes.values()) == info.n_trials == 40  # the repeat is not counted
         assert info.best["us"] == pytest.approx(want["best_us"])
         assert info.default_us == pytest.approx(want["default_us"])
         # penalty values of mismatching trials reach neither the history nor the plotted study
@@ -190,7 +196,7 @@ def test_study_summary_counts_by_outcome_not_state(synthetic):
 
 def test_importance_finds_the_knob_that_matters(synthetic):
     folder, expected = synthetic
-    studies = rd.load_studies(rd.open_storage(str(folder / "search.journal")))
+    studies = rd.load_studies(rd.open_storage(str(folder / "studies.journal")))
     ranked = []
     for study in studies:
         info = rd.summarize_study(study, {})
@@ -280,7 +286,7 @@ def test_best_config_rows_flag_stale_entries():
 
 
 def test_describe_timing_states_l2():
-    assert rd.describe_timing(TIMING) == ("cuda-graph replay, 20 launches per graph, median of 7 replays, "
+    assert rd.describe_timing(TIMING) == ("CUDA-graph replay, 20 launches per graph, median of 7 replays, "
                                           "L2 warm")
     assert "L2 state not recorded" in rd.describe_timing({"method": "events"})
     assert rd.describe_timing({}) == "not recorded"
@@ -332,3 +338,15 @@ def test_sm100_data_carries_the_not_run_on_hardware_warning(tmp_path):
     assert any("sm100" in w and "never run on hardware" in w for w in data.warnings)
     assert all(s.arch == "sm100" for s in data.studies)
     assert all(math.isfinite(s.best["us"]) for s in data.studies)
+
+
+def test_superseded_studies_are_left_out(tmp_path):
+    write_synthetic_results(tmp_path, n_trials=12)
+    storage = rd.open_storage(str(tmp_path / "studies.journal"))
+    info = add_synthetic_study(storage, "sm90", SHAPES[0], 12, seed=99, fingerprint="e" * 16, suffix="~2")
+    data = rd.collect(tmp_path)
+    names = [s.name for s in data.studies]
+    assert info["name"] in names and study_name("sm90", SHAPES[0]) not in names
+    assert data.superseded == [study_name("sm90", SHAPES[0])]
+    assert len(data.studies) == len(SHAPES)
+    assert rd.split_study_name("a-b~12") == ("a-b", 12) and rd.split_study_name("a~b") == ("a~b", 1)
