@@ -164,7 +164,9 @@ def test_torch_compile_reduce_overhead_cuda_graphs():
 
 def test_cuda_graph_capture_and_replay():
     q, k, v = make_qkv(1, 1024, 1024, 32, 8, 128)
-    fa4.attention(q, k, v, causal=True)  # compile and cache outside the capture
+    # the same signature first, outside the capture: compiling (and loading the module) is not a
+    # stream operation and must not happen while capturing
+    fa4.attention(q, k, v, causal=True, return_lse=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
