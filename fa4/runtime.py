@@ -428,9 +428,13 @@ def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
                 try:
                     launcher = kernels.compile_attention(config, problem)
                 except Exception as exc:
+                    hint = ""
+                    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                        hint = (" (this was the first call of these input shapes, made while capturing a "
+                                "CUDA graph: call fa4.attention once with the same shapes before capturing)")
                     raise KernelCompileError(
                         f"compiling {config.arch} {config.label()} for {problem.label()} failed: "
-                        f"{type(exc).__name__}: {exc}") from exc
+                        f"{type(exc).__name__}: {exc}{hint}") from exc
                 _STATE.compiled[key] = launcher
                 _STATE.compiles += 1
     return launcher
