@@ -470,10 +470,12 @@ class Heatmap:
     z: list[list[float | None]]  # speedup of tuned over the baseline (>1: tuned is faster)
 
 
-def _family_label(row: ShapeRow) -> str:
+def _family_label(row: ShapeRow, with_device: bool = False) -> str:
     p = row.problem
     mask = "causal" if p.get("causal") else "full"
-    return f"{row.arch} {p.get('dtype')} D{p.get('head_dim')} H{p.get('heads_q')}/{p.get('heads_kv')} {mask}"
+    label = f"{row.arch} {p.get('dtype')} D{p.get('head_dim')} H{p.get('heads_q')}/{p.get('heads_kv')} {mask}"
+    label += " +lse" if p.get("return_lse") else ""
+    return f"{row.device}: {label}" if with_device else label
 
 
 def _length_label(row: ShapeRow) -> str:
@@ -486,12 +488,16 @@ def _length_label(row: ShapeRow) -> str:
 def speedup_heatmaps(rows: Sequence[ShapeRow]) -> list[Heatmap]:
     """One grid per baseline that has any data: rows are shape families, columns batch x lengths."""
     rows = sorted(rows, key=_row_sort_key)
+    many_devices = len({r.device for r in rows}) > 1
+
+    def family(r: ShapeRow) -> str:
+        return _family_label(r, many_devices)
+
     ys: list[str] = []
-    xs: list[str] = []
     x_order: dict[str, tuple] = {}
     for r in rows:
-        if _family_label(r) not in ys:
-            ys.append(_family_label(r))
+        if family(r) not in ys:
+            ys.append(family(r))
         x = _length_label(r)
         x_order.setdefault(x, (r.problem.get("seqlen_q") or 0, r.problem.get("seqlen_k") or 0,
                                r.problem.get("batch") or 0))
@@ -504,11 +510,8 @@ def speedup_heatmaps(rows: Sequence[ShapeRow]) -> list[Heatmap]:
             value = r.speedup.get(baseline)
             if value is None:
                 continue
-            i, j = ys.index(_family_label(r)), xs.index(_length_label(r))
-            # two devices measuring the same shape: keep the first (rows are sorted by device)
-            if z[i][j] is None:
-                z[i][j] = value
-                any_value = True
+            z[ys.index(family(r))][xs.index(_length_label(r))] = value
+            any_value = True
         if any_value:
             maps.append(Heatmap(baseline, xs, ys, z))
     return maps
