@@ -257,6 +257,8 @@ def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
                 f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
         return config
     if isinstance(config, str):
+        if config.startswith(_PARTIAL + ";"):  # a mapping that crossed the custom op as a string
+            return _coerce_config(_knobs_from_str(config), arch, problem)
         return _config_from_str(config, arch)
     if isinstance(config, Mapping):
         try:
@@ -267,20 +269,29 @@ def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
                             f"{type(config).__name__}")
 
 
-def config_to_str(config: Config) -> str:
-    """A Config as a string (the custom op's schema has no Config type): 'arch;name=repr;...'."""
-    return ";".join([config.arch] + [f"{n}={v!r}" for n, v in config.items])
+_PARTIAL = "*"  # arch field of a config string holding knob overrides of the heuristic default
+
+
+def config_to_str(config: Config | Mapping) -> str:
+    """config= as a string (the custom op's schema has no Config type): 'arch;name=repr;...', with
+    arch '*' for a mapping of knob overrides."""
+    if isinstance(config, Config):
+        return ";".join([config.arch] + [f"{n}={v!r}" for n, v in config.items])
+    return ";".join([_PARTIAL] + [f"{n}={v!r}" for n, v in sorted(config.items())])
+
+
+def _knobs_from_str(text: str) -> dict:
+    import ast
+
+    values = {}
+    for part in text.split(";")[1:]:
+        name, _, value = part.partition("=")
+        values[name] = ast.literal_eval(value)
+    return values
 
 
 def _config_from_str(text: str, arch: str) -> Config:
-    import ast
-
-    parts = text.split(";")
-    values = {}
-    for part in parts[1:]:
-        name, _, value = part.partition("=")
-        values[name] = ast.literal_eval(value)
-    config = Config.from_dict(parts[0], values)
+    config = Config.from_dict(text.split(";")[0], _knobs_from_str(text))
     if config.arch != arch:
         raise InvalidInputError(f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
     return config
@@ -589,10 +600,11 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
     """The torch.compile path: the custom op `fa4::attention` (registered by fa4.ops)."""
-    if isinstance(config, Config):
+    if isinstance(config, (Config, Mapping)):
         config = config_to_str(config)
     elif config is not None:
-        raise InvalidInputError("under torch.compile, config= must be a fa4.kernels.Config (or None)")
+        raise InvalidInputError(f"config= must be a fa4.kernels.Config or a dict of knob values, got "
+                                f"{type(config).__name__}")
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                                        allow_untested_sm100)
     return (out, lse) if return_lse else out

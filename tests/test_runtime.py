@@ -386,6 +386,14 @@ def test_torch_compile_with_a_forced_config(fake):
     assert fake.sm90.launchers[-1].config == forced
 
 
+def test_torch_compile_with_a_knob_mapping(fake):
+    compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, config={"tile_n": 80}),
+                             fullgraph=True, backend="aot_eager")
+    q, k, v = qkv()
+    torch.testing.assert_close(compiled(q, k, v).float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+    assert fake.sm90.launchers[-1].config == Config.make("sm90").replace(tile_n=80)
+
+
 def test_custom_op_fake_impl_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -408,6 +416,8 @@ def test_custom_op_opcheck(fake):
 def test_config_string_round_trip():
     cfg = Config.make("sm90", tile_n=80, rescale_threshold=4.0, softmax_overlap=False)
     assert runtime._config_from_str(runtime.config_to_str(cfg), "sm90") == cfg
+    assert runtime._knobs_from_str(runtime.config_to_str({"tile_n": 80, "pv_operand": "ss"})) == {
+        "tile_n": 80, "pv_operand": "ss"}
 
 
 # --- the SDPA fallback itself ------------------------------------------------------------------------
