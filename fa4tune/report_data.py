@@ -462,6 +462,18 @@ def _row_sort_key(row: ShapeRow) -> tuple:
             bool(p.get("causal")), p.get("batch") or 0, p.get("seqlen_q") or 0, p.get("seqlen_k") or 0)
 
 
+def speedup_summary(rows: Sequence[ShapeRow]) -> dict[str, dict[str, float]]:
+    """Per baseline over the shapes that have it: count, geometric mean, min and max of the speedup,
+    and how many shapes the tuned kernel wins (speedup > 1)."""
+    out = {}
+    for baseline in BASELINES:
+        values = [r.speedup[baseline] for r in rows if baseline in r.speedup]
+        if values:
+            out[baseline] = {"n": len(values), "geomean": math.exp(sum(map(math.log, values)) / len(values)),
+                             "min": min(values), "max": max(values), "wins": sum(v > 1.0 for v in values)}
+    return out
+
+
 @dataclass
 class Heatmap:
     baseline: str
@@ -621,6 +633,10 @@ class ReportData:
     versions: list[str]               # distinct version sets
     warnings: list[str]               # sm100 not run on hardware, stale tunings, mixed timing
     fingerprints: dict[str, str | None]
+
+    @property
+    def speedups(self) -> dict[str, dict[str, float]]:
+        return speedup_summary(self.shape_rows)
 
     @property
     def failure_table(self) -> tuple[list[str], list[str], list[list[int]]]:

@@ -252,6 +252,13 @@ def _header(data: ReportData, page: _Page) -> None:
     ]
     page.add('<table class="meta">' + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in meta)
              + "</table>")
+    summary = data.speedups
+    if summary:
+        rows = [[_e(IMPL_NAMES.get(b, b)), str(int(v["n"])), f"{int(v['wins'])} of {int(v['n'])}",
+                 f"<b>{v['geomean']:.2f}×</b>", f"{v['min']:.2f}×", f"{v['max']:.2f}×"]
+                for b, v in summary.items()]
+        page.add("<h3>Tuned kernel speedup over each baseline (its time ÷ tuned time)</h3>"
+                 + _table(["baseline", "shapes", "tuned faster", "geometric mean", "min", "max"], rows))
     for note in data.warnings:
         page.add(f'<div class="note">{_e(note)}</div>')
     for line in data.missing:

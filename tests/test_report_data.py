@@ -350,3 +350,16 @@ def test_superseded_studies_are_left_out(tmp_path):
     assert data.superseded == [study_name("sm90", SHAPES[0])]
     assert len(data.studies) == len(SHAPES)
     assert rd.split_study_name("a-b~12") == ("a-b", 12) and rd.split_study_name("a~b") == ("a~b", 1)
+
+
+def test_speedup_summary():
+    rows = []
+    for tuned, peer in ((10.0, 20.0), (10.0, 5.0), (10.0, 10.0)):
+        r = rd.ShapeRow("sm90", "d", {}, "", "bench", {"tuned": {"us": tuned}, "flash_attn_4": {"us": peer}})
+        r.compute_speedups()
+        rows.append(r)
+    summary = rd.speedup_summary(rows)
+    assert list(summary) == ["flash_attn_4"]
+    s = summary["flash_attn_4"]
+    assert (s["n"], s["wins"], s["min"], s["max"]) == (3, 1, 0.5, 2.0)
+    assert s["geomean"] == pytest.approx(1.0)
