@@ -3,6 +3,8 @@ benchmarks. Imports torch lazily; nothing here touches the DSL."""
 
 from __future__ import annotations
 
+import os
+
 import math
 
 
@@ -45,3 +47,76 @@ def sdpa_reference(q, k, v, causal: bool, softmax_scale=None):
         mask = j <= i + (sk - sq)
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=softmax_scale)
     return torch.nan_to_num(o.transpose(1, 2), nan=0.0)
+
+
+def check_against_references(out, lse, q, k, v, causal: bool, softmax_scale=None, tol=1e-2):
+    """Failures (list of strings) of our output against the fp32 reference and SDPA at rtol = atol =
+    tol. SDPA is compared only on rows that see at least one key (it has no defined output for the
+    others); those rows must be exactly O = 0 and LSE = -inf."""
+    import torch
+    failures = []
+    o_ref, lse_ref = attention_reference(q, k, v, causal, softmax_scale)
+    o_sdpa = sdpa_reference(q, k, v, causal, softmax_scale).float()
+    o = out.float()
+    if not torch.isfinite(o).all():
+        failures.append("output has NaN/inf")
+    if not torch.allclose(o, o_ref, rtol=tol, atol=tol):
+        failures.append(f"vs fp32 reference: max abs err {float((o - o_ref).abs().max()):.4g}")
+    sq, sk = q.shape[1], k.shape[1]
+    seen = torch.ones(sq, dtype=torch.bool, device=q.device)
+    if causal:
+        seen = torch.arange(sq, device=q.device) + (sk - sq) >= 0
+    if seen.any() and not torch.allclose(o[:, seen], o_sdpa[:, seen], rtol=tol, atol=tol):
+        failures.append(f"vs SDPA: max abs err {float((o[:, seen] - o_sdpa[:, seen]).abs().max()):.4g}")
+    if (~seen).any() and bool((o[:, ~seen] != 0).any()):
+        failures.append("rows that see no key are not 0")
+    if lse is not None:
+        if (~seen).any() and not bool(torch.isneginf(lse[:, :, ~seen]).all()):
+            failures.append("LSE of rows that see no key is not -inf")
+        if seen.any():
+            a, b = lse[:, :, seen], lse_ref[:, :, seen]
+            if not torch.allclose(a, b, rtol=tol, atol=tol):
+                failures.append(f"LSE: max abs err {float((a - b).abs().max()):.4g}")
+    return failures
+
+
+def make_inputs(problem, seed=0, logit_scale=1.0):
+    """Random Q, K, V (B, S, H, D) on the GPU in the problem's dtype; Q and K scaled by logit_scale."""
+    import torch
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, sq, sk, hq, hkv, d = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q,
+                             problem.heads_kv, problem.head_dim)
+    q = (torch.randn(b, sq, hq, d, device="cuda", generator=g) * logit_scale).to(dt)
+    k = (torch.randn(b, sk, hkv, d, device="cuda", generator=g) * logit_scale).to(dt)
+    v = torch.randn(b, sk, hkv, d, device="cuda", generator=g).to(dt)
+    return q, k, v
+
+
+# ---- helpers of the GPU test suites (tests/gpu/test_sm90_*.py) -------------------------------------
+# FA4_SM90_SHARD="i/n" keeps the i-th of n contiguous chunks of a suite's cases, so one device run can
+# test a suite in n parallel processes; suites list cases with the compile key outermost, so a chunk
+# compiles only its own keys.
+
+def shard(cases):
+    spec = os.environ.get("FA4_SM90_SHARD")
+    if not spec:
+        return cases
+    i, n = (int(x) for x in spec.split("/"))
+    size = -(-len(cases) // n)
+    return cases[i * size:(i + 1) * size]
+
+
+def run_and_check(config, problem, logit_scale=1.0, softmax_scale=None):
+    import torch
+    from fa4.kernels import compile_attention
+    from fa4.kernels.sm90.reference import check_against_references, make_inputs
+    q, k, v = make_inputs(problem, logit_scale=logit_scale)
+    out = torch.full_like(q, float("nan"))  # every element must be written
+    lse = None
+    if problem.return_lse:
+        lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
+                         device="cuda", dtype=torch.float32)
+    compile_attention(config, problem).run(q, k, v, out, lse, softmax_scale)
+    torch.cuda.synchronize()
+    return check_against_references(out, lse, q, k, v, problem.causal, softmax_scale)

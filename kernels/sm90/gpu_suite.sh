@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the sm90 GPU test suites on the H200 in parallel shards (one compile cache per process) and
+# the quick benchmark; logs go to $OUT. Usage (after sourcing the device bundle's setup.sh):
+#   bash kernels/sm90/gpu_suite.sh default|knobs|bench|all [shards]
+set -u
+what=${1:-all}; n=${2:-8}; out=${OUT:-/tmp/out}; mkdir -p "$out"
+run_suite() {  # $1 = test file stem
+  local pids=()
+  for i in $(seq 0 $((n - 1))); do
+    FA4_SM90_SHARD="$i/$n" python3 -m pytest -q -p no:cacheprovider -m gpu "tests/gpu/$1.py" \
+      > "/tmp/$1.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for i in $(seq 0 $((n - 1))); do echo "=== shard $i"; tail -25 "/tmp/$1.$i.log"; done > "$out/$1.log"
+  grep -h -E "passed|failed|error" "$out/$1.log" | grep -E "^[0-9=]" | sed 's/^/  /'
+}
+case $what in
+  default) run_suite test_sm90_default ;;
+  knobs) run_suite test_sm90_knobs ;;
+  bench) python3 -m fa4.kernels.sm90.bench_quick --json "$out/bench.json" > "$out/bench.log" 2>&1; cat "$out/bench.log" | grep '^{' ;;
+  all) run_suite test_sm90_default; run_suite test_sm90_knobs ;;
+esac
