@@ -22,6 +22,8 @@ from fa4.kernels.sm100.emulation import (BasisUpdate, RescaleStats, emulate_fa4_
                                          reference_attention, visible_mask)
 
 THRESHOLDS = knob("sm100", "rescale_threshold").choices
+TILE_NS = knob("sm100", "tile_n").choices
+SMALL_N, LARGE_N = min(TILE_NS), max(TILE_NS)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # the error of threshold t may be this many times threshold 0's (P's top value is rounded once t > 0)
 THRESHOLD_ERROR_FACTOR = 3.0
@@ -74,12 +76,12 @@ def _check(out, lse, q, k, v, causal, refs=None):
 # both pack_gqa values and every threshold appear; tails, Sq != Sk (both ways) and GQA 1/2/4/7/8 too.
 GRID = [
     ((1, 1024, 1024, 32, 8, 128), {}),                                   # the design's base case
-    ((2, 300, 300, 8, 2, 64), dict(tile_n=64, q_stages=1)),              # tails, ratio 4
-    ((1, 200, 333, 4, 4, 128), dict(tile_n=192, rescale_threshold=0.0)),  # Sq < Sk, ratio 1
-    ((1, 333, 150, 8, 1, 64), dict(tile_n=256, rescale_threshold=12.0)),  # Sq > Sk: empty causal rows
+    ((2, 300, 300, 8, 2, 64), dict(tile_n=SMALL_N, q_stages=1)),         # tails, ratio 4
+    ((1, 200, 333, 4, 4, 128), dict(tile_n=LARGE_N, rescale_threshold=0.0)),  # Sq < Sk, ratio 1
+    ((1, 333, 150, 8, 1, 64), dict(tile_n=LARGE_N, rescale_threshold=12.0)),  # Sq > Sk: empty rows
     ((1, 190, 257, 7, 1, 64), dict(pack_gqa=False, rescale_threshold=4.0)),  # ratio 7, unpacked
-    ((1, 129, 129, 16, 2, 128), dict(tile_n=64, q_stages=1, pack_gqa=False)),  # ratio 8, one past a tile
-    ((1, 257, 511, 4, 2, 64), dict(q_stages=1, tile_n=256)),             # ratio 2
+    ((1, 129, 129, 16, 2, 128), dict(tile_n=SMALL_N, q_stages=1, pack_gqa=False)),  # ratio 8
+    ((1, 257, 511, 4, 2, 64), dict(q_stages=1, tile_n=LARGE_N)),         # ratio 2
 ]
 
 
@@ -124,7 +126,7 @@ def test_every_threshold_is_exact(kind, causal, dtype):
     """Threshold t keeps the old basis while the max moves by <= t: as exact as threshold 0."""
     q, k, v = emu.make_inputs(kind, 1, 640, 640, 8, 2, 64, DTYPES[dtype], seed=5)
     refs = _references(q, k, v, causal)
-    errors, stats = _threshold_errors(q, k, v, causal, refs, tile_n=64)
+    errors, stats = _threshold_errors(q, k, v, causal, refs, tile_n=SMALL_N)
     for threshold in THRESHOLDS:
         s = stats[threshold]
         assert errors[threshold] <= THRESHOLD_ERROR_FACTOR * errors[0.0], errors
@@ -136,6 +138,7 @@ def test_every_threshold_is_exact(kind, causal, dtype):
         else:  # not vacuous: some rows really kept an old basis that their max had left
             assert s.row_rescales_skipped > 0
             assert s.tile_rescales <= stats[0.0].tile_rescales
+            assert s.warp_rescales <= stats[0.0].warp_rescales
 
 
 def seed_rule(running_max, block_max, threshold, scale_log2):
@@ -155,7 +158,7 @@ def test_seed_rule_is_caught(monkeypatch):
     """The checks above fail when the skip does not keep the basis (threshold 8, the seed's value)."""
     q, k, v = emu.make_inputs("normal", 1, 640, 640, 8, 2, 64, torch.float16, seed=5)
     refs = _references(q, k, v, False)
-    config = Config.make("sm100", rescale_threshold=8.0, tile_n=64)
+    config = Config.make("sm100", rescale_threshold=8.0, tile_n=SMALL_N)
     out, lse = emulate_fa4_forward(q, k, v, config, return_lse=True)
     _check(out, lse, q, k, v, False, refs)
     monkeypatch.setattr(emu, "_basis_rule", seed_rule)
@@ -207,8 +210,8 @@ def _brute_force_regions(config, batch, seqlen_q, seqlen_k, heads_q, heads_kv, c
 
 
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2), (1, 333, 150, 8, 1), (1, 150, 700, 6, 3)])
-@pytest.mark.parametrize("overrides", [{}, dict(tile_n=64, q_stages=1, pack_gqa=False),
-                                       dict(tile_n=192), dict(tile_n=256, q_stages=1)])
+@pytest.mark.parametrize("overrides", [{}, dict(tile_n=SMALL_N, q_stages=1, pack_gqa=False)]
+                         + [dict(tile_n=n, q_stages=1) for n in TILE_NS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_region_counts_match_brute_force(shape, overrides, causal):
     config = Config.make("sm100", **overrides)
@@ -224,19 +227,22 @@ def test_region_counts_match_brute_force(shape, overrides, causal):
     # one decision per visited tile except each task's first block
     assert stats.tile_decisions <= stats.tiles_visited
     assert stats.tile_rescales + stats.tile_skips == stats.tile_decisions
+    # four 32-row warps per tile; a tile rescales iff one of its warps does
+    assert stats.warp_decisions == 4 * stats.tile_decisions
+    assert stats.tile_rescales <= stats.warp_rescales <= 4 * stats.tile_rescales
 
 
 def test_stats_accumulate_and_threshold_zero_counts():
     q, k, v = _inputs(1, 256, 512, 4, 2, 64, torch.float16, seed=2)
-    config = Config.make("sm100", rescale_threshold=0.0, tile_n=64)
+    config = Config.make("sm100", rescale_threshold=0.0, tile_n=SMALL_N)
     once = RescaleStats()
     emulate_fa4_forward(q, k, v, config, stats=once)
     twice = RescaleStats()
     emulate_fa4_forward(q, k, v, config, stats=twice)
     emulate_fa4_forward(q, k, v, config, stats=twice)
     assert twice.tile_decisions == 2 * once.tile_decisions and twice.max_p == once.max_p == 1.0
-    # non-causal, 8 KV blocks: 7 decisions for each of 256 positions x 4 query heads
-    assert once.row_decisions == 7 * 256 * 4
+    # non-causal: one decision per KV block after the first for each of 256 positions x 4 query heads
+    assert once.row_decisions == (512 // SMALL_N - 1) * 256 * 4
     assert once.row_rescales == once.row_max_moved and once.row_basis_from_empty == 0
 
 

@@ -16,8 +16,10 @@ the numbers or the work done:
 - The conditional rescale: the row basis is raised only when the new row max exceeds it by more than
   `rescale_threshold` (log2 units); then O and l are multiplied by exp2((m_old - m_new) * scale_log2).
   Otherwise the OLD BASIS IS KEPT, P reaches at most 2^threshold, and l and O stay on one basis: that,
-  not a factor close to 1, is why skipping is exact. The correction warpgroup rescales a Q stage tile
-  only when some row of it raised its basis (the "any row moved" vote); otherwise it releases O.
+  not a factor close to 1, is why skipping is exact. The correction warpgroup rescales the 32 rows of O
+  that one of its warps owns (32 TMEM lanes) only when some row of that warp raised its basis (the
+  kernel's "any row moved" vote, `vote_any_sync` per warp); otherwise it releases O untouched. The
+  counters also report the coarser per-tile (128-row Q stage) view.
 - P rounded to the inputs' 16-bit type before the value MMA, fp32 accumulation of O and l (l sums the
   fp32 P, as the softmax warpgroup holds it before packing), O / l only at the end, and a row that sees
   no key gets O = 0, LSE = -inf.
@@ -67,10 +69,15 @@ class RescaleStats:
     blocks_masked: int = 0            # (task, KV block) pairs masked (causal diagonal or key tail)
     blocks_skipped_causal: int = 0    # (task, KV block) pairs above the diagonal, never loaded
     tile_decisions: int = 0           # tile visits after the task's first block
-    tile_rescales: int = 0            # ... where some row raised its basis: O round trip performed
+    tile_rescales: int = 0            # ... where some row raised its basis (some warp rescales)
     tile_skips_by_threshold: int = 0  # ... released without rescale although some row's max moved
+    warp_decisions: int = 0           # the same per warp (32 rows): the kernel's unit of correction
+    warp_rescales: int = 0            # ... where the warp's vote asks for the O round trip
+    warp_skips_by_threshold: int = 0  # ... skipped although some row's max moved
+    warp_rescales_from_empty: int = 0  # ... rescales voted only by rows seeing their first key (O = 0
+    #                                      there, so the round trip could have been skipped)
     row_decisions: int = 0            # row visits after the task's first block
-    row_max_moved: int = 0            # ... where the block raised the row's running max
+    row_max_moved: int = 0            # ... where the block's max exceeded the row's (finite) basis
     row_rescales: int = 0             # ... where the basis was raised (O and l multiplied)
     row_basis_from_empty: int = 0     # ... of which the row had seen no key yet (O = l = 0)
     max_p: float = 0.0                # largest P in fp32 (at most 2^threshold, up to rounding)
@@ -82,6 +89,10 @@ class RescaleStats:
         return self.tile_decisions - self.tile_rescales
 
     @property
+    def warp_skips(self) -> int:
+        return self.warp_decisions - self.warp_rescales
+
+    @property
     def row_rescales_skipped(self) -> int:
         """Rows whose max moved but stayed within the threshold: basis kept, no multiply."""
         return self.row_max_moved - (self.row_rescales - self.row_basis_from_empty)
@@ -89,6 +100,7 @@ class RescaleStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["tile_skips"] = self.tile_skips
+        out["warp_skips"] = self.warp_skips
         out["row_rescales_skipped"] = self.row_rescales_skipped
         return out
 
@@ -114,17 +126,18 @@ def choose_basis(running_max: torch.Tensor, block_max: torch.Tensor, threshold: 
     """The conditional rescale rule of the kernel (and of flash-attn 4's SoftmaxSm100).
 
     Keep the old basis while (m_old - m_new) * scale_log2 >= -threshold; otherwise raise it to m_new and
-    scale O and l by exp2 of that difference. A row that has seen no key yet (m_old = -inf) always
-    "raises" (its factor is 0, harmless since O = l = 0 there).
+    scale O and l by exp2 of that difference. A row that sees its first key raises from -inf (factor 0,
+    harmless since O = l = 0 there); a row that still sees none keeps -inf and does not vote.
     """
     candidate = torch.maximum(running_max, block_max)
     candidate_basis = torch.where(candidate == -math.inf, torch.zeros_like(candidate), candidate)
+    old_basis = torch.where(running_max == -math.inf, torch.zeros_like(running_max), running_max)
     log2_factor = (running_max - candidate_basis) * scale_log2
-    keep = log2_factor >= -threshold
+    keep = (log2_factor >= -threshold) | (candidate == -math.inf)
     factor = torch.where(keep, torch.ones_like(log2_factor), torch.exp2(log2_factor))
     return BasisUpdate(
         running_max=torch.where(keep, running_max, candidate),
-        basis=torch.where(keep, running_max, candidate_basis),
+        basis=torch.where(keep, old_basis, candidate_basis),
         o_scale=factor,
         l_scale=factor,
         raised=~keep,
@@ -150,7 +163,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config) ->
 
 @dataclass(frozen=True)
 class _BlockPlan:
-    """Per m_block extents of the KV loop, decided once per CTA like the kernel does."""
+    """Per m_block extents of the KV loop, decided once per CTA (the kernel's `_block_range`)."""
 
     n_blocks: int             # KV blocks of the whole key sequence
     block_end: torch.Tensor   # (M,) blocks [0, block_end) are visited; the rest is skipped (causal)
@@ -164,7 +177,8 @@ def _plan_blocks(num_m: int, rows_per_cta: int, packed_rows: int, ratio: int, se
     block_end, full_end = [], []
     for m in range(num_m):
         first_row = m * rows_per_cta
-        last_row = min((m + 1) * rows_per_cta, packed_rows) - 1
+        last_row = (m + 1) * rows_per_cta - 1  # padding rows included, as the kernel does: they only
+        # ever add blocks the last real row needs anyway (a padding row's seq is >= Sq)
         seq_lo, seq_hi = first_row // ratio, last_row // ratio
         end, full = n_blocks, seqlen_k // tile_n  # the key tail block is always masked
         if causal:
@@ -326,6 +340,9 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
         stats.merge(counts)
 
 
+WARP_ROWS = 32  # TMEM lanes one warp of the correction warpgroup owns
+
+
 def _count_decisions(counts: RescaleStats, first: torch.Tensor, update: BasisUpdate,
                      old_max: torch.Tensor, block_max: torch.Tensor, row_valid: torch.Tensor,
                      q_stages: int, tile_m: int) -> None:
@@ -337,12 +354,20 @@ def _count_decisions(counts: RescaleStats, first: torch.Tensor, update: BasisUpd
     counts.row_max_moved += int((moved & (old_max > -math.inf)).sum())
     counts.row_rescales += int((raised & real).sum())
     counts.row_basis_from_empty += int((raised & real & (old_max == -math.inf)).sum())
-    shape = old_max.shape[:3] + (q_stages, tile_m)
-    tile_vote = raised.view(shape).any(dim=-1)
-    tile_moved = (moved & (old_max > -math.inf)).view(shape).any(dim=-1)
-    counts.tile_decisions += int(later.sum()) * old_max.shape[0] * old_max.shape[1] * q_stages
-    counts.tile_rescales += int(tile_vote.sum())
-    counts.tile_skips_by_threshold += int((tile_moved & ~tile_vote).sum())
+    moved_finite = moved & (old_max > -math.inf)
+    for group, prefix in ((tile_m, "tile"), (WARP_ROWS, "warp")):
+        shape = old_max.shape[:3] + (old_max.shape[3] // group, group)
+        vote = raised.view(shape).any(dim=-1)
+        group_moved = moved_finite.view(shape).any(dim=-1)
+        decisions = int(later.sum()) * old_max.shape[0] * old_max.shape[1] * shape[3]
+        setattr(counts, f"{prefix}_decisions", getattr(counts, f"{prefix}_decisions") + decisions)
+        setattr(counts, f"{prefix}_rescales", getattr(counts, f"{prefix}_rescales") + int(vote.sum()))
+        name = f"{prefix}_skips_by_threshold"
+        setattr(counts, name, getattr(counts, name) + int((group_moved & ~vote).sum()))
+    shape = old_max.shape[:3] + (old_max.shape[3] // WARP_ROWS, WARP_ROWS)
+    vote = raised.view(shape).any(dim=-1)
+    vote_with_data = (raised & (old_max > -math.inf)).view(shape).any(dim=-1)
+    counts.warp_rescales_from_empty += int((vote & ~vote_with_data).sum())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -430,6 +455,7 @@ def measure_rescales(kinds, seqlens, thresholds, causal_modes, heads_q=32, heads
                     row = {"kind": kind, "causal": causal, "seqlen": seqlen, "threshold": float(threshold),
                            "max_abs_err_vs_fp32": err, **stats.to_dict()}
                     row["tile_rescale_fraction"] = stats.tile_rescales / max(1, stats.tile_decisions)
+                    row["warp_rescale_fraction"] = stats.warp_rescales / max(1, stats.warp_decisions)
                     rows.append(row)
                     if progress:
                         progress(f"{kind} causal={causal} S={seqlen} t={threshold:g}: "
@@ -439,17 +465,25 @@ def measure_rescales(kinds, seqlens, thresholds, causal_modes, heads_q=32, heads
 
 
 def format_table(rows: list) -> str:
-    head = (f"{'inputs':<7} {'mask':<6} {'S':>5} {'thr':>3} | {'tile resc.':>10} {'tile skip':>9} "
-            f"{'resc.%':>6} | {'row moved':>9} {'row resc.':>9} {'row kept':>9} | {'max P':>7} "
-            f"{'err fp32':>8}")
+    """Rescales performed / decisions, per warp (the kernel's unit), per 128-row tile and per row.
+
+    "row moved" counts rows whose block max exceeded their basis; "row resc" those that raised the
+    basis (and multiplied O and l); "row kept" those that kept the old basis although their max rose.
+    "empty" counts warp rescales voted only by rows that saw their first key (O was still 0).
+    """
+    head = (f"{'inputs':<6} {'mask':<6} {'S':>4} {'thr':>3} | {'warp resc/decisions':>20} {'%':>5} | "
+            f"{'empty':>5} | {'tile resc/decisions':>19} {'%':>5} | {'row moved':>9} {'row resc':>8} {'row kept':>9} | "
+            f"{'max P':>6} {'err fp32':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['kind']:<7} {'causal' if r['causal'] else 'full':<6} {r['seqlen']:>5} "
-            f"{r['threshold']:>3g} | {r['tile_rescales']:>10} {r['tile_skips']:>9} "
-            f"{100 * r['tile_rescale_fraction']:>5.1f}% | {r['row_max_moved']:>9} "
-            f"{r['row_rescales'] - r['row_basis_from_empty']:>9} {r['row_rescales_skipped']:>9} | "
-            f"{r['max_p_16bit']:>7g} {r['max_abs_err_vs_fp32']:>8.1e}")
+            f"{r['kind']:<6} {'causal' if r['causal'] else 'full':<6} {r['seqlen']:>4} "
+            f"{r['threshold']:>3g} | {r['warp_rescales']:>9}/{r['warp_decisions']:<10} "
+            f"{100 * r['warp_rescale_fraction']:>5.1f} {r['warp_rescales_from_empty']:>5} | "
+            f"{r['tile_rescales']:>8}/{r['tile_decisions']:<10} "
+            f"{100 * r['tile_rescale_fraction']:>5.1f} | {r['row_max_moved']:>9} "
+            f"{r['row_rescales'] - r['row_basis_from_empty']:>8} {r['row_rescales_skipped']:>9} | "
+            f"{r['max_p_16bit']:>6g} {r['max_abs_err_vs_fp32']:>8.1e}")
     return "\n".join(lines)
 
 
@@ -481,9 +515,11 @@ def _saved_summary() -> str:
 def _cli():
     import click
 
-    @click.group(help="CPU emulation of the sm100 FA4 tile algorithm: rescale statistics per "
-                      "rescale_threshold on real-looking inputs.\n\n" + INPUT_KINDS["peaked"],
-                 epilog=None)
+    kinds_help = "\n\n".join(f"{name}: {text}." for name, text in INPUT_KINDS.items())
+    @click.group(help="CPU emulation of the sm100 FA4 tile algorithm: how many O rescales each "
+                      "rescale_threshold performs and skips on real-looking inputs (B=1, Hq=32, Hkv=8, "
+                      "D=128 by default), and the error against fp32 at each.\n\nInput kinds:\n\n"
+                      + kinds_help)
     def main() -> None:
         pass
 
