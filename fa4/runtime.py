@@ -632,6 +632,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     the GPU, e.g. "NVIDIA H200") ask about another GPU, and accept CPU or meta tensors. Raises what
     `attention` would raise for the same inputs (pointer alignment aside: it is checked per call).
     """
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        checks.check_grad(q, k, v)
     plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
                  arch=arch, device_name=device_name)
     return plan.explanation

@@ -297,6 +297,32 @@ def test_non_contiguous_q_gives_contiguous_output(fake):
     torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
 
 
+def test_same_shape_other_strides_is_another_signature(fake):
+    q, k, v = qkv(sq=64, sk=64, hq=4, hkv=4)
+    fa4.attention(q, k, v)
+    k_view = torch.randn(1, 4, 64, 64, dtype=F16).transpose(1, 2)  # same shape as k, other strides
+    out = fa4.attention(q, k_view, v)
+    assert fa4.cache_info()["signatures"] == 2
+    torch.testing.assert_close(out.float(), reference(q, k_view, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_switching_database_forgets_cached_choices(fake, tmp_path):
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    assert fake.sm90.launchers[-1].config == Config.make("sm90")
+    other = tmp_path / "other.json"
+    tuned = add_entry(other, seqlen=64, tile_n=64)
+    fa4.use_config_db(other)
+    fa4.attention(q, k, v)
+    assert fake.sm90.launchers[-1].config == tuned
+
+
+def test_explain_refuses_what_attention_refuses(fake):
+    q, k, v = qkv()
+    with pytest.raises(InvalidInputError, match="forward only"):
+        fa4.explain(q.requires_grad_(True), k, v)
+
+
 # --- zero lengths ----------------------------------------------------------------------------------
 
 def test_empty_query_returns_empty_without_a_launch(fake):
