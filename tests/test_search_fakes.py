@@ -1,0 +1,111 @@
+"""CPU stand-ins injected by the search tests (no tests here): a kernel API model and an evaluator.
+
+The search runs them exactly as it runs the real ones: the kernel API in the parent process
+(`SearchSettings.kernel_api = "test_search_fakes"`), the evaluator in spawned worker processes
+(`SearchSettings.evaluator = "test_search_fakes:FakeEvaluator"`). Nothing here touches CUDA.
+
+The fake kernel: sm90 configurations with tile_m * tile_n > 128 * 160 are "infeasible" (a stand-in
+for the shared-memory budget), pv_operand "ss" with tile_n >= 176 fails to compile, and the time is a
+smooth function of the knobs with its minimum away from the default, so a search has something to find.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from fa4.kernels import AttentionProblem, Config
+
+FAKE_FINGERPRINT_ENV = "FA4TUNE_FAKE_FINGERPRINT"
+FAKE_COMPILE_S_ENV = "FA4TUNE_FAKE_COMPILE_S"
+
+
+# ---- kernel API model (parent process) ----------------------------------------------------------
+
+def feasible(config: Config, problem: AttentionProblem) -> list[str]:
+    reasons = []
+    if config.tile_m * config.tile_n > 128 * 160:
+        reasons.append(f"shared memory {config.tile_m * config.tile_n * 12} B exceeds 232448 B")
+    if problem.head_dim > 256:
+        reasons.append("head_dim > 256")
+    return reasons
+
+
+def default_config(arch: str, problem: AttentionProblem) -> Config:
+    return Config.make(arch)
+
+
+def compile_key(config: Config, problem: AttentionProblem) -> tuple:
+    return (config.arch, config.codegen_items(), (problem.head_dim, problem.dtype, problem.causal))
+
+
+def source_fingerprint(arch: str) -> str:
+    return os.environ.get(FAKE_FINGERPRINT_ENV, "fake-fingerprint-1")
+
+
+def fake_us(config: dict) -> float:
+    us = 30.0
+    us += abs(config["tile_n"] - 112) / 16.0
+    us += {64: 6.0, 128: 0.0, 192: 3.0}[config["tile_m"]]
+    us += {2: 1.0, 3: 0.0, 4: 0.5}[config["kv_stages"]]
+    us += 0.0 if config["softmax_overlap"] else 2.0
+    us += {"single": 1.5, "static": 0.5, "lpt": 0.0}[config["scheduler"]]
+    us += 0.0 if config["pack_gqa"] else 1.0
+    us += config["rescale_threshold"] / 16.0
+    return round(us, 3)
+
+
+# ---- evaluator (worker processes) ---------------------------------------------------------------
+
+class FakeKernel:
+    def __init__(self, config: Config):
+        self.config = config
+
+
+class FakeEvaluator:
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def setup(self) -> dict:
+        if self.mode != "gpu":
+            return {}
+        return {"name": "Fake H200", "sm_count": 132, "cc": "9.0", "driver": "fake"}
+
+    def compile_key(self, config, problem):
+        return compile_key(config, problem)
+
+    def compile(self, config, problem):
+        time.sleep(float(os.environ.get(FAKE_COMPILE_S_ENV, "0.01")))
+        if config.pv_operand == "ss" and config.tile_n >= 176:
+            raise RuntimeError("fake DSL: register allocation failed\nptxas error: too many registers")
+        return FakeKernel(config)
+
+    def compile_report(self, config, problem) -> dict:
+        kernel = self.compile(config, problem)
+        return {"registers": 168 if kernel.config.tile_m == 128 else 232, "spills": 0,
+                "smem_bytes": kernel.config.tile_m * kernel.config.tile_n * 12}
+
+    def run_trial(self, kernel, config, problem, timing, validate, perturb) -> dict:
+        if perturb:
+            return {"outcome": "mismatch", "max_err": 1.0, "max_err_sdpa": 1.0,
+                    "error": "differs from the fp32 reference: max abs error 1", "passed": False}
+        us = fake_us(config.to_dict())
+        return {"outcome": "ok", "us": us, "tflops": round(problem.flops() / us / 1e6, 2),
+                "max_err": 0.001, "max_err_sdpa": 0.0005}
+
+    def time_peers(self, problem, timing, names) -> dict:
+        table = {"sdpa_flash": 53.0, "sdpa_cudnn": 31.6}
+        out = {}
+        for name in names:
+            if name in table:
+                out[name] = {"us": table[name], "tflops": round(problem.flops() / table[name] / 1e6, 2)}
+            else:
+                out[name] = {"error": "flash-attn-4 not importable: ModuleNotFoundError"}
+        return out
+
+    def trigger_fault(self) -> None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def healthy(self) -> bool:
+        return True
