@@ -351,7 +351,13 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
         return _Plan(expl, spec, None, causal, return_lse)
 
     problem = spec.problem(causal, return_lse)
-    _choose_config(expl, arch, device_name, problem, config)
+    try:
+        _choose_config(expl, arch, device_name, problem, config)
+    except UnsupportedInputError as exc:  # the heuristic default does not fit this problem
+        if fallback != "sdpa":
+            raise
+        expl.path, expl.reasons, expl.config, expl.source = "sdpa", [str(exc)], None, None
+        return _Plan(expl, spec, None, causal, return_lse)
     key = kernels.compile_key(expl.config, problem)
     expl.compile_key = key
     expl.compiled = key in _STATE.compiled

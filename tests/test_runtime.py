@@ -386,6 +386,13 @@ def test_head_dim_no_kernel_supports(fake):
         assert fa4.attention(q, k, v, fallback="sdpa").shape == q.shape
 
 
+def test_default_that_does_not_fit(fake, monkeypatch):
+    monkeypatch.setattr(fake.sm90, "default_config", lambda problem: Config.make("sm90", tile_n=192))
+    with pytest.raises(UnsupportedInputError, match="heuristic default .* cannot run"):
+        fa4.attention(*qkv())
+    assert fa4.explain(*qkv(), fallback="sdpa").path == "sdpa"
+
+
 # --- torch.compile through the custom op -------------------------------------------------------------
 
 def test_torch_compile_fullgraph_through_the_custom_op(fake):
