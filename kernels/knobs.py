@@ -50,8 +50,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tile_n", (64, 80, 96, 112, 128, 144, 160, 176, 192), 128,
          "key/value rows per inner-loop block (the N of S = Q K^T)",
          codegen=True, archs=SM90),
-    Knob("tile_n", (64, 128, 192, 256), 128,
-         "key/value rows per block (BLK_N); S/P needs tile_n TMEM columns per buffer",
+    Knob("tile_n", (64, 128), 128,
+         "key/value rows per block (BLK_N); S/P needs tile_n TMEM columns per buffer and a softmax "
+         "thread holds a tile_n-column row in registers (so > 128 does not fit)",
          codegen=True, archs=SM100),
     # --- pipelines ------------------------------------------------------------------------------
     Knob("kv_stages", (2, 3, 4), 2,
@@ -61,10 +62,12 @@ KNOBS: tuple[Knob, ...] = (
          "Q tiles in flight per CTA: 2 lets a persistent CTA load the next tile's Q during this one",
          codegen=True, archs=SM90),
     Knob("q_stages", (1, 2), 2,
-         "Q stages per CTA, each with its own softmax warpgroup (1: one softmax warpgroup idles)",
+         "Q stages (128-row tiles) per CTA, one softmax warpgroup each (1: the second softmax "
+         "warpgroup idles with its registers given back; rows are not split)",
          codegen=True, archs=SM100),
     Knob("tmem_stages", (1, 2, 3), 2,
-         "depth of the S/P ring in TMEM (tile_n columns each)",
+         "depth of the S/P ring in TMEM (tile_n columns each); the MMA warp runs tmem_stages-1 "
+         "score MMAs ahead of the value MMA",
          codegen=True, archs=SM100),
     # --- softmax --------------------------------------------------------------------------------
     Knob("rescale_threshold", (0.0, 4.0, 8.0, 12.0), 8.0,

@@ -1,0 +1,143 @@
+"""The Blackwell (sm_100a) FA4 forward kernel family.
+
+THIS KERNEL HAS NOT RUN ON HARDWARE. No Blackwell GPU is available anywhere in this project. What is
+verified: every configuration of `search_spaces/sm100.toml` is either rejected by `resource_reasons`
+with a reason or compiles for sm_100a on a CPU with no register spills, and its PTX contains tcgen05
+MMA / ld / st and TMA instructions (`compile_report`); the tile algorithm's numerics are replayed by
+`emulation.py` against SDPA. The first B200 launch may still fault, hang or be wrong.
+
+Family API (no DSL import at module import time):
+`can_implement(problem)`, `resources(config, problem)`, `resource_reasons(config, problem)`,
+`default_config(problem)`, `problem_key(config, problem)`, `compile_attention(config, problem)`,
+`compile_report(config, problem)`, `SOURCE_FILES`.
+"""
+
+from __future__ import annotations
+
+from ..knobs import Config, knobs_for
+from ..problem import AttentionProblem
+from .plan import (B200_NUM_SMS, REG_BUDGET_PER_THREAD_X4, REGS_MIN, REGS_OTHER, SMEM_LIMIT_BYTES,
+                   SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan, kv_ring_deadlock, make_plan)
+
+ARCH = "sm100"
+HARDWARE_VERIFIED = False
+NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is compile-verified for "
+                "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
+
+# The files that decide the generated code (emulation.py does not).
+SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "compile.py")
+
+__all__ = [
+    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "can_implement", "resources",
+    "resource_reasons", "default_config", "problem_key", "compile_attention", "compile_report",
+    "make_plan", "KernelPlan",
+]
+
+
+def can_implement(problem: AttentionProblem) -> list[str]:
+    """Reasons this kernel family cannot run the problem under any configuration (empty: it can)."""
+    reasons = []
+    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
+        reasons.append(f"head_dim {problem.head_dim} not supported (sm100 kernel: "
+                       f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+    if problem.dtype not in ("fp16", "bf16"):
+        reasons.append(f"dtype {problem.dtype} not supported (fp16, bf16)")
+    return reasons
+
+
+def resources(config: Config, problem: AttentionProblem) -> dict:
+    """What the configuration uses, from the same plan the kernel is built from."""
+    plan = make_plan(config, problem)
+    return {
+        "smem_bytes": plan.smem_bytes,
+        "smem_limit_bytes": SMEM_LIMIT_BYTES,
+        "tmem_columns": plan.tmem_columns,
+        "tmem_alloc_columns": plan.tmem_alloc_columns,
+        "tmem_limit_columns": TMEM_COLUMNS,
+        "threads": 512,
+        "regs_softmax": plan.regs_softmax,
+        "regs_correction": plan.regs_correction,
+        "regs_other": plan.regs_other,
+        "mma_lag": plan.mma_lag,
+        "barriers": plan.num_barriers,
+    }
+
+
+def _softmax_register_need(tile_n: int) -> int:
+    """Registers a softmax thread needs: its row of S (tile_n fp32), the packed P (tile_n/2),
+    and about 40 for addresses, loop state and the row statistics.
+
+    Calibrated on sm_100a compiles (`tests/test_sm100_compile.py` checks no feasible config spills).
+    """
+    return tile_n + 40
+
+
+def _correction_register_need(config: Config, problem: AttentionProblem) -> int:
+    """A RESCALE_TILE chunk of O in fp32, plus the epilogue's 16-column chunk, plus ~40."""
+    return int(config.rescale_tile) + 40
+
+
+def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
+    """Every reason this configuration cannot run this problem (TMEM, SMEM, registers, layout)."""
+    if config.arch != ARCH:
+        return [f"configuration is for {config.arch}, not {ARCH}"]
+    reasons = []
+    plan = make_plan(config, problem)
+    if plan.tmem_columns > TMEM_COLUMNS:
+        reasons.append(
+            f"TMEM: q_stages*head_dim + tmem_stages*tile_n = {plan.q_stages}*{plan.head_dim} + "
+            f"{plan.tmem_stages}*{plan.tile_n} = {plan.tmem_columns} > {TMEM_COLUMNS} columns")
+    if plan.smem_bytes > SMEM_LIMIT_BYTES:
+        reasons.append(f"shared memory {plan.smem_bytes} B > {SMEM_LIMIT_BYTES} B per block")
+    if plan.regs_correction < REGS_MIN:
+        reasons.append(f"registers: softmax_regs={plan.softmax_regs} leaves {plan.regs_correction} "
+                       f"per correction thread (< {REGS_MIN})")
+    need_sm = _softmax_register_need(plan.tile_n)
+    if plan.softmax_regs < need_sm:
+        reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
+                       f"(~{need_sm} registers) > softmax_regs={plan.softmax_regs}")
+    need_corr = _correction_register_need(config, problem)
+    if plan.regs_correction < need_corr:
+        reasons.append(f"registers: correction needs ~{need_corr} (rescale_tile={plan.rescale_tile}) "
+                       f"but softmax_regs={plan.softmax_regs} leaves {plan.regs_correction}")
+    if problem.head_dim % plan.rescale_tile:
+        reasons.append(f"rescale_tile {plan.rescale_tile} does not divide head_dim {problem.head_dim}")
+    if config.pack_gqa and TILE_M % problem.gqa_ratio:
+        reasons.append(f"pack_gqa: the GQA ratio {problem.gqa_ratio} must divide the 128-row Q tile "
+                       f"(TMA view (ratio, seqlen))")
+    deadlock = kv_ring_deadlock(plan.q_stages, plan.tmem_stages, plan.kv_stages)
+    if deadlock:
+        reasons.append(deadlock)
+    return reasons
+
+
+def default_config(problem: AttentionProblem) -> Config:
+    """The heuristic default: FA4's shape (2 Q stages, 2 TMEM stages, 128-key blocks), deepest
+    K/V ring that fits, LPT order for causal, GQA packing when the ratio divides the tile."""
+    base = dict(tile_n=128, q_stages=2, tmem_stages=2, rescale_tile=16, rescale_threshold=8.0,
+                softmax_regs=192, scheduler="lpt" if problem.causal else "static",
+                pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0)
+    for kv in (3, 2, 4):
+        cfg = Config.make(ARCH, kv_stages=kv, **base)
+        if not resource_reasons(cfg, problem):
+            return cfg
+    return Config.make(ARCH, kv_stages=2, **base)
+
+
+def problem_key(config: Config, problem: AttentionProblem) -> tuple:
+    """What of the problem is compiled in: never sequence lengths, batch or head counts."""
+    return (("head_dim", problem.head_dim), ("dtype", problem.dtype), ("causal", problem.causal),
+            ("return_lse", problem.return_lse),
+            ("gqa_ratio", problem.gqa_ratio if config.pack_gqa else None))
+
+
+def compile_report(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> dict:
+    """Compile for sm_100a on this machine (CPU is fine) and report registers, spills, SMEM, PTX."""
+    from .compile import compile_report as _report
+    return _report(config, problem, num_sms=num_sms)
+
+
+def compile_attention(config: Config, problem: AttentionProblem):
+    """A launchable kernel; raises unless a Blackwell GPU is present (see `compile.py`)."""
+    from .compile import compile_attention as _compile
+    return _compile(config, problem)

@@ -1,0 +1,155 @@
+"""Compile the sm100 kernel: for sm_100a on any machine (fake tensors, no GPU), or for launch.
+
+NOT RUN ON HARDWARE: no Blackwell GPU exists here, so `compile_attention` refuses to build a launchable
+kernel unless the GPU in this process is a Blackwell (compute capability 10.x); `compile_report` only
+compiles for sm_100a with fake tensors and reads registers, spills, shared memory and PTX markers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from typing import Any
+
+from ..knobs import Config
+from ..problem import AttentionProblem
+from .plan import B200_NUM_SMS, make_plan
+
+PTX_MARKERS = {
+    "tcgen05.mma": re.compile(r"\btcgen05\.mma\b"),
+    "tcgen05.ld": re.compile(r"\btcgen05\.ld\b"),
+    "tcgen05.st": re.compile(r"\btcgen05\.st\b"),
+    "cp.async.bulk.tensor": re.compile(r"\bcp\.async\.bulk\.tensor\b"),
+}
+
+
+def _dsl_dtype(name: str):
+    import cutlass
+    return {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[name]
+
+
+def _fake_arguments(problem: AttentionProblem):
+    """Fake Q, K, V, O, LSE with symbolic batch, sequence lengths and head counts."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    dt = _dsl_dtype(problem.dtype)
+    b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    hq, hkv = cute.sym_int(), cute.sym_int()
+    d = problem.head_dim
+    q = make_fake_compact_tensor(dt, (b, sq, hq, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    k = make_fake_compact_tensor(dt, (b, sk, hkv, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    v = make_fake_compact_tensor(dt, (b, sk, hkv, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    o = make_fake_compact_tensor(dt, (b, sq, hq, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    lse = None
+    if problem.return_lse:
+        lse = make_fake_compact_tensor(cutlass.Float32, (b, hq, sq), stride_order=(2, 1, 0),
+                                       assumed_align=4)
+    return q, k, v, o, lse, make_fake_stream()
+
+
+def _parse_remarks(path: str) -> dict:
+    """Registers and spills of the kernel from ptxas's remark file (YAML-ish text)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    out: dict[str, Any] = {}
+    for key, pattern in (("registers", r"(\d+)\s+registers"),
+                         ("spill_stores", r"(\d+)\s+bytes spill stores"),
+                         ("spill_loads", r"(\d+)\s+bytes spill loads"),
+                         ("stack_frame", r"(\d+)\s+bytes stack frame")):
+        values = [int(m) for m in re.findall(pattern, text)]
+        out[key] = max(values) if values else None
+    out["warnings"] = sorted(set(re.findall(r"Performance.*|[Ww]arning[^\n]*", text)))[:10]
+    out["remarks_text"] = text
+    return out
+
+
+def compile_report(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> dict:
+    """Compile for sm_100a with fake tensors; registers, spills, shared memory, PTX markers, seconds.
+
+    Runs on a CPU. Raises whatever the DSL raises when tracing or compiling fails (the caller turns that
+    into a result with a reason).
+    """
+    import cutlass
+    import cutlass.cute as cute
+
+    from .kernel import FlashAttentionForwardSm100
+
+    plan = make_plan(config, problem, num_sms=num_sms)
+    kernel = FlashAttentionForwardSm100(plan)
+    q, k, v, o, lse, stream = _fake_arguments(problem)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fa4_sm100_") as tmp:
+        remarks = os.path.join(tmp, "remarks.yaml")
+        options = (f"--gpu-arch sm_100a --keep-ptx --dump-dir {tmp} "
+                   f"remarks{{ptx}} --remark-output {remarks}")
+        compiled = cute.compile(
+            kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream, options=options)
+        seconds = time.perf_counter() - start
+        ptx = compiled.__ptx__ or ""
+        parsed = _parse_remarks(remarks)
+    smem = kernel.shared_storage.size_in_bytes()
+    return {
+        "arch": "sm_100a",
+        "config": config.to_dict(),
+        "problem": problem.to_dict(),
+        "registers": parsed["registers"],
+        "spill_stores": parsed["spill_stores"],
+        "spill_loads": parsed["spill_loads"],
+        "stack_frame": parsed["stack_frame"],
+        "smem_bytes": int(smem),
+        "smem_model_bytes": plan.smem_bytes,
+        "tmem_columns": plan.tmem_columns,
+        "compile_seconds": round(seconds, 2),
+        "ptx_markers": {name: bool(rx.search(ptx)) for name, rx in PTX_MARKERS.items()},
+        "ptxas_warnings": parsed["warnings"],
+    }
+
+
+def compile_attention(config: Config, problem: AttentionProblem, num_sms: int | None = None):
+    """A launchable kernel for the Blackwell GPU in this process.
+
+    Refuses on anything but compute capability 10.x: this kernel has never run on hardware, and the
+    caller (`fa4.attention`) must have asked for it explicitly.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the sm100 kernel needs a Blackwell GPU (sm_100); no CUDA GPU is available")
+    major, minor = torch.cuda.get_device_capability()
+    if major != 10:
+        raise RuntimeError(
+            f"the sm100 kernel needs a Blackwell GPU (compute capability 10.x); this GPU is "
+            f"sm_{major}{minor}. Use the sm90 kernel on Hopper, or PyTorch SDPA elsewhere.")
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return LaunchableSm100(config, problem, num_sms)
+
+
+class LaunchableSm100:
+    """Compiled once per (config, problem key); call with torch tensors (B, S, H, D)."""
+
+    def __init__(self, config: Config, problem: AttentionProblem, num_sms: int):
+        import cutlass.cute as cute
+
+        from .kernel import FlashAttentionForwardSm100
+
+        self.config = config
+        self.problem = problem
+        self.plan = make_plan(config, problem, num_sms=num_sms)
+        self._kernel = FlashAttentionForwardSm100(self.plan)
+        q, k, v, o, lse, stream = _fake_arguments(problem)
+        import cutlass
+        self._compiled = cute.compile(self._kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+                                      options="--gpu-arch sm_100a --enable-tvm-ffi")
+
+    def __call__(self, q, k, v, out, lse=None, softmax_scale: float | None = None):
+        import torch
+
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** -0.5
+        stream = torch.cuda.current_stream()
+        self._compiled(q, k, v, out, lse, softmax_scale, stream)
+        return out

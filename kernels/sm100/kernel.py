@@ -1,0 +1,1002 @@
+"""The FA4 forward kernel for Blackwell (sm_100a), in CuTe DSL.
+
+NOT RUN ON HARDWARE. No Blackwell GPU is available to this project: this kernel has only been traced
+and compiled for sm_100a on a CPU (every configuration of `search_spaces/sm100.toml` that the
+feasibility model accepts), and its tile algorithm is replayed numerically by `emulation.py`. Its
+first launch on a B200 may fault or be wrong; `fa4.attention` uses it only when the user opts in.
+
+Design contract: `shared/design/fa4-sm100.md`. One CTA owns `q_stages` Q tiles of 128 rows each
+(in packed-GQA row space when `pack_gqa`) of one (batch, head) and streams its KV blocks from the last
+to the first. 512 threads in 16 warps:
+
+    warps 0-3    softmax warpgroup 0 (Q stage 0): S (TMEM) -> registers, mask, max, P = exp2, P -> TMEM
+    warps 4-7    softmax warpgroup 1 (Q stage 1); with q_stages=1 this warpgroup gives its registers
+                 back and idles (the rows are not split: a 128-row tile is one tcgen05 MMA of M=128
+                 whose accumulator rows map 1:1 onto the 128 TMEM lanes one warpgroup reads)
+    warps 8-11   correction warpgroup: conditional O rescale in TMEM, final O / l, LSE, O -> SMEM
+    warp 12      MMA warp: score MMA S = Q K^T and value MMA O += P V, in the interleaved order
+    warp 13      load warp: TMA of Q (one per stage) and of the K/V ring
+    warp 14      store warp: TMA store of O
+    warp 15      idle (the CTA is four full warpgroups so `setmaxnreg` can split registers by group)
+
+TMEM (512 columns x 128 lanes of 32 bit): O of stage q at columns [q*D, (q+1)*D); the S/P ring of
+`tmem_stages` buffers of `tile_n` columns after that. Score MMA number k of the CTA (counted over all
+tiles it runs, stage-minor) writes ring buffer k % tmem_stages; the softmax overwrites S with P packed
+as 16-bit pairs in the buffer's first tile_n/2 columns; the value MMA reads P from there.
+
+MMA issue order: with L = tmem_stages - 1, step s issues score MMA s and then value MMA s - L. With two
+Q stages and two TMEM buffers that is the seed's order (S0 S1 P0 S2 P1 S3 ...): the softmax of one
+stage runs while the tensor core works on the other stage. The load warp issues K and V tiles in the
+order the MMA warp first needs them, into a ring of `kv_stages` slots shared by K and V.
+
+Barriers (mbarriers in shared memory; three kinds):
+    TMA (complete on bytes):         q_full[Q], kv_full[KV]
+    tcgen05 (complete on MMA commit): q_empty[Q], kv_empty[KV], s_full[T], s_free[T], o_done[Q]
+    plain (complete on arrivals):    p_full[T], mail_full[Q], mail_empty[Q], o_ready[Q],
+                                     epi_full[Q], epi_empty[Q]
+The value MMA of stage q waits on three: kv_full (V landed), p_full (softmax wrote P) and o_ready
+(the correction warpgroup rescaled O, or released it without touching it). o_ready is arrived once per
+value MMA: by the correction step of the block for blocks 1.., and for block 0 by the previous tile's
+epilogue (or at start), which releases O only after it has read it.
+
+Mailbox (softmax -> correction, one slot per Q stage in shared memory, full/empty phases): per block
+after the first, each row's O scale factor (exactly 1 when the row kept its basis) and one "some row of
+this warp moved" flag per warp; at the end of a tile, each row's l and basis m. The correction warp that
+owns the same 32 TMEM lanes skips the TMEM round trip when its flag is clear.
+
+Math (exp2 form, conditional rescale keeping the old basis, P in the inputs' 16-bit type, normalise
+once at the end, O = 0 and LSE = -inf for a row that sees no key) is the one of the design contract.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass import Boolean, Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import cpasync, tcgen05
+
+from .plan import KernelPlan
+
+LOG2_E = math.log2(math.e)
+TMEM_LANES = 128
+WARP = 32
+
+# Named barrier ids (0 is __syncthreads).
+_BAR_TMEM_ALLOC = 1
+_BAR_TMEM_FREE = 2
+
+
+class _Barriers:
+    """The kernel's mbarriers: one Int64 array in shared memory, a fixed slice per barrier kind.
+
+    Phases are derived from use counters kept by each role (use u of a slot waits parity u & 1 as the
+    consumer; a producer waiting for a free slot waits parity (u & 1) ^ 1, which passes on first use).
+    """
+
+    def __init__(self, plan: KernelPlan, base):
+        self.plan = plan
+        self.base = base
+
+    # lets the DSL carry the object through dynamic control flow (only the pointer is a value)
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.base)
+
+    def __new_from_mlir_values__(self, values):
+        return _Barriers(self.plan, cutlass.new_from_mlir_values(self.base, values))
+
+    def ptr(self, kind: str, index=0):
+        return self.base + (self.plan.barrier_offsets[kind] + index)
+
+    def init(self):
+        p = self.plan
+        counts = p.barrier_arrivals
+        for kind, (offset, size) in p.barrier_slices.items():
+            for i in range(size):
+                cute.arch.mbarrier_init(self.base + (offset + i), counts[kind])
+
+    def wait(self, kind: str, index, phase):
+        cute.arch.mbarrier_wait(self.ptr(kind, index), phase)
+
+    def arrive(self, kind: str, index=0):
+        cute.arch.mbarrier_arrive(self.ptr(kind, index))
+
+    def arrive_one(self, kind: str, index=0):
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(self.ptr(kind, index))
+
+    def commit(self, kind: str, index=0):
+        # tcgen05.commit: arrives when every MMA this thread issued so far has completed
+        with cute.arch.elect_one():
+            tcgen05.commit(self.ptr(kind, index))
+
+    def expect_bytes(self, kind: str, index, nbytes: int):
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(self.ptr(kind, index), nbytes)
+
+
+class FlashAttentionForwardSm100:
+    """FA4 forward on sm_100a: warp-specialised, S/P/O in TMEM, conditional rescale.
+
+    Knobs (all from `fa4.kernels.knobs`, resolved into a `KernelPlan` by `plan.make_plan`):
+      tiles      tile_m (=128 rows per Q stage), tile_n (keys per KV block)
+      pipelines  q_stages (1-2 Q tiles, one softmax warpgroup each), kv_stages (K/V SMEM ring depth),
+                 tmem_stages (S/P TMEM ring depth; also sets the MMA issue lag)
+      softmax    rescale_threshold (log2 headroom before the basis is raised), rescale_tile (O columns
+                 per TMEM -> register -> TMEM round trip of the correction warpgroup)
+      schedule   scheduler (single / static persistent / LPT persistent), pack_gqa
+      registers  softmax_regs (setmaxnreg of the softmax warpgroups; the rest is split by the plan)
+    Problem constants: head_dim, dtype, causal, return_lse, gqa ratio (only when pack_gqa), num_sms.
+    """
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self._setup_attributes()
+
+    # ------------------------------------------------------------------------------------------
+    def _setup_attributes(self):
+        p = self.plan
+        self.head_dim = p.head_dim
+        self.tile_m = p.tile_m
+        self.tile_n = p.tile_n
+        self.q_stages = p.q_stages
+        self.kv_stages = p.kv_stages
+        self.tmem_stages = p.tmem_stages
+        self.mma_lag = p.tmem_stages - 1
+        self.rescale_tile = p.rescale_tile
+        self.rescale_threshold = float(p.rescale_threshold)
+        self.causal = p.causal
+        self.return_lse = p.return_lse
+        self.pack_gqa = p.pack_gqa
+        self.gqa_ratio = p.gqa_ratio  # static only when pack_gqa
+        self.scheduler = p.scheduler
+        self.num_sms = p.num_sms
+        self.cta_rows = self.q_stages * self.tile_m
+
+        self.softmax_warps = [tuple(range(4 * q, 4 * q + 4)) for q in range(2)]
+        self.correction_warps = (8, 9, 10, 11)
+        self.mma_warp = 12
+        self.load_warp = 13
+        self.store_warp = 14
+        self.threads_per_cta = 16 * WARP
+
+        self.tmem_o_offset = [q * self.head_dim for q in range(self.q_stages)]
+        self.tmem_s_offset = self.q_stages * self.head_dim
+        self.tmem_columns = p.tmem_alloc_columns
+        self.regs_softmax = p.regs_softmax
+        self.regs_correction = p.regs_correction
+        self.regs_other = p.regs_other
+        self.regs_idle_softmax = p.regs_idle_softmax
+
+        # threads that read the TMEM base address after allocation
+        self.tmem_user_threads = WARP * (4 * self.q_stages + 4 + 1)
+        self.qk_mma_tiler = (self.tile_m, self.tile_n, self.head_dim)
+        self.pv_mma_tiler = (self.tile_m, self.head_dim, self.tile_n)
+        self.epi_tile = (self.tile_m, self.head_dim)
+        self.buffer_align_bytes = 1024
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (B, Sq, Hq, D)
+        mK: cute.Tensor,  # (B, Sk, Hkv, D)
+        mV: cute.Tensor,  # (B, Sk, Hkv, D)
+        mO: cute.Tensor,  # (B, Sq, Hq, D)
+        mLSE: Optional[cute.Tensor],  # (B, Hq, Sq) fp32, or None
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        self.dtype = mQ.element_type
+        if const_expr(mK.element_type != self.dtype or mV.element_type != self.dtype
+                      or mO.element_type != self.dtype):
+            raise TypeError("Q, K, V and O must share one 16-bit type")
+        if const_expr(self.dtype not in (cutlass.Float16, cutlass.BFloat16)):
+            raise TypeError(f"unsupported input type {self.dtype}")
+        if const_expr((mLSE is not None) != self.return_lse):
+            raise ValueError("an LSE tensor must be passed exactly when the kernel was built with return_lse")
+
+        batch = mQ.shape[0]
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        heads_q = mQ.shape[2]
+        heads_kv = mK.shape[2]
+
+        # Views with the row mode first: (rows, D, head, batch); V as (D, keys, head, batch).
+        qv = self._rows_view(mQ, heads_kv)
+        ov = self._rows_view(mO, heads_kv)
+        kv_k = cute.make_tensor(mK.iterator, cute.make_layout(
+            (mK.shape[1], mK.shape[3], mK.shape[2], mK.shape[0]),
+            stride=(mK.stride[1], mK.stride[3], mK.stride[2], mK.stride[0])))
+        kv_v = cute.make_tensor(mV.iterator, cute.make_layout(
+            (mV.shape[3], mV.shape[1], mV.shape[2], mV.shape[0]),
+            stride=(mV.stride[3], mV.stride[1], mV.stride[2], mV.stride[0])))
+        lse_view = None
+        if const_expr(mLSE is not None):
+            lse_view = self._lse_view(mLSE, heads_kv)
+
+        cta_group = tcgen05.CtaGroup.ONE
+        qk_tiled_mma = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            Float32, cta_group, self.qk_mma_tiler[:2])
+        pv_tiled_mma = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
+            Float32, cta_group, self.pv_mma_tiler[:2], tcgen05.OperandSource.TMEM)
+        cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (qk_tiled_mma.thr_id.shape,))
+
+        sQ_layout = sm100_utils.make_smem_layout_a(qk_tiled_mma, self.qk_mma_tiler, self.dtype,
+                                                   self.q_stages)
+        sK_layout = sm100_utils.make_smem_layout_b(qk_tiled_mma, self.qk_mma_tiler, self.dtype,
+                                                   self.kv_stages)
+        sV_layout = sm100_utils.make_smem_layout_b(pv_tiled_mma, self.pv_mma_tiler, self.dtype,
+                                                   self.kv_stages)
+        tP_layout = sm100_utils.make_smem_layout_a(pv_tiled_mma, self.pv_mma_tiler, self.dtype, 1)
+        self.o_layout_enum = utils.LayoutEnum.from_tensor(ov)
+        sO_layout = sm100_utils.make_smem_layout_epi(self.dtype, self.o_layout_enum, self.epi_tile,
+                                                     self.q_stages)
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp(cta_group)
+        tma_store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_q, tma_q = cute.nvgpu.make_tiled_tma_atom_A(
+            tma_load, qv, cute.select(sQ_layout, mode=[0, 1, 2]), self.qk_mma_tiler, qk_tiled_mma,
+            cluster_vmnk.shape)
+        tma_atom_k, tma_k = cute.nvgpu.make_tiled_tma_atom_B(
+            tma_load, kv_k, cute.select(sK_layout, mode=[0, 1, 2]), self.qk_mma_tiler, qk_tiled_mma,
+            cluster_vmnk.shape)
+        tma_atom_v, tma_v = cute.nvgpu.make_tiled_tma_atom_B(
+            tma_load, kv_v, cute.select(sV_layout, mode=[0, 1, 2]), self.pv_mma_tiler, pv_tiled_mma,
+            cluster_vmnk.shape)
+        tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
+            tma_store, ov, cute.select(sO_layout, mode=[0, 1]), self.epi_tile)
+        self.q_tile_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1, 2]))
+        self.kv_tile_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1, 2]))
+
+        plan = self.plan
+
+        @cute.struct
+        class SharedStorage:
+            # the 1 KiB-aligned tiles first, so the small fields after them cost no padding
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)],
+                                  self.buffer_align_bytes]
+            sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)],
+                                   self.buffer_align_bytes]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sO_layout)],
+                                  self.buffer_align_bytes]
+            barriers: cute.struct.MemRange[Int64, plan.num_barriers]
+            # mailbox: per block a row's O scale, at the end of a task its l (same slot) and m
+            mail_a: cute.struct.MemRange[Float32, plan.q_stages * TMEM_LANES]
+            mail_b: cute.struct.MemRange[Float32, plan.q_stages * TMEM_LANES]
+            mail_moved: cute.struct.MemRange[Int32, plan.q_stages * 4]
+            tmem_base: Int32
+
+        self.shared_storage = SharedStorage
+
+        # tasks: (m_block, head, batch); head is the KV head when packing GQA, else the query head
+        if const_expr(self.pack_gqa):
+            rows_per_head = seqlen_q * self.gqa_ratio
+            task_heads = heads_kv
+        else:
+            rows_per_head = seqlen_q
+            task_heads = heads_q
+        num_m_blocks = (rows_per_head + self.cta_rows - 1) // self.cta_rows
+        num_tasks = num_m_blocks * task_heads * batch
+        if const_expr(self.scheduler == "single"):
+            grid_x = num_tasks
+        else:
+            grid_x = cutlass.min(num_tasks, Int32(self.num_sms))
+
+        scale_log2 = softmax_scale * Float32(LOG2_E)
+        self.kernel(
+            qk_tiled_mma, pv_tiled_mma,
+            tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_o, tma_o,
+            lse_view, softmax_scale, scale_log2,
+            seqlen_q, seqlen_k, heads_q // heads_kv, num_m_blocks, task_heads, num_tasks,
+            sQ_layout, sK_layout, sV_layout, tP_layout, sO_layout,
+        ).launch(
+            grid=[grid_x, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
+            cluster=[1, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.jit
+    def _rows_view(self, t: cute.Tensor, heads_kv):
+        """(B, S, H, D) -> (rows, D, head, batch); with pack_gqa rows = (ratio, S) and head = KV head."""
+        if const_expr(self.pack_gqa):
+            r = self.gqa_ratio
+            layout = cute.make_layout(
+                ((r, t.shape[1]), t.shape[3], heads_kv, t.shape[0]),
+                stride=((t.stride[2], t.stride[1]), t.stride[3], t.stride[2] * r, t.stride[0]))
+        else:
+            layout = cute.make_layout(
+                (t.shape[1], t.shape[3], t.shape[2], t.shape[0]),
+                stride=(t.stride[1], t.stride[3], t.stride[2], t.stride[0]))
+        return cute.make_tensor(t.iterator, layout)
+
+    @cute.jit
+    def _lse_view(self, t: cute.Tensor, heads_kv):
+        """(B, H, S) -> (rows, head, batch), rows packed like Q's."""
+        if const_expr(self.pack_gqa):
+            r = self.gqa_ratio
+            layout = cute.make_layout(
+                ((r, t.shape[2]), heads_kv, t.shape[0]),
+                stride=((t.stride[1], t.stride[2]), t.stride[1] * r, t.stride[0]))
+        else:
+            layout = cute.make_layout(
+                (t.shape[2], t.shape[1], t.shape[0]),
+                stride=(t.stride[2], t.stride[1], t.stride[0]))
+        return cute.make_tensor(t.iterator, layout)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        qk_tiled_mma: cute.TiledMma,
+        pv_tiled_mma: cute.TiledMma,
+        tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor,
+        tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
+        tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor,
+        tma_atom_o: cute.CopyAtom, tma_o: cute.Tensor,
+        lse_view: Optional[cute.Tensor],
+        softmax_scale: Float32,
+        scale_log2: Float32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        gqa_ratio_rt: Int32,
+        num_m_blocks: Int32,
+        task_heads: Int32,
+        num_tasks: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        tP_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+
+        if warp_idx == self.load_warp:
+            cpasync.prefetch_descriptor(tma_atom_q)
+            cpasync.prefetch_descriptor(tma_atom_k)
+            cpasync.prefetch_descriptor(tma_atom_v)
+        if warp_idx == self.store_warp:
+            cpasync.prefetch_descriptor(tma_atom_o)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        bars = _Barriers(self.plan, storage.barriers.data_ptr())
+        if warp_idx == self.load_warp:
+            with cute.arch.elect_one():
+                bars.init()
+        cute.arch.mbarrier_init_fence()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        # V tiles share the K/V ring: same bytes per slot, V's own (MN-major) layout
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner, dtype=self.dtype),
+                              sV_layout.outer)
+        sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        mail = (storage.mail_a.get_tensor(cute.make_layout((TMEM_LANES, self.q_stages))),
+                storage.mail_b.get_tensor(cute.make_layout((TMEM_LANES, self.q_stages))),
+                storage.mail_moved.get_tensor(cute.make_layout((4, self.q_stages))))
+
+        tmem = utils.TmemAllocator(
+            storage.tmem_base.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=_BAR_TMEM_ALLOC,
+                                                       num_threads=self.tmem_user_threads),
+            allocator_warp_id=self.correction_warps[0],
+        )
+        # every barrier initialised before any role touches one
+        cute.arch.barrier()
+
+        qk_thr_mma = qk_tiled_mma.get_slice(0)
+        pv_thr_mma = pv_tiled_mma.get_slice(0)
+        ctx = dict(qk_tiled_mma=qk_tiled_mma, pv_tiled_mma=pv_tiled_mma,
+                   qk_thr_mma=qk_thr_mma, pv_thr_mma=pv_thr_mma)
+
+        if warp_idx == self.load_warp:
+            cute.arch.setmaxregister_decrease(self.regs_other)
+            self.load_role(bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
+                           sQ, sK, sV, qk_thr_mma, pv_thr_mma,
+                           seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks)
+        if warp_idx == self.store_warp:
+            cute.arch.setmaxregister_decrease(self.regs_other)
+            self.store_role(bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks,
+                            seqlen_q, seqlen_k)
+        if warp_idx == self.store_warp + 1:
+            cute.arch.setmaxregister_decrease(self.regs_other)
+        if warp_idx == self.mma_warp:
+            cute.arch.setmaxregister_decrease(self.regs_other)
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(Float32)
+            self.mma_role(bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
+                          tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads,
+                          num_tasks)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_increase(self.regs_softmax)
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(Float32)
+            self.softmax_role(0, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q, seqlen_k,
+                              num_m_blocks, task_heads, num_tasks)
+        if warp_idx >= 4 and warp_idx < 8:
+            if const_expr(self.q_stages == 2):
+                cute.arch.setmaxregister_increase(self.regs_softmax)
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(Float32)
+                self.softmax_role(1, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
+                                  seqlen_k, num_m_blocks, task_heads, num_tasks)
+            else:
+                cute.arch.setmaxregister_decrease(self.regs_idle_softmax)
+        if warp_idx >= 8 and warp_idx < 12:
+            cute.arch.setmaxregister_decrease(self.regs_correction)
+            tmem.allocate(self.tmem_columns)
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(Float32)
+            self.correction_role(bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
+                                 scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads,
+                                 num_tasks)
+            # every TMEM reader and writer is done once the last epilogue has read O
+            tmem.relinquish_alloc_permit()
+            pipeline.NamedBarrier(barrier_id=_BAR_TMEM_FREE, num_threads=4 * WARP).arrive_and_wait()
+            tmem.free(tmem_ptr)
+        return
+
+    # ------------------------------------------------------------------------------------------
+    # Scheduling and block ranges (every role computes the same values)
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _first_task(self):
+        bidx, _, _ = cute.arch.block_idx()
+        return Int32(bidx)
+
+    @cute.jit
+    def _task_stride(self):
+        if const_expr(self.scheduler == "single"):
+            return Int32(1 << 30)  # one task per CTA
+        else:
+            gdim, _, _ = cute.arch.grid_dim()
+            return Int32(gdim)
+
+    @cute.jit
+    def _task_coords(self, task: Int32, num_m_blocks: Int32, task_heads: Int32, num_tasks: Int32,
+                     seqlen_k: Int32):
+        """task index -> (m_block, head, batch) under the configured order."""
+        m_block = Int32(0)
+        head = Int32(0)
+        batch = Int32(0)
+        if const_expr(self.scheduler != "lpt"):
+            m_block = task % num_m_blocks
+            hb = task // num_m_blocks
+            head = hb % task_heads
+            batch = hb // task_heads
+        else:
+            # Longest first: for causal the late m_blocks see the most keys. Heads are taken in
+            # groups sized so the group's K and V stay resident in L2 while all its m_blocks run.
+            kv_bytes_per_head = seqlen_k * (4 * self.head_dim)  # K and V, 16-bit
+            group = cutlass.max(Int32(1), Int32(self.plan.lpt_l2_bytes) // cutlass.max(kv_bytes_per_head, Int32(1)))
+            num_hb = num_tasks // num_m_blocks
+            group = cutlass.min(group, num_hb)
+            per_group = group * num_m_blocks
+            g = task // per_group
+            within = task - g * per_group
+            this_group = cutlass.min(group, num_hb - g * group)
+            m_rev = within // this_group
+            hb = g * group + within % this_group
+            m_block = num_m_blocks - 1 - m_rev
+            head = hb % task_heads
+            batch = hb // task_heads
+        return m_block, head, batch
+
+    @cute.jit
+    def _block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(n_end, n_full): the CTA visits KV blocks n_end-1 .. 0; blocks n >= n_full need a mask.
+
+        Decided once for the whole CTA (all Q stages share the KV loop). Causal is bottom-right
+        aligned: row seq i sees keys j <= i + seqlen_k - seqlen_q.
+        """
+        n_total = (seqlen_k + self.tile_n - 1) // self.tile_n
+        n_end = n_total
+        n_full = seqlen_k // self.tile_n
+        if const_expr(self.causal):
+            first_row = m_block * self.cta_rows
+            last_row = first_row + self.cta_rows - 1
+            seq_lo = first_row
+            seq_hi = last_row
+            if const_expr(self.pack_gqa):
+                seq_lo = first_row // self.gqa_ratio
+                seq_hi = last_row // self.gqa_ratio
+            offset = seqlen_k - seqlen_q
+            visible_hi = seq_hi + 1 + offset  # keys seen by the lowest row of the tile
+            n_end = cutlass.min(n_total, (cutlass.max(visible_hi, Int32(0)) + self.tile_n - 1)
+                                // self.tile_n)
+            visible_lo = seq_lo + 1 + offset  # keys seen by the top row of the tile
+            n_full = cutlass.min(n_full, cutlass.max(visible_lo, Int32(0)) // self.tile_n)
+        return n_end, n_full
+
+    # ------------------------------------------------------------------------------------------
+    # TMEM views
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _tmem_S(self, qk_thr_mma, tmem_ptr, slot):
+        acc_shape = qk_thr_mma.partition_shape_C((self.tile_m, self.tile_n))
+        fake = qk_thr_mma.make_fragment_C(acc_shape)
+        return cute.make_tensor(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n), fake.layout)
+
+    @cute.jit
+    def _tmem_O(self, pv_thr_mma, tmem_ptr, stage):
+        acc_shape = pv_thr_mma.partition_shape_C((self.tile_m, self.head_dim))
+        fake = pv_thr_mma.make_fragment_C(acc_shape)
+        return cute.make_tensor(tmem_ptr + stage * self.head_dim, fake.layout)
+
+    # ------------------------------------------------------------------------------------------
+    # Load warp
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def load_role(self, bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
+                  sQ, sK, sV, qk_thr_mma, pv_thr_mma,
+                  seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks):
+        Q = self.q_stages
+        L = self.mma_lag
+        R = self.kv_stages
+        kv_count = Int32(0)  # K/V ring items issued by this CTA
+        q_count = Int32(0)   # Q tile loads (one per non-empty task)
+        task = self._first_task()
+        while task < num_tasks:
+            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
+                                                     seqlen_k)
+            n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
+            head_kv = head
+            if const_expr(not self.pack_gqa):
+                head_kv = head // gqa_ratio_rt
+            if n_end > 0:
+                # Q: (128, D, stage) tiles of this CTA's rows
+                gQ = cute.local_tile(tma_q[None, None, head, batch],
+                                     (self.cta_rows, self.head_dim), (m_block, 0))
+                gQ = cute.flat_divide(gQ, (self.tile_m,))  # (128, Q, D)
+                gQ = cute.make_tensor(gQ.iterator, cute.select(gQ.layout, mode=[0, 2, 1]))
+                tSgQ = qk_thr_mma.partition_A(gQ)
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    tma_atom_q, 0, cute.make_layout(1),
+                    cute.group_modes(sQ, 0, 3), cute.group_modes(tSgQ, 0, 3))
+                for q in cutlass.range_constexpr(Q):
+                    bars.wait("q_empty", q, (q_count & 1) ^ 1)
+                    bars.expect_bytes("q_full", q, self.q_tile_bytes)
+                    cute.copy(tma_atom_q, tQgQ[None, q], tQsQ[None, q],
+                              tma_bar_ptr=bars.ptr("q_full", q))
+                q_count += 1
+
+                gK = cute.local_tile(tma_k[None, None, head_kv, batch],
+                                     cute.select(self.qk_mma_tiler, mode=[1, 2]), (None, 0))
+                gV = cute.local_tile(tma_v[None, None, head_kv, batch],
+                                     cute.select(self.pv_mma_tiler, mode=[1, 2]), (0, None))
+                tSgK = qk_thr_mma.partition_B(gK)
+                tOgV = pv_thr_mma.partition_B(gV)
+                tKsK, tKgK = cpasync.tma_partition(
+                    tma_atom_k, 0, cute.make_layout(1),
+                    cute.group_modes(sK, 0, 3), cute.group_modes(tSgK, 0, 3))
+                tVsV, tVgV = cpasync.tma_partition(
+                    tma_atom_v, 0, cute.make_layout(1),
+                    cute.group_modes(sV, 0, 3), cute.group_modes(tOgV, 0, 3))
+
+                total = n_end * Q
+                for s in cutlass.range(total + L, unroll=1):
+                    # the K tile of a block is first needed by the block's first score MMA ...
+                    if s < total and s % Q == 0:
+                        n = n_end - 1 - s // Q
+                        slot = kv_count % R
+                        bars.wait("kv_empty", slot, ((kv_count // R) & 1) ^ 1)
+                        bars.expect_bytes("kv_full", slot, self.kv_tile_bytes)
+                        cute.copy(tma_atom_k, tKgK[None, n], tKsK[None, slot],
+                                  tma_bar_ptr=bars.ptr("kv_full", slot))
+                        kv_count += 1
+                    # ... its V tile by the block's first value MMA, L steps later
+                    p = s - L
+                    if p >= 0 and p < total and p % Q == 0:
+                        n = n_end - 1 - p // Q
+                        slot = kv_count % R
+                        bars.wait("kv_empty", slot, ((kv_count // R) & 1) ^ 1)
+                        bars.expect_bytes("kv_full", slot, self.kv_tile_bytes)
+                        cute.copy(tma_atom_v, tVgV[None, n], tVsV[None, slot],
+                                  tma_bar_ptr=bars.ptr("kv_full", slot))
+                        kv_count += 1
+            task += self._task_stride()
+
+    # ------------------------------------------------------------------------------------------
+    # MMA warp
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def mma_role(self, bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
+                 tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks):
+        Q = self.q_stages
+        T = self.tmem_stages
+        L = self.mma_lag
+        R = self.kv_stages
+        tSrQ = qk_thr_mma.make_fragment_A(sQ)
+        tSrK = qk_thr_mma.make_fragment_B(sK)
+        tOrV = pv_thr_mma.make_fragment_B(sV)
+        # P as the A operand of the value MMA, read from TMEM (16-bit, packed in pairs)
+        tP = cute.make_tensor(tmem_ptr, tP_layout.outer)
+        tOrP_proto = pv_thr_mma.make_fragment_A(tP)[None, None, None, 0]
+
+        kv_count = Int32(0)
+        q_count = Int32(0)
+        score_base = Int32(0)  # score MMAs issued by this CTA before this task
+        block_base = Int32(0)  # value MMAs per stage before this task
+        k_slot = Int32(0)
+        v_slot = Int32(0)
+        task = self._first_task()
+        while task < num_tasks:
+            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
+                                                     seqlen_k)
+            n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
+            total = n_end * Q
+            for s in cutlass.range(total + L, unroll=1):
+                if s < total:
+                    # ---- score MMA s: S[slot] = Q[stage] K[n]^T
+                    stage = s % Q
+                    block = s // Q
+                    k = score_base + s
+                    slot = k % T
+                    if block == 0:
+                        bars.wait("q_full", stage, q_count & 1)
+                    if stage == 0:
+                        k_slot = kv_count % R
+                        bars.wait("kv_full", k_slot, (kv_count // R) & 1)
+                        kv_count += 1
+                    bars.wait("s_free", slot, ((k // T) & 1) ^ 1)
+                    tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
+                    tSrQ_s = tSrQ[None, None, None, stage]
+                    tSrK_s = tSrK[None, None, None, k_slot]
+                    for kp in cutlass.range_constexpr(cute.size(tSrQ_s, mode=[2])):
+                        qk_tiled_mma.set(tcgen05.Field.ACCUMULATE, kp != 0)
+                        cute.gemm(qk_tiled_mma, tStS, tSrQ_s[None, None, kp], tSrK_s[None, None, kp],
+                                  tStS)
+                    bars.commit("s_full", slot)
+                    if stage == Q - 1:
+                        bars.commit("kv_empty", k_slot)  # K[n] read by every stage
+                    if block == n_end - 1:
+                        bars.commit("q_empty", stage)  # last score MMA of this stage's Q tile
+                p = s - L
+                if p >= 0 and p < total:
+                    # ---- value MMA p: O[stage] += P[slot] V[n]
+                    stage = p % Q
+                    block = p // Q
+                    k = score_base + p
+                    slot = k % T
+                    if stage == 0:
+                        v_slot = kv_count % R
+                        bars.wait("kv_full", v_slot, (kv_count // R) & 1)
+                        kv_count += 1
+                    bars.wait("p_full", slot, (k // T) & 1)
+                    bars.wait("o_ready", stage, (block_base + block) & 1)
+                    tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
+                    tOrP = cute.make_tensor(
+                        cute.recast_ptr(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n),
+                                        dtype=tOrP_proto.element_type),
+                        tOrP_proto.layout)
+                    tOrV_s = tOrV[None, None, None, v_slot]
+                    for kp in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                        pv_tiled_mma.set(tcgen05.Field.ACCUMULATE, block != 0 or kp != 0)
+                        cute.gemm(pv_tiled_mma, tOtO, tOrP[None, None, kp], tOrV_s[None, None, kp],
+                                  tOtO)
+                    bars.commit("s_free", slot)
+                    bars.commit("o_done", stage)
+                    if stage == Q - 1:
+                        bars.commit("kv_empty", v_slot)
+            if n_end > 0:
+                q_count += 1
+            score_base += total
+            block_base += n_end
+            task += self._task_stride()
+
+    # ------------------------------------------------------------------------------------------
+    # Softmax warpgroups
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def softmax_role(self, stage: int, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
+                     seqlen_k, num_m_blocks, task_heads, num_tasks):
+        Q = self.q_stages
+        T = self.tmem_stages
+        N = self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        row = tidx % TMEM_LANES  # the TMEM lane, i.e. the tile row, this thread owns
+        warp_in_group = row // WARP
+        mail_a, mail_b, mail_moved = mail
+
+        # TMEM -> registers: each thread gets its lane's N columns of S
+        tStS0 = self._tmem_S(qk_thr_mma, tmem_ptr, 0)
+        load_atom = cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)),
+                                        Float32)
+        tiled_load = tcgen05.make_tmem_copy(load_atom, tStS0)
+        thr_load = tiled_load.get_slice(row)
+        cS = cute.make_identity_tensor((self.tile_m, N))
+        tScS = qk_thr_mma.partition_C(cS)
+        tLcS = thr_load.partition_D(tScS)
+        # registers -> TMEM: P as 16-bit pairs, written over the buffer's first N/2 columns in chunks
+        # of P_CHUNK keys (P_CHUNK/2 columns), so a whole second copy of the row is never live
+        P_CHUNK = 32
+        chunk_cols = P_CHUNK // 2
+        p_chunk = cute.make_layout((TMEM_LANES, chunk_cols))
+        tStP0 = cute.make_tensor(tStS0.iterator, cute.composition(tStS0.layout, p_chunk))
+        tScP = cute.make_tensor(tScS.iterator, cute.composition(tScS.layout, p_chunk))
+        store_atom = cute.make_copy_atom(
+            tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(chunk_cols)), Float32)
+        tiled_store = tcgen05.make_tmem_copy(store_atom, tStP0)
+        thr_store = tiled_store.get_slice(row)
+        tSPcP = thr_store.partition_S(tScP)
+
+        threshold = Float32(self.rescale_threshold)
+        score_base = Int32(0)
+        mail_count = Int32(0)
+        task = self._first_task()
+        while task < num_tasks:
+            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
+                                                     seqlen_k)
+            n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
+            # this thread's query position (packed rows map to seq = row // ratio)
+            packed_row = m_block * self.cta_rows + stage * self.tile_m + row
+            seq = packed_row
+            if const_expr(self.pack_gqa):
+                seq = packed_row // self.gqa_ratio
+            key_limit = seqlen_k  # keys j < key_limit are visible to this row
+            if const_expr(self.causal):
+                key_limit = cutlass.min(seqlen_k, seq + 1 + seqlen_k - seqlen_q)
+
+            row_max = -Float32.inf  # the basis m
+            row_sum = Float32(0.0)
+            for i in cutlass.range(n_end, unroll=1):
+                n = n_end - 1 - i
+                k = score_base + i * Q + stage
+                slot = k % T
+                bars.wait("s_full", slot, (k // T) & 1)
+                tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
+                tLtS = thr_load.partition_S(tStS)
+                rS = cute.make_rmem_tensor(tLcS.shape, Float32)
+                cute.copy(tiled_load, tLtS, rS)
+                cute.arch.fence_view_async_tmem_load()
+                if n >= n_full:
+                    # straddling or tail block: keys beyond this row's limit -> -inf before the max.
+                    # Register j of a 32x32b TMEM load holds column j of the thread's lane.
+                    cols_visible = key_limit - n * N
+                    # (a select per element: an `if` per element would carry the whole row
+                    # through every branch and blow up register pressure)
+                    for j in cutlass.range_constexpr(cute.size(rS)):
+                        rS[j] = -Float32.inf if cols_visible <= j else rS[j]
+                block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+
+                basis = row_max
+                scale = Float32(1.0)
+                moved = Boolean(False)
+                if i == 0:
+                    basis = block_max
+                else:
+                    # raise the basis only when the max moved by more than the threshold (log2
+                    # units); otherwise keep the old one: P <= 2^threshold and O, l stay consistent
+                    if (block_max - row_max) * scale_log2 > threshold:
+                        basis = block_max
+                        scale = cute.math.exp2((row_max - block_max) * scale_log2, fastmath=True)
+                        moved = Boolean(True)
+                    # mailbox: tell the correction warpgroup which rows of O to rescale
+                    bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
+                    mail_a[row, stage] = scale
+                    any_moved = cute.arch.vote_any_sync(moved)
+                    if row % WARP == 0:
+                        flag = Int32(0)
+                        if any_moved:
+                            flag = Int32(1)
+                        mail_moved[warp_in_group, stage] = flag
+                    bars.arrive("mail_full", stage)
+                    mail_count += 1
+                row_max = basis
+                basis_safe = basis
+                if basis == -Float32.inf:
+                    basis_safe = Float32(0.0)  # a row that saw no key yet: P = 0, not NaN
+                neg_basis = -basis_safe * scale_log2
+                block_sum = Float32(0.0)
+                for j in cutlass.range_constexpr(cute.size(rS)):
+                    rS[j] = cute.math.exp2(rS[j] * scale_log2 + neg_basis, fastmath=True)
+                    block_sum += rS[j]
+                row_sum = row_sum * scale + block_sum
+                # P in the inputs' 16-bit type, written over the buffer's first N/2 columns
+                tStP = thr_store.partition_D(cute.make_tensor(tStS.iterator, tStP0.layout))
+                for c in cutlass.range_constexpr(N // P_CHUNK):
+                    rP32 = cute.make_rmem_tensor(tSPcP.shape, Float32)
+                    rP16 = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
+                                            cute.make_layout(P_CHUNK))
+                    for j in cutlass.range_constexpr(P_CHUNK):
+                        rP16[j] = rS[c * P_CHUNK + j].to(self.dtype)
+                    cute.copy(tiled_store, rP32,
+                              cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
+                cute.arch.fence_view_async_tmem_store()
+                bars.arrive("p_full", slot)
+
+            # end of the task: the row's l and basis for the epilogue
+            bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
+            mail_a[row, stage] = row_sum
+            mail_b[row, stage] = row_max
+            bars.arrive("mail_full", stage)
+            mail_count += 1
+            score_base += n_end * Q
+            task += self._task_stride()
+
+    # ------------------------------------------------------------------------------------------
+    # Correction warpgroup
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def correction_role(self, bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
+                        scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks):
+        Q = self.q_stages
+        D = self.head_dim
+        RT = self.rescale_tile
+        tidx, _, _ = cute.arch.thread_idx()
+        row = tidx % TMEM_LANES
+        warp_in_group = row // WARP
+        mail_a, mail_b, mail_moved = mail
+
+        # RESCALE_TILE-wide TMEM <-> register copies of O
+        tOtO0 = self._tmem_O(pv_thr_mma, tmem_ptr, 0)
+        cO = cute.make_identity_tensor((self.tile_m, D))
+        tOcO = pv_thr_mma.partition_C(cO)
+        chunk = cute.make_layout((TMEM_LANES, RT))
+        tOtO0_c = cute.make_tensor(tOtO0.iterator, cute.composition(tOtO0.layout, chunk))
+        tOcO_c = cute.make_tensor(tOcO.iterator, cute.composition(tOcO.layout, chunk))
+        ld_atom = cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(RT)), Float32)
+        st_atom = cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(RT)), Float32)
+        tiled_ld = tcgen05.make_tmem_copy(ld_atom, tOtO0_c)
+        tiled_st = tcgen05.make_tmem_copy(st_atom, tOtO0_c)
+        thr_ld = tiled_ld.get_slice(row)
+        thr_st = tiled_st.get_slice(row)
+        tLcO = thr_ld.partition_D(tOcO_c)
+
+        # O is free before the first value MMA of each stage
+        for q in cutlass.range_constexpr(Q):
+            bars.arrive("o_ready", q)
+
+        mail_count = Int32(0)
+        o_done_count = Int32(0)
+        epi_count = Int32(0)
+        task = self._first_task()
+        while task < num_tasks:
+            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
+                                                     seqlen_k)
+            n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
+            for i in cutlass.range(1, n_end, unroll=1):
+                for q in cutlass.range_constexpr(Q):
+                    bars.wait("mail_full", q, mail_count & 1)
+                    moved = mail_moved[warp_in_group, q] != 0
+                    scale = mail_a[row, q]
+                    bars.arrive("mail_empty", q)
+                    # the previous value MMA into O[q] must be complete before O is touched and
+                    # before the next one is released (phases are tracked one commit at a time)
+                    bars.wait("o_done", q, o_done_count & 1)
+                    if moved:
+                        self._rescale_O(q, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
+                                        tLcO, scale)
+                    cute.arch.fence_view_async_tmem_store()
+                    bars.arrive("o_ready", q)
+                mail_count += 1
+                o_done_count += 1
+            for q in cutlass.range_constexpr(Q):
+                bars.wait("mail_full", q, mail_count & 1)
+                row_sum = mail_a[row, q]
+                row_max = mail_b[row, q]
+                bars.arrive("mail_empty", q)
+                if n_end > 0:
+                    bars.wait("o_done", q, o_done_count & 1)
+                bars.wait("epi_empty", q, (epi_count & 1) ^ 1)
+                self._epilogue_stage(q, pv_thr_mma, tmem_ptr, sO, lse_view, row, row_sum, row_max,
+                                     softmax_scale, n_end, m_block, head, batch, seqlen_q)
+                cute.arch.fence_view_async_shared()
+                bars.arrive("epi_full", q)
+                if n_end > 0:
+                    # O has been read: the next task's first value MMA may overwrite it
+                    cute.arch.fence_view_async_tmem_load()
+                    bars.arrive("o_ready", q)
+            mail_count += 1
+            if n_end > 0:
+                o_done_count += 1
+            epi_count += 1
+            task += self._task_stride()
+
+    @cute.jit
+    def _rescale_O(self, stage: int, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
+                   tLcO, scale: Float32):
+        """O[stage] *= scale, RESCALE_TILE columns per TMEM -> register -> TMEM round trip."""
+        RT = self.rescale_tile
+        tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
+        chunk = cute.make_layout((TMEM_LANES, RT))
+        tOtO_c = cute.make_tensor(tOtO.iterator, cute.composition(tOtO.layout, chunk))
+        tLtO = thr_ld.partition_S(tOtO_c)
+        tStO = thr_st.partition_D(tOtO_c)
+        for c in cutlass.range_constexpr(self.head_dim // RT):
+            rO = cute.make_rmem_tensor(tLcO.shape, Float32)
+            cute.copy(tiled_ld, cute.make_tensor(tLtO.iterator + c * RT, tLtO.layout), rO)
+            for j in cutlass.range_constexpr(0, cute.size(rO), 2):
+                rO[j], rO[j + 1] = cute.arch.mul_packed_f32x2((rO[j], rO[j + 1]), (scale, scale))
+            cute.copy(tiled_st, rO, cute.make_tensor(tStO.iterator + c * RT, tStO.layout))
+
+    @cute.jit
+    def _epilogue_stage(self, stage: int, pv_thr_mma, tmem_ptr, sO, lse_view, row, row_sum,
+                        row_max, softmax_scale, n_end, m_block, head, batch, seqlen_q):
+        """O[stage] / l -> 16-bit -> sO[stage]; LSE. A row with l = 0 saw no key: O = 0, LSE = -inf."""
+        D = self.head_dim
+        inv_sum = Float32(0.0)
+        if row_sum > Float32(0.0):
+            inv_sum = Float32(1.0) / row_sum
+        tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
+        cO = cute.make_identity_tensor((self.tile_m, D))
+        tOcO = pv_thr_mma.partition_C(cO)
+        dest = sO[None, None, stage]
+        tOsO = pv_thr_mma.partition_C(dest)
+        cols = 32 * 8 // self.dtype.width  # 16 columns: one 256-bit shared-memory store per thread
+        tile = cute.make_layout((TMEM_LANES, cols))
+        tOtO_i = cute.logical_divide(tOtO, tile)
+        tOcO_i = cute.logical_divide(tOcO, tile)
+        tOsO_i = cute.logical_divide(tOsO, tile)
+        ld_atom = sm100_utils.get_tmem_load_op(self.pv_mma_tiler, self.o_layout_enum, self.dtype,
+                                               Float32, (self.tile_m, cols), use_2cta_instrs=False)
+        tiled_ld = tcgen05.make_tmem_copy(ld_atom, tOtO_i[(None, None), 0])
+        thr_ld = tiled_ld.get_slice(row)
+        tLtO = thr_ld.partition_S(tOtO_i[(None, None), None])
+        tLsO = thr_ld.partition_D(tOsO_i[(None, None), None])
+        tLcO = thr_ld.partition_D(tOcO_i[(None, None), None])
+        st_atom = sm100_utils.get_smem_store_op(self.o_layout_enum, self.dtype, Float32, tiled_ld)
+        tiled_st = cute.make_tiled_copy_D(st_atom, tiled_ld)
+        for c in cutlass.range_constexpr(D // cols):
+            rO = cute.make_rmem_tensor(tLcO[None, 0, 0, c].shape, Float32)
+            if n_end > 0:
+                cute.copy(tiled_ld, tLtO[None, 0, 0, c], rO)
+                for j in cutlass.range_constexpr(0, cute.size(rO), 2):
+                    rO[j], rO[j + 1] = cute.arch.mul_packed_f32x2((rO[j], rO[j + 1]),
+                                                                  (inv_sum, inv_sum))
+            else:
+                rO.fill(0.0)
+            r16 = cute.make_rmem_tensor(rO.shape, self.dtype)
+            r16.store(rO.load().to(self.dtype))
+            cute.copy(tiled_st, r16, tLsO[None, 0, 0, c])
+        if const_expr(self.return_lse):
+            packed_row = m_block * self.cta_rows + stage * self.tile_m + row
+            seq = packed_row
+            if const_expr(self.pack_gqa):
+                seq = packed_row // self.gqa_ratio
+            if seq < seqlen_q:
+                lse = -Float32.inf
+                if row_sum > Float32(0.0):
+                    lse = row_max * softmax_scale + cute.math.log(row_sum, fastmath=True)
+                lse_view[packed_row, head, batch] = lse
+
+    # ------------------------------------------------------------------------------------------
+    # Store warp
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def store_role(self, bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks,
+                   seqlen_q, seqlen_k):
+        epi_count = Int32(0)
+        task = self._first_task()
+        while task < num_tasks:
+            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
+                                                     seqlen_k)
+            gO = cute.local_tile(tma_o[None, None, head, batch], self.epi_tile, (None, 0))
+            tOsO, tOgO = cpasync.tma_partition(
+                tma_atom_o, 0, cute.make_layout(1),
+                cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+            for q in cutlass.range_constexpr(self.q_stages):
+                bars.wait("epi_full", q, epi_count & 1)
+                cute.copy(tma_atom_o, tOsO[None, q], tOgO[None, m_block * self.q_stages + q])
+                cute.arch.cp_async_bulk_commit_group()
+            for q in cutlass.range_constexpr(self.q_stages):
+                # shared memory of stage q may be reused once the bulk store has read it
+                cute.arch.cp_async_bulk_wait_group(self.q_stages - 1 - q, read=True)
+                bars.arrive_one("epi_empty", q)
+            epi_count += 1
+            task += self._task_stride()
+        # drain before the CTA exits
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
