@@ -41,7 +41,6 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 import traceback
 from collections import deque
@@ -407,7 +406,6 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
 
     problem, config = _problem_and_config(payload)
     inject = injected_outcome(rules, config.to_dict())
-    print("DEBUG", os.getpid(), task_id, config.tile_n, inject, rules, file=sys.stderr, flush=True)
     result: dict = {}
     t0 = time.perf_counter()
     try:
