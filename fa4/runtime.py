@@ -381,8 +381,14 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     else:
         expl.database = f"{db.path} ({len(db)} entries)"
         fingerprint = _fingerprint(arch)
-        found = db.lookup(arch, device_name, problem, fingerprint)
-        if found.stale:
+        try:
+            found = db.lookup(arch, device_name, problem, fingerprint)
+        except Exception as exc:  # a malformed entry must not break a forward pass either
+            _warn_once("db-lookup", f"fa4: best-config database lookup failed ({type(exc).__name__}: "
+                                    f"{exc}); running heuristic default configurations")
+            expl.notes.append(f"database lookup failed: {exc}")
+            found = None
+        if found is not None and found.stale:
             keys = ", ".join(e.key for e in found.stale[:3]) + (" ..." if len(found.stale) > 3 else "")
             message = (f"fa4: {len(found.stale)} tuned entr{'y' if len(found.stale) == 1 else 'ies'} for "
                        f"{arch} {problem.dtype} d{problem.head_dim} gqa{problem.gqa_ratio} "
@@ -391,11 +397,11 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                        f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
             expl.notes.append(message)
             _warn_once("stale:" + "|".join(e.key for e in found.stale), message)
-        if found.kind in ("exact", "nearest") and found.entry is not None:
+        if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
             try:
                 cfg = Config.from_dict(arch, found.entry.config)
                 why = kernels.feasible(cfg, problem)
-            except (ValueError, KeyError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:  # knobs renamed since the tuning
                 cfg, why = None, [str(exc)]
             if not why:
                 expl.config, expl.source, expl.entry = cfg, found.kind, found.entry

@@ -188,6 +188,27 @@ def test_wrong_schema_database_warns_then_defaults(fake):
         fa4.attention(*qkv())
 
 
+def test_failing_lookup_warns_then_defaults(fake, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("a field this fa4 does not know")
+
+    monkeypatch.setattr(database.BestConfigDB, "lookup", broken)
+    q, k, v = qkv()
+    with pytest.warns(fa4.Fa4Warning, match="lookup failed"):
+        out = fa4.attention(q, k, v)
+    torch.testing.assert_close(out.float(), reference(q, k, v, False)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_entry_with_unknown_knob_is_skipped(fake):
+    add_entry(fake.db_path, seqlen=64)
+    raw = json.loads(fake.db_path.read_text())
+    raw["entries"][0]["config"]["tile_q"] = 64  # a knob renamed since the tuning
+    fake.db_path.write_text(json.dumps(raw))
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(*qkv())
+    assert e.source == "default" and any("unknown knob" in n for n in e.notes)
+
+
 def test_missing_database_warns_once_then_defaults(fake, tmp_path):
     fa4.use_config_db(tmp_path / "nowhere.json")
     with pytest.warns(fa4.Fa4Warning, match="does not exist"):
