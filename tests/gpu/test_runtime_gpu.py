@@ -162,6 +162,26 @@ def test_torch_compile_reduce_overhead_cuda_graphs():
     check_against_references(out.clone(), q, k, v, False)
 
 
+def test_custom_op_called_eagerly_matches_the_direct_path():
+    q, k, v = make_qkv(1, 640, 640, 16, 4, 128)
+    direct, direct_lse = fa4.attention(q, k, v, causal=True, return_lse=True)
+    out, lse = torch.ops.fa4.attention(q, k, v, True, None, True, None, "error", False)
+    torch.testing.assert_close(out, direct, rtol=0, atol=0)
+    torch.testing.assert_close(lse, direct_lse, rtol=0, atol=0)
+    out, no_lse = torch.ops.fa4.attention(q, k, v, True, None, False, None, "error", False)
+    assert no_lse.shape == (0,)
+
+
+def test_sdpa_fallback_for_a_head_dim_without_kernel():
+    q, k, v = make_qkv(1, 300, 300, 8, 2, 96)
+    with pytest.raises(fa4.UnsupportedInputError, match="head dim 96"):
+        fa4.attention(q, k, v)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out, lse = fa4.attention(q, k, v, causal=True, return_lse=True, fallback="sdpa")
+    check_against_references(out, q, k, v, True)
+    torch.testing.assert_close(lse, reference_fp32(q, k, v, True)[1], rtol=1e-3, atol=1e-3)
+
+
 def test_cuda_graph_capture_and_replay():
     q, k, v = make_qkv(1, 1024, 1024, 32, 8, 128)
     # the same signature first, outside the capture: compiling (and loading the module) is not a
