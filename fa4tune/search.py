@@ -279,7 +279,13 @@ def make_sampler(name: str, seed: int, space: dict, trials: int):
     import optuna
 
     if name == "grid":
-        return optuna.samplers.GridSampler(space, seed=seed)
+        class _Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values):
+                # GridSampler calls Study.stop() once the grid is covered, which only works inside
+                # study.optimize(); this ask/tell loop stops by itself (target <= grid size)
+                return None
+
+        return _Grid(space, seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
@@ -511,12 +517,13 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     in_flight: dict[int, tuple] = {}          # task id -> (trial, is_default, config)
     waiting_repeats: dict[int, list] = {}     # trial number -> repeats waiting for its result
     counts, distinct = _counts(study)
+    target = min(settings.trials, math.prod(len(d.choices) for d in distributions.values()))
     repeats_in_a_row = 0
     last_beat = 0.0
     best = best_ok_trial(study)
     best_us = best.value if best else None
     default_us = study.user_attrs.get("default_us")
-    progress.start(name, settings.trials, distinct)
+    progress.start(name, target, distinct)
 
     def finish(trial, result, is_default):
         nonlocal best_us, default_us
@@ -537,7 +544,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
 
     try:
         while True:
-            asking = distinct < settings.trials and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
+            asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
             while asking and pool.idle_capacity() > 0:
                 trial = study.ask(distributions)
                 is_default = bool(trial.user_attrs.get("is_default"))
@@ -560,7 +567,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                     key = compile_key(config, problem)
                 except Exception as exc:  # the kernel's own model failed on this config: a result
                     finish(trial, {"outcome": "compile_error", "error": short_error(exc)}, is_default)
-                    asking = distinct < settings.trials
+                    asking = distinct < target
                     continue
                 if reasons:
                     finish(trial, {"outcome": "infeasible", "reasons": reasons,
@@ -575,11 +582,10 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                     in_flight[task_id] = (trial, is_default, key)
                     study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner)
                     study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
-                asking = (distinct < settings.trials and time_left()
-                          and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS)
-                progress.update(distinct, settings.trials, counts, best_us, default_us)
+                asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
+                progress.update(distinct, target, counts, best_us, default_us)
             if not in_flight and peers_task is None and not (
-                    distinct < settings.trials and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS):
+                    distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS):
                 break
             for task_id, result in pool.poll(timeout=1.0):
                 if task_id == peers_task:
@@ -593,7 +599,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 if result.get("outcome") == "compile_error" and not result.get("compile_cached"):
                     failed_keys[key] = result.get("error", "compile error")
                 finish(trial, result, is_default)
-                progress.update(distinct, settings.trials, counts, best_us, default_us)
+                progress.update(distinct, target, counts, best_us, default_us)
             if time.monotonic() - last_beat > HEARTBEAT_INTERVAL_S:
                 last_beat = time.monotonic()
                 for trial, _, _ in in_flight.values():
@@ -604,7 +610,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 trial.set_user_attr("outcome", "interrupted")
                 study.tell(trial, state=TrialState.FAIL)
         raise
-    progress.update(distinct, settings.trials, counts, best_us, default_us, final=True)
+    progress.update(distinct, target, counts, best_us, default_us, final=True)
     wall_s = time.monotonic() - started
     summary = summarize(study)
     summary["wall_s"] = round(wall_s, 2)

@@ -1,0 +1,283 @@
+"""The search orchestration on CPU: a fake kernel API and a fake evaluator (tests/test_search_fakes.py)
+run through the real worker pool, optuna storage, resume and database code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+import test_search_fakes as fakes
+from fa4.database import BestConfigDB
+from fa4.kernels import AttentionProblem, Config, knobs_for
+from fa4tune import search as search_mod
+from fa4tune.search import (Progress, SearchSettings, open_storage, parse_shape, run_search, shape_key,
+                            sweep_interrupted)
+from fa4tune.worker import INJECT_ENV, OUTCOMES, WorkerPool
+
+TESTS = Path(__file__).resolve().parent
+MISSION = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)
+EVALUATOR = "test_search_fakes:FakeEvaluator"
+QUIET = Progress(quiet=True)
+
+
+def settings(tmp_path, **kw) -> SearchSettings:
+    base = dict(trials=12, processes=2, storage=str(tmp_path / "studies.journal"), db_path=str(tmp_path / "db.json"),
+                evaluator=EVALUATOR, kernel_api="test_search_fakes", trial_timeout_s=20, seed=1)
+    base.update(kw)
+    return SearchSettings(**base)
+
+
+def load(tmp_path, name):
+    return optuna.load_study(study_name=name, storage=open_storage(tmp_path / "studies.journal"))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(2, [0], evaluator=EVALUATOR, trial_timeout_s=20) as p:
+        yield p
+
+
+def test_shape_key_and_parse_shape():
+    assert shape_key("sm90", MISSION) == "sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal"
+    defaults = {**MISSION.to_dict(), "causal": False}
+    arch, p = parse_shape("sm100-bf16-s4096-gqa8-causal-lse", defaults)
+    assert arch == "sm100" and (p.seqlen_q, p.seqlen_k, p.heads_kv, p.dtype, p.causal, p.return_lse) == (
+        4096, 4096, 4, "bf16", True, True)
+    assert shape_key("sm100", p).endswith("-causal-lse")
+    _, q = parse_shape("b2-hq16-hkv16-d64-sq128-sk512", defaults)
+    assert (q.batch, q.heads_q, q.heads_kv, q.head_dim, q.seqlen_q, q.seqlen_k, q.causal) == (2, 16, 16, 64, 128, 512, False)
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_shape("sq1024-x7", defaults)
+    with pytest.raises(ValueError, match="not divisible"):
+        parse_shape("gqa5", defaults)
+
+
+def test_search_records_the_documented_schema(tmp_path, pool):
+    s = settings(tmp_path, trials=16)
+    [summary] = run_search("sm90", [MISSION], s, QUIET, pool=pool)
+    study = load(tmp_path, shape_key("sm90", MISSION))
+    attrs = study.user_attrs
+    assert attrs["arch"] == "sm90" and attrs["problem"] == MISSION.to_dict()
+    assert attrs["device"] == {"name": "Fake H200", "sm_count": 132, "cc": "9.0", "driver": "fake"}
+    assert set(attrs["versions"]) == {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}
+    assert attrs["kernel_fingerprint"] == "fake-fingerprint-1"
+    assert attrs["timing"] == {"method": "cuda_graph", "launches_per_graph": 20, "replays": 7, "l2": "warm"}
+    assert attrs["peers"]["sdpa_cudnn"] == {"us": 31.6, "tflops": pytest.approx(271.8, abs=0.1)}
+    assert "error" in attrs["peers"]["flash_attn_4"]
+    assert attrs["default_us"] == fakes.fake_us(Config.make("sm90").to_dict())
+
+    trials = study.get_trials(deepcopy=False)
+    first = trials[0]
+    assert first.user_attrs["is_default"] and first.params == Config.make("sm90").to_dict()
+    assert sum(1 for t in trials if t.user_attrs.get("is_default")) == 1
+    names = [k.name for k in knobs_for("sm90")]
+    for t in trials:
+        assert list(t.params) == names
+        assert all(isinstance(d, CategoricalDistribution) for d in t.distributions.values())
+        out = t.user_attrs["outcome"]
+        assert out in OUTCOMES
+        for key in ("us", "tflops", "compile_s", "max_err", "max_err_sdpa", "error", "is_default"):
+            assert key in t.user_attrs, (key, t.number)
+        if out == "ok":
+            assert t.state == TrialState.COMPLETE and t.value == t.user_attrs["us"]
+            assert t.constraints == {"works": 0.0}
+        else:
+            assert t.state == TrialState.PRUNED and t.value is None and t.user_attrs["error"]
+            assert t.constraints == {"works": 1.0}
+        if out == "infeasible":
+            assert t.user_attrs["reasons"] and "shared memory" in t.user_attrs["reasons"][0]
+    assert summary["configurations"] == 16
+    assert sum(summary["outcomes"].values()) == 16
+    best = summary["best"]
+    assert best["us"] <= attrs["default_us"]          # seeded with the default: never worse
+    assert best["us"] == min(t.value for t in trials if t.state == TrialState.COMPLETE)
+    assert summary["speedup"]["sdpa_flash"] == round(53.0 / best["us"], 3)
+
+    # the best configuration went to the database with the study's facts
+    [entry] = BestConfigDB.load(tmp_path / "db.json").entries
+    assert entry.config == best["config"] and entry.us == best["us"] and entry.study == study.study_name
+    assert entry.trial == best["trial"] and entry.kernel_fingerprint == "fake-fingerprint-1"
+    assert entry.speedup["sdpa_cudnn"] == round(31.6 / best["us"], 4) and entry.device == "Fake H200"
+    assert summary["db"]["written"] is True
+
+
+def test_rerun_resumes_up_to_the_trial_count(tmp_path, pool):
+    run_search("sm90", [MISSION], settings(tmp_path, trials=8), QUIET, pool=pool)
+    study = load(tmp_path, shape_key("sm90", MISSION))
+    before = {t.number: (t.params, t.user_attrs["outcome"]) for t in study.get_trials()}
+    [again] = run_search("sm90", [MISSION], settings(tmp_path, trials=8), QUIET, pool=pool)
+    assert again["configurations"] == 8 and len(load(tmp_path, study.study_name).trials) == len(before)
+    [more] = run_search("sm90", [MISSION], settings(tmp_path, trials=14), QUIET, pool=pool)
+    study = load(tmp_path, study.study_name)
+    assert more["configurations"] == 14
+    assert {t.number: (t.params, t.user_attrs["outcome"]) for t in study.get_trials()
+            if t.number in before} == before      # nothing finished was lost or changed
+    assert sum(1 for t in study.trials if t.user_attrs.get("is_default")) == 1  # seeded once
+    distinct = {json.dumps(t.params, sort_keys=True) for t in study.trials if "repeat_of" not in t.user_attrs}
+    assert len(distinct) == 14
+
+
+@pytest.mark.parametrize("sampler", ["grid", "random"])
+def test_other_samplers(tmp_path, pool, sampler):
+    [summary] = run_search("sm90", [MISSION], settings(tmp_path, trials=6, sampler=sampler), QUIET, pool=pool)
+    assert summary["configurations"] == 6 and summary["best"] is not None
+
+
+def test_changed_kernel_fingerprint_continues_in_a_new_study(tmp_path, pool, monkeypatch):
+    run_search("sm90", [MISSION], settings(tmp_path, trials=4), QUIET, pool=pool)
+    monkeypatch.setenv(fakes.FAKE_FINGERPRINT_ENV, "fake-fingerprint-2")
+    [summary] = run_search("sm90", [MISSION], settings(tmp_path, trials=4), QUIET, pool=pool)
+    name = shape_key("sm90", MISSION)
+    assert summary["study"] == f"{name}~2"
+    new = load(tmp_path, f"{name}~2")
+    assert new.user_attrs["previous_study"] == name and new.user_attrs["kernel_fingerprint"] == "fake-fingerprint-2"
+    assert load(tmp_path, name).user_attrs["kernel_fingerprint"] == "fake-fingerprint-1"
+    # the database entry of the old fingerprint was replaced (stale), not kept because it was faster
+    [entry] = BestConfigDB.load(tmp_path / "db.json").entries
+    assert entry.kernel_fingerprint == "fake-fingerprint-2"
+
+
+def test_two_problems_two_studies(tmp_path, pool):
+    full = replace(MISSION, causal=False)
+    summaries = run_search("sm90", [full, MISSION], settings(tmp_path, trials=5), QUIET, pool=pool)
+    assert [s["study"] for s in summaries] == [shape_key("sm90", full), shape_key("sm90", MISSION)]
+    assert len(BestConfigDB.load(tmp_path / "db.json")) == 2
+
+
+def test_injected_failures_are_classified_and_the_search_continues(tmp_path, monkeypatch):
+    monkeypatch.setenv(INJECT_ENV, "fault@tile_n=80;timeout@tile_n=96;launch_error@tile_n=112;"
+                                   "mismatch@tile_n=144;compile_error@tile_n=64")
+    s = settings(tmp_path, sampler="grid", trials=40, trial_timeout_s=3, processes=2,
+                 space_path=str(_write_space(tmp_path)))
+    [summary] = run_search("sm90", [MISSION], s, QUIET)
+    study = load(tmp_path, summary["study"])
+    by_tile = {}
+    for t in study.trials:
+        by_tile.setdefault(t.params["tile_n"], set()).add(t.user_attrs["outcome"])
+    assert by_tile[80] == {"fault"}
+    assert by_tile[96] == {"timeout"}
+    assert by_tile[112] == {"launch_error"}
+    assert by_tile[144] == {"mismatch"}
+    assert by_tile[64] == {"compile_error"}
+    assert by_tile[128] == {"ok"}
+    assert by_tile[160] == {"ok"} and by_tile[176] == {"infeasible"}   # the fake's own budget
+    assert summary["configurations"] == 24   # the whole grid ran despite faults and hangs
+    fault = next(t for t in study.trials if t.params["tile_n"] == 80)
+    assert "SIGSEGV" in fault.user_attrs["error"]
+    hung = next(t for t in study.trials if t.params["tile_n"] == 96)
+    assert "exceeded 3 s" in hung.user_attrs["error"]
+    assert summary["pool_events"]["killed_hung"] >= 1 and summary["pool_events"]["died"] >= 1
+    assert summary["best"]["config"]["tile_n"] == 128
+
+
+def _write_space(tmp_path) -> Path:
+    path = tmp_path / "narrow.toml"
+    # 8 tile_n values x 3 kv_stages, the default among them: each failure class appears
+    path.write_text(textwrap.dedent("""
+        [knobs]
+        tile_m = [128]
+        tile_n = [64, 80, 96, 112, 128, 144, 160, 176]
+        kv_stages = [2, 3, 4]
+        q_stages = [1]
+        rescale_threshold = [8.0]
+        softmax_overlap = [true]
+        pv_operand = ["rs"]
+        scheduler = ["single"]
+        pack_gqa = [true]
+    """))
+    return path
+
+
+def test_sweep_marks_trials_of_dead_owners_failed(tmp_path):
+    storage = open_storage(tmp_path / "studies.journal")
+    study = optuna.create_study(study_name="s", storage=storage)
+    dist = {"x": CategoricalDistribution([1, 2])}
+    dead = study.ask(dist)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    study._storage.set_trial_system_attr(dead._trial_id, search_mod.OWNER_ATTR,
+                                         {"host": os.uname().nodename, "pid": proc.pid, "start": "1"})
+    mine = study.ask(dist)
+    study._storage.set_trial_system_attr(mine._trial_id, search_mod.OWNER_ATTR, search_mod._owner())
+    remote_fresh = study.ask(dist)
+    study._storage.set_trial_system_attr(remote_fresh._trial_id, search_mod.OWNER_ATTR, {"host": "elsewhere"})
+    study._storage.set_trial_system_attr(remote_fresh._trial_id, search_mod.HEARTBEAT_ATTR, time.time())
+    remote_old = study.ask(dist)
+    study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.OWNER_ATTR, {"host": "elsewhere"})
+    study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.HEARTBEAT_ATTR, time.time() - 3600)
+    swept = sweep_interrupted(study)
+    assert sorted(swept) == sorted([dead.number, remote_old.number])
+    states = {t.number: (t.state, t.user_attrs.get("outcome")) for t in study.get_trials()}
+    assert states[dead.number] == (TrialState.FAIL, "interrupted")
+    assert states[mine.number][0] == TrialState.RUNNING and states[remote_fresh.number][0] == TrialState.RUNNING
+
+
+_KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from fa4.kernels import AttentionProblem
+from fa4tune.search import Progress, SearchSettings, run_search
+if __name__ == "__main__":
+    s = SearchSettings(trials={trials}, processes=2, storage={storage!r}, db_path={db!r},
+                       evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes")
+    run_search("sm90", [AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)], s, Progress(quiet=True))
+"""
+
+
+def test_kill_9_loses_only_the_trials_in_flight(tmp_path):
+    storage = str(tmp_path / "studies.journal")
+    script = tmp_path / "run.py"
+    script.write_text(_KILL_SCRIPT.format(tests=str(TESTS), trials=30, storage=storage, db=str(tmp_path / "db.json")))
+    env = {**os.environ, fakes.FAKE_COMPILE_S_ENV: "0.4"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True)
+    name = shape_key("sm90", MISSION)
+    deadline = time.time() + 120
+    finished_before: dict = {}
+    try:
+        while time.time() < deadline:
+            time.sleep(0.5)
+            try:
+                study = optuna.load_study(study_name=name, storage=open_storage(storage))
+            except KeyError:
+                continue
+            trials = study.get_trials(deepcopy=False)
+            done = [t for t in trials if t.state.is_finished()]
+            running = [t for t in trials if t.state == TrialState.RUNNING]
+            if len(done) >= 6 and running:
+                os.killpg(proc.pid, signal.SIGKILL)   # the search and its workers, mid-trial
+                proc.wait(30)
+                break
+        else:
+            pytest.fail("the search did not get going")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    finished_before = {t.number: (t.state, t.value, t.params) for t in study.get_trials() if t.state.is_finished()}
+    running_before = [t.number for t in study.get_trials() if t.state == TrialState.RUNNING]
+    assert running_before
+
+    [summary] = run_search("sm90", [MISSION], SearchSettings(
+        trials=30, processes=2, storage=storage, db_path=str(tmp_path / "db.json"), evaluator=EVALUATOR,
+        kernel_api="test_search_fakes"), QUIET)
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    after = {t.number: t for t in study.get_trials()}
+    for number, (state, value, params) in finished_before.items():   # no finished trial lost
+        assert (after[number].state, after[number].value, after[number].params) == (state, value, params)
+    for number in running_before:                                    # in flight: marked failed
+        assert after[number].state == TrialState.FAIL and after[number].user_attrs["outcome"] == "interrupted"
+    assert not [t for t in after.values() if t.state == TrialState.RUNNING]
+    assert summary["configurations"] == 30 and summary["interrupted"] == len(running_before)
