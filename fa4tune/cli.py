@@ -349,5 +349,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, 
              (r["error"] or "")[:60] or None] for r in doc["rows"]])
 
 
+from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
+main.add_command(report_command)
+
 if __name__ == "__main__":
     main()

@@ -405,20 +405,28 @@ def _impl_entry(us: Any, tflops: Any, problem: Mapping, error: Any = None) -> di
     return {"us": us, "tflops": _finite(tflops) or tflops_of(problem, us)}
 
 
-def rows_from_bench(records: Sequence[Mapping]) -> list[ShapeRow]:
-    """Group bench records (one per problem x implementation) into one row per (arch, device, problem)."""
+def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None) -> list[ShapeRow]:
+    """Group bench records (one per problem x implementation) into one row per (arch, device, problem).
+
+    A record names its implementation "variant" (fa4tune bench) or "impl", its result "outcome" or
+    "status"; arch and device come from the record or else from the run (`run`: the file's top level).
+    """
+    run = run or {}
     rows: dict[tuple, ShapeRow] = {}
     for rec in records:
         problem = dict(rec.get("problem") or {})
-        impl = str(rec.get("impl") or "")
+        impl = str(_first(rec, "variant", "impl", default=""))
         if not problem or not impl:
             continue
-        arch = str(rec.get("arch") or "unknown")
-        dev = device_name(rec.get("device"))
+        arch = str(_first(rec, "arch", default=run.get("arch")) or "unknown")
+        dev = device_name(_first(rec, "device", default=run.get("device")))
         key = (arch, dev, problem_key(problem))
         row = rows.setdefault(key, ShapeRow(arch, dev, problem, problem_label(problem), "bench", {}))
-        status = str(rec.get("status") or "ok")
-        error = rec.get("error") or (None if status == "ok" else status)
+        status = str(_first(rec, "outcome", "status", default="ok"))
+        error = None
+        if status != "ok":  # name the failure class unless it is the generic "error"
+            detail = rec.get("error")
+            error = (str(detail) if status == "error" else f"{status}: {detail}") if detail else status
         row.impls[impl] = _impl_entry(rec.get("us") if not error else None, rec.get("tflops"), problem,
                                       error)
     for row in rows.values():
@@ -448,10 +456,15 @@ def rows_from_studies(studies: Sequence[StudyInfo]) -> list[ShapeRow]:
 
 
 def merge_rows(bench_rows: Sequence[ShapeRow], study_rows: Sequence[ShapeRow]) -> list[ShapeRow]:
-    """Bench rows win (a dedicated same-run comparison); study rows fill shapes the bench lacks."""
-    seen = {(r.arch, r.device, problem_key(r.problem)) for r in bench_rows}
-    rows = list(bench_rows) + [r for r in study_rows
-                               if (r.arch, r.device, problem_key(r.problem)) not in seen]
+    """Bench rows win (a dedicated same-run comparison) where they measured anything; study rows fill
+    the shapes the bench lacks or where every bench variant failed."""
+    measured = [r for r in bench_rows if any("us" in e for e in r.impls.values())]
+    seen = {(r.arch, r.device, problem_key(r.problem)) for r in measured}
+    fill = [r for r in study_rows if (r.arch, r.device, problem_key(r.problem)) not in seen]
+    filled = {(r.arch, r.device, problem_key(r.problem)) for r in fill}
+    failed = [r for r in bench_rows if r not in measured
+              and (r.arch, r.device, problem_key(r.problem)) not in filled]
+    rows = measured + fill + failed
     return sorted(rows, key=_row_sort_key)
 
 
@@ -737,13 +750,17 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         try:
             bench_data = _read_json(bench_path)
             records = bench_records(bench_data)
-            sources[f"bench {bench_path}"] = f"{len(records)} rows"
+            sources[f"bench {bench_path}"] = f"{len(records)} rows" + (
+                f", run {bench_data['date']}" if isinstance(bench_data, Mapping) and bench_data.get("date")
+                else "")
         except (OSError, ValueError) as exc:
             missing.append(f"bench results {bench_path}: could not be read ({exc})")
     else:
         missing.append(f"bench results {bench_path}: not found; the per-shape comparison uses the "
                        "times measured during the searches")
     archs |= {str(r.get("arch")) for r in records if r.get("arch")}
+    if isinstance(bench_data, Mapping) and bench_data.get("arch"):
+        archs.add(str(bench_data["arch"]))
 
     fingerprints = current_fingerprints(a for a in archs if a != "unknown")
     studies = sorted((summarize_study(s, fingerprints, min_importance_trials) for s in raw_studies),
@@ -757,7 +774,8 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         except ValueError as exc:
             missing.append(f"best-config database {db_path}: {exc}")
 
-    shape_rows = merge_rows(rows_from_bench(records), rows_from_studies(studies))
+    run = bench_data if isinstance(bench_data, Mapping) else {}
+    shape_rows = merge_rows(rows_from_bench(records, run), rows_from_studies(studies))
 
     timing_set = {describe_timing(s.timing) for s in studies}
     if bench_data is not None:
@@ -767,8 +785,11 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
                        "bench: timing method not recorded in bench.json")
     devices = sorted({device_name(s.device) for s in studies} | {r.device for r in shape_rows}
                      | {r.device for r in best_rows})
-    version_set = sorted({_describe_versions(s.versions) for s in studies}
-                         | {_describe_versions(r.versions) for r in best_rows})
+    version_set = {_describe_versions(s.versions) for s in studies} | {
+        _describe_versions(r.versions) for r in best_rows}
+    if isinstance(bench_data, Mapping) and isinstance(bench_data.get("versions"), Mapping):
+        version_set.add(_describe_versions(bench_data["versions"]) + " (bench)")
+    version_set = sorted(version_set)
 
     notes: list[str] = []
     all_archs = archs | {s.arch for s in studies} | {r.arch for r in shape_rows} | {r.arch for r in best_rows}
@@ -776,6 +797,11 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         notes.append("sm100 (Blackwell) data appears below: our sm100 kernel has never run on hardware "
                      "(no Blackwell GPU was available). Any sm100 entry is compile-checked only; treat its "
                      "numbers as untested.")
+    if isinstance(bench_data, Mapping) and bench_data.get("kernel_fingerprint") and bench_data.get("arch"):
+        bench_fp = fingerprint_state(bench_data["kernel_fingerprint"], fingerprints.get(str(bench_data["arch"])))
+        if bench_fp == "stale":
+            notes.append("the bench results were measured with kernel sources that differ from the current "
+                         "ones (re-run fa4tune bench).")
     stale = [s.name for s in studies if s.fingerprint_state == "stale"]
     stale_db = [r for r in best_rows if r.fingerprint_state == "stale"]
     if stale or stale_db:

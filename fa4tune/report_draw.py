@@ -4,7 +4,7 @@ plotly.js is inlined once, so the file opens offline. Per-study views reuse optu
 optimisation history and the parallel coordinates) on the study's successful trials; the cross-study
 views (comparison bars, speedup heatmaps, failures, knob importance) are drawn here from plain data.
 Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the README
-screenshot), and the click command `report_command` (`fa4tune report`).
+screenshot). The command `fa4tune report` is `fa4tune.report.report_command`.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ import html
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import click
 import optuna
 import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, collect, describe_timing
+from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, describe_timing
 
 IMPL_COLORS = {
     "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
@@ -482,51 +480,3 @@ def rendered_plot_count(dom: str) -> int:
     # each chunk runs from one plot container to the next, so an SVG in it belongs to that plot
     chunks = dom.split('class="plot-container plotly"')[1:]
     return sum(1 for c in chunks if 'class="main-svg"' in c)
-
-
-# --------------------------------------------------------------------------------------------------
-# command
-# --------------------------------------------------------------------------------------------------
-
-@click.command("report")
-@click.option("--results", "results_dir", default="results", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path), help="folder holding the inputs")
-@click.option("--storage", default=None,
-              help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
-                   "[default: every one found in --results]")
-@click.option("--database", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="best-config database [default: RESULTS/best_configs.json]")
-@click.option("--bench", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="bench results [default: RESULTS/bench.json]")
-@click.option("--out", default=Path("results/report.html"), show_default=True,
-              type=click.Path(dir_okay=False, path_type=Path), help="the HTML file to write")
-@click.option("--screenshot", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="also render the report in headless Chromium and save a PNG of its top here")
-@click.option("--screenshot-size", default="1400x1800", show_default=True, help="window WIDTHxHEIGHT")
-def report_command(results_dir: Path, storage: str | None, database: Path | None, bench: Path | None,
-                   out: Path, screenshot: Path | None, screenshot_size: str) -> None:
-    """Build one self-contained HTML report (works offline) of the searches, the best-config database
-    and the bench results."""
-    click.echo(f"reading {results_dir}/ ...", err=True)
-    data = collect(results_dir, storage=storage, database=database, bench=bench)
-    for line in data.missing:
-        click.echo(f"missing: {line}", err=True)
-    built = write_report(data, out)
-    click.echo(f"{len(data.studies)} studies, {len(data.shape_rows)} shapes, {len(data.best_configs)} "
-               f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
-    click.echo(str(built.path))
-    if screenshot is not None:
-        try:
-            width, height = (int(v) for v in screenshot_size.lower().split("x"))
-        except ValueError:
-            raise click.BadParameter("expected WIDTHxHEIGHT, e.g. 1400x1800", param_hint="--screenshot-size")
-        try:
-            dom = render_in_chromium(built.path, screenshot, window=(width, height))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            click.echo(f"screenshot failed: {exc}", err=True)
-            sys.exit(1)
-        drawn = rendered_plot_count(dom)
-        click.echo(f"screenshot {screenshot}: {drawn}/{len(built.figure_ids)} figures drawn", err=True)
-        if drawn != len(built.figure_ids):
-            sys.exit(1)
-        click.echo(str(screenshot))

@@ -7,7 +7,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from fa4tune.report_draw import report_command
+from fa4tune.report import report_command
 from test_report_data import write_synthetic_results
 
 

@@ -131,14 +131,23 @@ def write_synthetic_results(folder: Path, n_trials: int = 40, seed: int = 0,
                 "kernel_fingerprint": fingerprint if i else "0" * 16, "versions": VERSIONS,
                 "date": "2026-11-30T05:00:00+00:00", "study": info["name"], "trial": 3})
             if i < 2:  # the bench covers two of the three shapes
-                for impl, factor in (("tuned", 1.0), ("default", 1.25), ("flash_attn_4", 1.1),
-                                     ("sdpa_cudnn", 1.2), ("sdpa_flash", 1.9)):
+                for variant, factor in (("tuned", 1.0), ("default", 1.25), ("flash_attn_4", 1.1),
+                                        ("sdpa_cudnn", 1.2), ("sdpa_flash", 1.9)):
                     us = info["best_us"] * factor
-                    bench.append({"problem": p.to_dict(), "arch": arch, "device": DEVICE["name"],
-                                  "impl": impl, "us": us, "tflops": p.flops() / us / 1e6,
-                                  "config": None, "status": "ok"})
+                    bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": variant,
+                                  "outcome": "ok", "us": us, "tflops": p.flops() / us / 1e6,
+                                  "speedup_of_tuned": factor, "error": None})
+            elif i == 2:  # a shape whose tuned row has no database entry: the rest still measured
+                bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": "tuned",
+                              "outcome": "missing", "us": None, "tflops": None,
+                              "error": "no usable database entry"})
+                bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": "flash_attn_4",
+                              "outcome": "ok", "us": 100.0, "tflops": None, "error": None})
     (folder / "best_configs.json").write_text(json.dumps({"schema": 1, "entries": entries}, indent=2))
-    (folder / "bench.json").write_text(json.dumps({"timing": TIMING, "rows": bench}, indent=2))
+    # the layout `fa4tune bench` writes: the run's facts at the top, one row per (shape, variant)
+    (folder / "bench.json").write_text(json.dumps({
+        "schema": 1, "date": "2026-11-30T05:10:00+00:00", "arch": archs[0], "device": DEVICE,
+        "versions": VERSIONS, "kernel_fingerprint": fingerprint, "timing": TIMING, "rows": bench}, indent=2))
     return expected
 
 
@@ -256,6 +265,10 @@ def test_bench_wins_over_study_rows_and_heatmap_places_cells():
         r.compute_speedups()
     rows = rd.merge_rows(bench, [study_row, other])
     assert [r.source for r in rows] == ["study", "bench"]  # sorted: bf16 D64 before fp16 D128
+    # a bench that measured nothing for a shape leaves that shape to the study's own numbers
+    failed = rd.rows_from_bench([_bench_row(p1, "tuned", None, "missing", "no usable database entry")])
+    assert [r.source for r in rd.merge_rows(failed, [other])] == ["study"]
+    assert [r.source for r in rd.merge_rows(failed, [])] == ["bench"]
     maps = {m.baseline: m for m in rd.speedup_heatmaps(rows)}
     assert set(maps) == {"default", "flash_attn_4"}
     d = maps["default"]
@@ -316,9 +329,15 @@ def test_collect_end_to_end(synthetic, monkeypatch):
     data = rd.collect(folder)
     assert not data.missing
     assert sorted(s.name for s in data.studies) == sorted(expected)
-    assert [r.source for r in data.shape_rows].count("bench") == 2
-    assert [r.source for r in data.shape_rows].count("study") == 1
+    # the third shape has only a failed tuned row in the bench: its bench row wins, with the error shown
+    assert [r.source for r in data.shape_rows] == ["bench"] * 3
+    third = next(r for r in data.shape_rows if r.problem == SHAPES[2].to_dict())
+    assert third.impls["tuned"] == {"error": "missing: no usable database entry"}
+    assert third.impls["flash_attn_4"]["us"] == 100.0 and third.speedup == {}
+    assert all(r.device == DEVICE["name"] and r.arch == "sm90" for r in data.shape_rows)
     assert {m.baseline for m in data.heatmaps} == {"default", "flash_attn_4", "sdpa_cudnn", "sdpa_flash"}
+    assert data.heatmaps[0].z[data.heatmaps[0].y.index("sm90 fp16 D128 H32/8 causal")] == \
+        pytest.approx([1.25, None])
     # one database entry carries an old fingerprint
     assert [r.fingerprint_state for r in data.best_configs].count("stale") == 1
     assert any("stale" in w for w in data.warnings)

@@ -54,7 +54,7 @@ def test_bench_only_and_database_only(tmp_path):
     bench_only.mkdir()
     (bench_only / "bench.json").write_text((tmp_path / "full" / "bench.json").read_text())
     data = rd.collect(bench_only)
-    assert len(data.shape_rows) == 2 and all(r.source == "bench" for r in data.shape_rows)
+    assert len(data.shape_rows) == 3 and all(r.source == "bench" for r in data.shape_rows)
     doc, ids = report_draw.render_html(data)
     assert len(ids) == 2  # comparison and heatmap
     assert doc.count('class="missing"') >= 2

@@ -1,0 +1,71 @@
+"""`fa4tune report`: the click command over `report_data` (compute) and `report_draw` (draw).
+
+Kept apart from both so that registering it in `fa4tune.cli` imports only click: optuna and plotly
+load when the command runs, not on every `fa4tune --help`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+
+def default_results_dir() -> Path:
+    """The repository's results/ (the `fa4.results` package folder), wherever the command runs from."""
+    import fa4.results
+
+    return Path(fa4.results.__file__).resolve().parent
+
+
+@click.command("report")
+@click.option("--results", "results_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="folder holding the inputs [default: the repository's results/]")
+@click.option("--storage", default=None,
+              help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
+                   "[default: every one found in the results folder, e.g. studies.journal]")
+@click.option("--database", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="best-config database [default: RESULTS/best_configs.json]")
+@click.option("--bench", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="bench results [default: RESULTS/bench.json]")
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="the HTML file to write [default: RESULTS/report.html]")
+@click.option("--screenshot", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="also render the report in headless Chromium and save a PNG of its top here")
+@click.option("--screenshot-size", default="1400x1800", show_default=True, help="browser window WIDTHxHEIGHT")
+def report_command(results_dir: Path | None, storage: str | None, database: Path | None, bench: Path | None,
+                   out: Path | None, screenshot: Path | None, screenshot_size: str) -> None:
+    """Build one self-contained HTML report (works offline) of the searches, the best-config database
+    and the bench results. Missing inputs become a note in the report, not an error."""
+    from fa4tune.report_data import collect
+    from fa4tune.report_draw import render_in_chromium, rendered_plot_count, write_report
+
+    if screenshot is not None:
+        try:
+            width, height = (int(v) for v in screenshot_size.lower().split("x"))
+        except ValueError:
+            raise click.BadParameter("expected WIDTHxHEIGHT, e.g. 1400x1800", param_hint="--screenshot-size")
+    results_dir = results_dir if results_dir is not None else default_results_dir()
+    out = out if out is not None else results_dir / "report.html"
+    click.echo(f"reading {results_dir}/ ...", err=True)
+    data = collect(results_dir, storage=storage, database=database, bench=bench)
+    for line in data.missing:
+        click.echo(f"missing: {line}", err=True)
+    built = write_report(data, out)
+    click.echo(f"{len(data.studies)} studies, {len(data.shape_rows)} shapes, {len(data.best_configs)} "
+               f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
+    click.echo(str(built.path))
+    if screenshot is None:
+        return
+    try:
+        dom = render_in_chromium(built.path, screenshot, window=(width, height))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        click.echo(f"screenshot failed: {exc}", err=True)
+        sys.exit(1)
+    drawn = rendered_plot_count(dom)
+    click.echo(f"screenshot {screenshot}: {drawn} of {len(built.figure_ids)} figures drawn", err=True)
+    if drawn != len(built.figure_ids):
+        sys.exit(1)
+    click.echo(str(screenshot))
