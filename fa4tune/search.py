@@ -547,6 +547,9 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
             asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
             while asking and pool.idle_capacity() > 0:
                 trial = study.ask(distributions)
+                # who runs it, so that a later run can tell a live trial from one of a dead process
+                study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner)
+                study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
                 is_default = bool(trial.user_attrs.get("is_default"))
                 pk = _params_key(trial.params)
                 if pk in seen and not is_default:
@@ -580,8 +583,6 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                                "timing": timing, "validate": settings.validate}
                     task_id = pool.submit("trial", payload, compile_key=key)
                     in_flight[task_id] = (trial, is_default, key)
-                    study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner)
-                    study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
                 asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
                 progress.update(distinct, target, counts, best_us, default_us)
             if not in_flight and peers_task is None and not (
@@ -602,10 +603,11 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 progress.update(distinct, target, counts, best_us, default_us)
             if time.monotonic() - last_beat > HEARTBEAT_INTERVAL_S:
                 last_beat = time.monotonic()
-                for trial, _, _ in in_flight.values():
+                alive = [t for t, _, _ in in_flight.values()] + [t for ts in waiting_repeats.values() for t in ts]
+                for trial in alive:
                     study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
     except BaseException:
-        for trial, _, _ in in_flight.values():
+        for trial in [t for t, _, _ in in_flight.values()] + [t for ts in waiting_repeats.values() for t in ts]:
             with contextlib.suppress(Exception):
                 trial.set_user_attr("outcome", "interrupted")
                 study.tell(trial, state=TrialState.FAIL)
