@@ -114,8 +114,20 @@ _REG_RE = re.compile(r"Used (\d+) registers")
 
 def compile_report(config: Config, problem: AttentionProblem, num_sms: int = SM_COUNT_H200) -> dict:
     """Compile for sm_90a without a GPU and report what the compiler says."""
-    # the DSL checks the target of arch-specific atoms (wgmma, TMA) against this at trace time
+    # the DSL checks the target of arch-specific atoms (wgmma, TMA) against this at trace time;
+    # restored afterwards so that other families compiling in this process keep their target
+    previous_arch = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = TARGET_ARCH
+    try:
+        return _report(config, problem, num_sms)
+    finally:
+        if previous_arch is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous_arch
+
+
+def _report(config: Config, problem: AttentionProblem, num_sms: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="fa4-sm90-") as tmp:
         remarks = os.path.join(tmp, "remarks.yaml")
         import cutlass.cute as cute

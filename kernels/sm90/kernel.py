@@ -23,6 +23,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Boolean, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.pipeline as pipeline
@@ -122,10 +123,10 @@ class FlashAttentionSm90:
 
     def _tiled_mmas(self):
         qk = hopper_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_n))
         pv = hopper_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
             Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.head_dim),
             a_source=(warpgroup.OperandSource.SMEM if self.pv_from_smem
                       else warpgroup.OperandSource.RMEM))
@@ -216,7 +217,7 @@ class FlashAttentionSm90:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread,

@@ -15,7 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.utils.hopper_helpers as hopper_helpers
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 
 def permute_modes(t: cute.Tensor, order: list[int]) -> cute.Tensor:
