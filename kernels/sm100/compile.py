@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -30,25 +31,33 @@ def _dsl_dtype(name: str):
     return {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[name]
 
 
-def _fake_arguments(problem: AttentionProblem):
-    """Fake Q, K, V, O, LSE with symbolic batch, sequence lengths and head counts."""
+def _fake_arguments(problem: AttentionProblem, tvm_ffi_stream: bool = False):
+    """Fake Q, K, V, O, LSE with symbolic batch, sequence lengths, head counts and strides.
+
+    Strides are symbolic (multiples of 8 elements: 16-byte TMA alignment) so one compile serves any
+    (B, S, H, D) view whose last dimension is contiguous, as the runtime passes them.
+    """
     import cutlass
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     dt = _dsl_dtype(problem.dtype)
-    b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    hq, hkv = cute.sym_int(), cute.sym_int()
     d = problem.head_dim
-    q = make_fake_compact_tensor(dt, (b, sq, hq, d), stride_order=(3, 2, 1, 0), assumed_align=16)
-    k = make_fake_compact_tensor(dt, (b, sk, hkv, d), stride_order=(3, 2, 1, 0), assumed_align=16)
-    v = make_fake_compact_tensor(dt, (b, sk, hkv, d), stride_order=(3, 2, 1, 0), assumed_align=16)
-    o = make_fake_compact_tensor(dt, (b, sq, hq, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    batch, seq_q, seq_k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    heads_q, heads_kv = cute.sym_int(), cute.sym_int()
+
+    def bshd(seq, heads):
+        stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8),
+                  cute.sym_int64(divisibility=8), 1)
+        return make_fake_tensor(dt, (batch, seq, heads, d), stride=stride, assumed_align=16)
+
+    q, o = bshd(seq_q, heads_q), bshd(seq_q, heads_q)
+    k, v = bshd(seq_k, heads_kv), bshd(seq_k, heads_kv)
     lse = None
     if problem.return_lse:
-        lse = make_fake_compact_tensor(cutlass.Float32, (b, hq, sq), stride_order=(2, 1, 0),
-                                       assumed_align=4)
-    return q, k, v, o, lse, make_fake_stream()
+        lse = make_fake_tensor(cutlass.Float32, (batch, heads_q, seq_q),
+                               stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return q, k, v, o, lse, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi_stream)
 
 
 def _parse_remarks(path: str) -> dict:
@@ -108,11 +117,15 @@ def compile_report(config: Config, problem: AttentionProblem, num_sms: int = B20
     }
 
 
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
 def compile_attention(config: Config, problem: AttentionProblem, num_sms: int | None = None):
-    """A launchable kernel for the Blackwell GPU in this process.
+    """A launchable kernel for the Blackwell GPU in this process: `.run(q, k, v, out, lse, scale)`.
 
     Refuses on anything but compute capability 10.x: this kernel has never run on hardware, and the
-    caller (`fa4.attention`) must have asked for it explicitly.
+    caller (`fa4.attention`) must have asked for it explicitly. Cached per compile key.
     """
     import torch
 
@@ -125,13 +138,24 @@ def compile_attention(config: Config, problem: AttentionProblem, num_sms: int | 
             f"sm_{major}{minor}. Use the sm90 kernel on Hopper, or PyTorch SDPA elsewhere.")
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return LaunchableSm100(config, problem, num_sms)
+    from .. import compile_key
+    key = (compile_key(config, problem), num_sms)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    launchable = CompiledAttentionSm100(config, problem, num_sms)
+    with _cache_lock:
+        _cache.setdefault(key, launchable)
+        return _cache[key]
 
 
-class LaunchableSm100:
-    """Compiled once per (config, problem key); call with torch tensors (B, S, H, D)."""
+class CompiledAttentionSm100:
+    """One compile per compile key (symbolic batch, sequence, heads, strides), called through the
+    DSL's TVM-FFI entry point with torch tensors on torch's current stream. Never run on hardware."""
 
     def __init__(self, config: Config, problem: AttentionProblem, num_sms: int):
+        import cutlass
         import cutlass.cute as cute
 
         from .kernel import FlashAttentionForwardSm100
@@ -139,17 +163,17 @@ class LaunchableSm100:
         self.config = config
         self.problem = problem
         self.plan = make_plan(config, problem, num_sms=num_sms)
-        self._kernel = FlashAttentionForwardSm100(self.plan)
-        q, k, v, o, lse, stream = _fake_arguments(problem)
-        import cutlass
-        self._compiled = cute.compile(self._kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
-                                      options="--gpu-arch sm_100a --enable-tvm-ffi")
+        kernel = FlashAttentionForwardSm100(self.plan)
+        q, k, v, o, lse, stream = _fake_arguments(problem, tvm_ffi_stream=True)
+        start = time.perf_counter()
+        self._fn = cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+                                options="--gpu-arch sm_100a --enable-tvm-ffi")
+        self.compile_seconds = time.perf_counter() - start
+        self.smem_bytes = kernel.shared_storage.size_in_bytes()
+        self._default_scale = problem.head_dim ** -0.5
 
-    def __call__(self, q, k, v, out, lse=None, softmax_scale: float | None = None):
-        import torch
-
-        if softmax_scale is None:
-            softmax_scale = q.shape[-1] ** -0.5
-        stream = torch.cuda.current_stream()
-        self._compiled(q, k, v, out, lse, softmax_scale, stream)
-        return out
+    def run(self, q, k, v, out, lse=None, softmax_scale: float | None = None) -> None:
+        if (lse is None) == self.problem.return_lse:
+            raise ValueError("lse must be given exactly when the problem returns LSE")
+        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
+        self._fn(q, k, v, out, lse, scale)

@@ -443,10 +443,11 @@ class FlashAttentionForwardSm100:
             self.correction_role(bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
                                  scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads,
                                  num_tasks)
-            # every TMEM reader and writer is done once the last epilogue has read O
+            # every TMEM reader and writer is done once the last epilogue has read O (the base is
+            # read again rather than kept live in a register across the whole task loop)
             tmem.relinquish_alloc_permit()
             pipeline.NamedBarrier(barrier_id=_BAR_TMEM_FREE, num_threads=4 * WARP).arrive_and_wait()
-            tmem.free(tmem_ptr)
+            tmem.free(tmem.retrieve_ptr(Float32))
         return
 
     # ------------------------------------------------------------------------------------------

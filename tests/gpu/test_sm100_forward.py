@@ -1,0 +1,110 @@
+"""The sm100 (Blackwell) kernel on a Blackwell GPU: against an fp32 reference and SDPA.
+
+NEVER RUN: no Blackwell GPU exists in this project, so these tests have only been collected and
+skipped. They run where torch reports compute capability 10.x (tests/conftest.py skips them
+elsewhere). Grid of the design contract: B=1 S=1024 Hq=32 Hkv=8 D=128 fp16 as the base, causal and
+not, tails (S not a multiple of the tiles), Sq != Sk (bottom-right causal, rows with no key), GQA
+ratios 1/2/4/8, head dims 64 and 128, extreme logits; then every knob value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from fa4.kernels import AttentionProblem, Config, compile_attention, default_config, feasible
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.sm100
+
+RTOL = ATOL = 1e-2
+
+
+def reference(q, k, v, causal, scale):
+    """fp32 attention with the bottom-right causal mask; rows that see no key give O=0, LSE=-inf."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    kf = kf.repeat_interleave(hq // hkv, dim=1)
+    vf = vf.repeat_interleave(hq // hkv, dim=1)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    o = torch.matmul(p, vf).transpose(1, 2)
+    return o, lse
+
+
+def run_case(config: Config, problem: AttentionProblem, logit_scale: float = 1.0, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
+    shape_q = (problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim)
+    shape_k = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
+    q = (torch.randn(shape_q, generator=g, device="cuda") * logit_scale).to(dt)
+    k = torch.randn(shape_k, generator=g, device="cuda").to(dt)
+    v = torch.randn(shape_k, generator=g, device="cuda").to(dt)
+    out = torch.empty_like(q)
+    lse = torch.empty(problem.batch, problem.heads_q, problem.seqlen_q, device="cuda",
+                      dtype=torch.float32) if problem.return_lse else None
+    scale = problem.head_dim ** -0.5
+    assert feasible(config, problem) == []
+    compile_attention(config, problem).run(q, k, v, out, lse, scale)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, problem.causal, scale)
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), ref_o, rtol=RTOL, atol=ATOL)
+    if lse is not None:
+        torch.testing.assert_close(lse, ref_lse, rtol=RTOL, atol=ATOL)
+    if not problem.causal or problem.seqlen_q == problem.seqlen_k:
+        mask = None if not problem.causal else "causal"
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=mask is not None,
+            scale=scale, enable_gqa=problem.heads_q != problem.heads_kv).transpose(1, 2)
+        torch.testing.assert_close(out, sdpa, rtol=RTOL, atol=ATOL)
+
+
+SEQLENS = [(1024, 1024), (1, 1), (17, 17), (1000, 1000), (4099, 4099), (128, 2048), (2048, 1024),
+           (1000, 17), (1, 4099)]
+HEADS = {"gqa1": (8, 8), "gqa2": (16, 8), "gqa4": (32, 8), "gqa8": (64, 8)}
+
+
+@pytest.mark.parametrize("dtype,causal,seqs,heads,d", [
+    pytest.param(dt, c, s, h, d, id=f"{dt}-{'causal' if c else 'full'}-{s[0]}x{s[1]}-{h}-d{d}")
+    for dt, c, s, h, d in itertools.product(("fp16", "bf16"), (False, True), SEQLENS, HEADS, (64, 128))
+])
+def test_default_config_matches_reference(dtype, causal, seqs, heads, d):
+    hq, hkv = HEADS[heads]
+    problem = AttentionProblem(1, seqs[0], seqs[1], hq, hkv, d, dtype, causal, return_lse=True)
+    run_case(default_config("sm100", problem), problem)
+
+
+@pytest.mark.parametrize("logit_scale", [8.0, 30.0])
+@pytest.mark.parametrize("threshold", [0.0, 4.0, 8.0, 12.0])
+def test_extreme_logits_every_threshold(logit_scale, threshold):
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True, return_lse=True)
+    config = default_config("sm100", problem).replace(rescale_threshold=threshold)
+    run_case(config, problem, logit_scale=logit_scale)
+
+
+def _knob_value_cases():
+    from fa4.kernels import knobs_for
+    base_problem = AttentionProblem(1, 1000, 1000, 32, 8, 128, "fp16", causal=True, return_lse=True)
+    small_problem = AttentionProblem(1, 1000, 1000, 32, 8, 64, "fp16", causal=True, return_lse=True)
+    for k in knobs_for("sm100"):
+        for value in k.choices:
+            for problem in (base_problem, small_problem):
+                cfg = default_config("sm100", problem).replace(**{k.name: value})
+                if not feasible(cfg, problem):
+                    yield pytest.param(cfg, problem, id=f"{k.name}={value}-d{problem.head_dim}")
+                    break
+
+
+@pytest.mark.parametrize("config,problem", list(_knob_value_cases()))
+def test_every_knob_value(config, problem):
+    run_case(config, problem)

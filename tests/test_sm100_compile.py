@@ -1,0 +1,188 @@
+"""The sm100 (Blackwell) kernel on CPU: feasibility model, search space, and sm_100a compiles.
+
+No Blackwell GPU exists here; the kernel has not run on hardware. What CI checks instead:
+- the TMEM budget (q_stages*head_dim + tmem_stages*tile_n <= 512) and the 232,448-byte shared-memory
+  limit reject exactly what they should, with reasons;
+- every configuration of search_spaces/sm100.toml is, for each test problem, either rejected with a
+  reason or within every budget;
+- a representative sample (every value of every sm100 knob at least once) compiles for sm_100a with
+  no register spills, its PTX holds tcgen05.mma/ld/st and TMA instructions, and the model's shared
+  memory equals the compiled SharedStorage size.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fa4.kernels import AttentionProblem, Config, compile_key, feasible, knobs_for
+from fa4.kernels import sm100
+from fa4.kernels.sm100.plan import SMEM_LIMIT_BYTES, TMEM_COLUMNS, kv_ring_deadlock, make_plan
+
+BASE = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+PROBLEMS = [
+    BASE,
+    AttentionProblem(2, 4099, 17, 32, 8, 64, "bf16", causal=True, return_lse=True),
+    AttentionProblem(1, 1000, 1000, 24, 8, 128, causal=True),  # GQA ratio 3: no packing
+    AttentionProblem(1, 128, 2048, 8, 1, 64),                  # MQA, ratio 8
+]
+
+
+def cfg(**kw) -> Config:
+    return Config.make("sm100", **kw)
+
+
+# --- the feasibility model --------------------------------------------------------------------
+
+def test_tmem_budget_is_exactly_512_columns():
+    # 2*128 (O) + 2*128 (S/P ring) = 512: fits exactly
+    assert not [r for r in sm100.resource_reasons(cfg(q_stages=2, tmem_stages=2, tile_n=128), BASE)
+                if "TMEM" in r]
+    reasons = sm100.resource_reasons(cfg(q_stages=2, tmem_stages=3, tile_n=128), BASE)
+    assert any("TMEM" in r and "640 > 512" in r for r in reasons), reasons
+    # the same ring fits with one Q stage (128 + 3*128 = 512) or with 64-key blocks (256 + 192)
+    assert not [r for r in sm100.resource_reasons(cfg(q_stages=1, tmem_stages=3), BASE) if "TMEM" in r]
+    assert not [r for r in sm100.resource_reasons(cfg(tmem_stages=3, tile_n=64), BASE) if "TMEM" in r]
+    d64 = AttentionProblem(1, 1024, 1024, 32, 8, 64)
+    assert not [r for r in sm100.resource_reasons(cfg(tmem_stages=3, tile_n=128), d64) if "TMEM" in r]
+
+
+def test_shared_memory_limit():
+    # Q (2x32 KiB) + O staging (2x32 KiB) + 4 K/V slots of 32 KiB = 256 KiB > 227 KiB
+    reasons = sm100.resource_reasons(cfg(kv_stages=4), BASE)
+    assert any("shared memory" in r and str(SMEM_LIMIT_BYTES) in r for r in reasons), reasons
+    # three slots fit, at exactly the limit once rounded to the 1 KiB alignment of the struct
+    res = sm100.resources(cfg(kv_stages=3), BASE)
+    assert res["smem_bytes"] <= SMEM_LIMIT_BYTES
+    assert not [r for r in sm100.resource_reasons(cfg(kv_stages=3), BASE) if "shared" in r]
+    # 64-key blocks halve the K/V slots: four fit
+    assert not [r for r in sm100.resource_reasons(cfg(kv_stages=4, tile_n=64), BASE) if "shared" in r]
+
+
+def test_smem_model_adds_up_the_buffers():
+    plan = make_plan(cfg(kv_stages=2, q_stages=2, tile_n=128), BASE)
+    tiles = 2 * 128 * 128 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 128 * 2
+    assert tiles < plan.smem_bytes <= tiles + 4096
+
+
+def test_register_split_and_its_limits():
+    res = sm100.resources(cfg(softmax_regs=192), BASE)
+    # four warpgroups share 64 K registers: 2*softmax + correction + other <= 512 per thread slot
+    assert 2 * res["regs_softmax"] + res["regs_correction"] + res["regs_other"] <= 512
+    assert res["regs_correction"] == 80
+    # rescale_tile=64 keeps two 64-column chunks of O live: never fits the correction group at D=128
+    for regs in (176, 184, 192, 200):
+        reasons = sm100.resource_reasons(cfg(rescale_tile=64, softmax_regs=regs), BASE)
+        assert any("correction" in r for r in reasons), (regs, reasons)
+    # at D=64 the whole row of O is 64 columns: fits when the correction group keeps >= 96
+    d64 = AttentionProblem(1, 1024, 1024, 32, 8, 64)
+    assert not sm100.resource_reasons(cfg(rescale_tile=64, softmax_regs=184), d64)
+    assert sm100.resource_reasons(cfg(rescale_tile=64, softmax_regs=200), d64)
+
+
+def test_kv_ring_deadlock_model():
+    # the load warp fills the ring in the MMA warp's order of first use, so 2 slots always suffice
+    for q in (1, 2):
+        for t in (1, 2, 3):
+            assert kv_ring_deadlock(q, t, 2) is None
+    # one slot cannot hold K[n+1] while V[n] waits for its value MMA (not a knob value: a model check)
+    assert "deadlock" in kv_ring_deadlock(2, 3, 1)
+
+
+def test_pack_gqa_needs_ratio_dividing_the_tile():
+    p3 = AttentionProblem(1, 1000, 1000, 24, 8, 128)
+    assert any("pack_gqa" in r for r in sm100.resource_reasons(cfg(pack_gqa=True), p3))
+    assert not [r for r in sm100.resource_reasons(cfg(pack_gqa=False), p3) if "pack_gqa" in r]
+
+
+def test_can_implement_head_dims():
+    assert sm100.can_implement(BASE) == []
+    assert sm100.can_implement(AttentionProblem(1, 8, 8, 2, 2, 96))
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label())
+def test_default_config_is_feasible(problem):
+    c = sm100.default_config(problem)
+    assert c.arch == "sm100"
+    assert feasible(c, problem) == [], feasible(c, problem)
+
+
+def test_problem_key_ignores_sequence_lengths_batch_and_heads():
+    a = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    b = AttentionProblem(4, 77, 4099, 64, 16, 128)  # same GQA ratio
+    c = cfg()
+    assert compile_key(c, a) == compile_key(c, b)
+    assert compile_key(c, a) != compile_key(c, AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True))
+    # the ratio is compiled in only when packing GQA
+    d = AttentionProblem(1, 1024, 1024, 32, 16, 128)
+    assert compile_key(c.replace(pack_gqa=True), a) != compile_key(c.replace(pack_gqa=True), d)
+    assert compile_key(c.replace(pack_gqa=False), a) == compile_key(c.replace(pack_gqa=False), d)
+
+
+def test_search_space_covers_every_declared_value():
+    from fa4tune.space import load_space
+    space = load_space("sm100")
+    for k in knobs_for("sm100"):
+        assert sorted(map(repr, space.choices_of(k.name))) == sorted(map(repr, k.choices)), k.name
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label())
+def test_every_space_config_is_rejected_with_a_reason_or_within_budget(problem):
+    from fa4tune.space import load_space
+    n_ok = 0
+    for c in load_space("sm100").configs():
+        reasons = feasible(c, problem)
+        if reasons:
+            assert all(isinstance(r, str) and r for r in reasons)
+            continue
+        n_ok += 1
+        res = sm100.resources(c, problem)
+        assert res["tmem_columns"] <= TMEM_COLUMNS
+        assert res["smem_bytes"] <= SMEM_LIMIT_BYTES
+        assert 2 * res["regs_softmax"] + res["regs_correction"] + res["regs_other"] <= 512
+    assert n_ok > 0
+
+
+def test_sample_covers_every_knob_value_and_is_feasible():
+    from fa4.kernels.sm100.sweep import representative_sample
+    sample = representative_sample()
+    assert 6 <= len(sample) <= 20
+    for c, p in sample:
+        assert feasible(c, p) == [], (c.label(), p.label(), feasible(c, p))
+    for k in knobs_for("sm100"):
+        seen = {repr(getattr(c, k.name)) for c, _ in sample}
+        assert seen == {repr(v) for v in k.choices}, (k.name, seen)
+
+
+# --- compiles (CPU, sm_100a) --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sample_rows():
+    pytest.importorskip("cutlass")
+    from fa4.kernels.sm100.sweep import compile_many, representative_sample
+    return compile_many([], jobs=2, pairs=representative_sample())
+
+
+def test_sample_compiles_without_spills_with_tcgen05_and_tma(sample_rows):
+    bad = [(r["label"], r["problem"], r["status"], r["reason"]) for r in sample_rows
+           if r["status"] != "ok"]
+    assert not bad, bad
+    for r in sample_rows:
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["ptx_markers"] == {"tcgen05.mma": True, "tcgen05.ld": True, "tcgen05.st": True,
+                                    "cp.async.bulk.tensor": True}, r
+        # the 512-thread CTA launches with 128 registers per thread; setmaxnreg splits them
+        assert r["registers"] == 128, r
+
+
+def test_sample_smem_model_equals_shared_storage(sample_rows):
+    for r in sample_rows:
+        assert r["smem_bytes"] == r["smem_model_bytes"], r
+        assert r["smem_bytes"] <= SMEM_LIMIT_BYTES
+
+
+def test_compile_attention_refuses_without_blackwell():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10:
+        pytest.skip("a Blackwell GPU is present")
+    with pytest.raises(RuntimeError, match="Blackwell"):
+        sm100.compile_attention(sm100.default_config(BASE), BASE)
