@@ -1,0 +1,160 @@
+"""The command line on CPU: GPU detection is replaced, the kernel API and evaluator are the fakes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+import test_search_fakes as fakes
+from fa4.database import BestConfigDB, Entry, record
+from fa4.kernels import AttentionProblem, Config
+from fa4tune import bench as bench_mod
+from fa4tune import cli
+from fa4tune import search as search_mod
+
+FAKE_GPU = [{"index": 0, "name": "Fake H200", "cc": (9, 0)}]
+EVALUATOR = "test_search_fakes:FakeEvaluator"
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
+    real = search_mod.run_search
+
+    def run_with_fakes(arch, problems, settings, progress=None, pool=None):
+        settings = replace(settings, evaluator=EVALUATOR, kernel_api="test_search_fakes", processes=2)
+        return real(arch, problems, settings, progress, pool)
+
+    monkeypatch.setattr(search_mod, "run_search", run_with_fakes)
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+
+
+def test_search_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [])
+    result = invoke("search", "--seqlen", "1024", "--gqa", "4")
+    assert result.exit_code == 2
+    assert "no CUDA GPU found" in result.stderr and "--compile-only" in result.stderr
+    assert result.stdout == ""
+
+
+def test_search_as_written_prints_defaults_and_results(tmp_path, fake_gpu):
+    storage, db = tmp_path / "studies.journal", tmp_path / "db.json"
+    result = invoke("search", "--seqlen", "1024", "--gqa", "4", "--trials", "6", "--storage", str(storage),
+                    "--db", str(db), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    err = result.stderr
+    assert "arch sm90 (detected: Fake H200)" in err
+    assert "batch 1, 32 query heads, 8 KV heads (gqa 4), head dim 128, seqlen_q 1024, seqlen_k 1024, fp16" in err
+    assert "non-causal and causal" in err and "6 configurations per study, sampler tpe" in err
+    summaries = json.loads(result.stdout)   # stdout is only the data
+    assert [s["study"] for s in summaries] == ["sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-full",
+                                               "sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal"]
+    assert all(s["configurations"] == 6 and s["best"]["us"] <= s["default_us"] for s in summaries)
+    assert len(BestConfigDB.load(db)) == 2
+
+    # the same command again resumes: nothing new to do, same answer
+    again = invoke("search", "--seqlen", "1024", "--gqa", "4", "--trials", "6", "--storage", str(storage),
+                   "--db", str(db), "--format", "json")
+    assert [s["best"] for s in json.loads(again.stdout)] == [s["best"] for s in summaries]
+
+
+def test_search_table_and_options(tmp_path, fake_gpu):
+    result = invoke("search", "--causal", "--batch", "2", "--heads", "16", "--heads-kv", "16", "--head-dim", "64",
+                    "--seqlen", "512", "--seqlen-k", "2048", "--dtype", "bf16", "--trials", "4", "--sampler", "random",
+                    "--seed", "3", "--storage", str(tmp_path / "s.journal"), "--no-db", "--no-peers",
+                    "--study", "mine", "--l2", "flushed")
+    assert result.exit_code == 0, result.stderr
+    assert "mine" in result.stdout and "best trial" in result.stdout
+    assert not (tmp_path / "db.json").exists()
+    import optuna
+
+    study = optuna.load_study(study_name="mine", storage=search_mod.open_storage(tmp_path / "s.journal"))
+    assert study.user_attrs["problem"] == AttentionProblem(2, 512, 2048, 16, 16, 64, "bf16", True).to_dict()
+    assert study.user_attrs["timing"]["l2"] == "flushed" and "peers" not in study.user_attrs
+
+
+def test_shape_option_errors():
+    result = CliRunner().invoke(cli.main, ["search", "--heads", "30", "--gqa", "4"])
+    assert result.exit_code == 2 and "not divisible" in result.output
+    result = CliRunner().invoke(cli.main, ["search", "--gqa", "4", "--heads-kv", "8"])
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_compile_only_needs_no_gpu(monkeypatch):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [])
+    real = search_mod.compile_space
+    monkeypatch.setattr(search_mod, "compile_space",
+                        lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes"}))
+    result = invoke("search", "--compile-only", "--causal", "--trials", "5", "--format", "json")
+    [report] = json.loads(result.stdout)
+    assert report["space_size"] == 15552 and report["feasible"] + report["infeasible"] == 15552
+    assert report["infeasible_reasons"] == {"shared memory N B exceeds N B": report["infeasible"]}
+    assert len(report["compiled"]) == 5 and report["compiled"][0]["is_default"]
+    for c in report["compiled"]:
+        fails = c["config"]["pv_operand"] == "ss" and c["config"]["tile_n"] >= 176   # the fake's rule
+        assert c["outcome"] == ("compile_error" if fails else "ok")
+        assert ("register allocation failed" in c["error"]) if fails else c["report"]["spills"] == 0
+    # a feasible configuration that does not compile means the feasibility model is wrong: exit 1
+    any_failed = any(c["outcome"] != "ok" for c in report["compiled"])
+    assert result.exit_code == (1 if any_failed else 0), result.stderr
+    table = invoke("search", "--compile-only", "--no-causal", "--trials", "2")
+    assert "why the rest is not" in table.stdout and "shared memory N B exceeds N B" in table.stdout
+
+
+def _entry(fingerprint: str, sq: int) -> Entry:
+    p = AttentionProblem(1, sq, sq, 32, 8, 128, "fp16", True)
+    return Entry.from_result(arch="sm90", device="Fake H200", problem=p, config=Config.make("sm90").to_dict(),
+                             us=30.0, tflops=300.0, default_us=31.0, peers_us={"sdpa_cudnn": 31.6}, max_err=1e-3,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=0)
+
+
+def test_best_lists_the_database_with_a_stale_column(tmp_path, monkeypatch):
+    db = tmp_path / "db.json"
+    record(_entry("current", 1024), db)
+    record(_entry("old", 4096), db)
+    monkeypatch.setattr(search_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "current")
+    rows = json.loads(invoke("best", "--db", str(db), "--format", "json").stdout)
+    assert {r["seqlen_q_bucket"]: r["stale"] for r in rows} == {1024: False, 4096: True}
+    table = invoke("best", "--db", str(db)).stdout
+    assert "STALE" in table and "best configurations (2)" in table
+    env_rows = json.loads(invoke("best", "--format", "json", env={"FA4_CONFIG_DB": str(db)}).stdout)
+    assert len(env_rows) == 2
+    (tmp_path / "bad.json").write_text("{")
+    bad = CliRunner().invoke(cli.main, ["best", "--db", str(tmp_path / "bad.json")])
+    assert bad.exit_code == 1 and "cannot read" in bad.output
+
+
+def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
+    real = bench_mod.run_bench
+    monkeypatch.setattr(bench_mod, "run_bench",
+                        lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes",
+                                                    "processes": 2}))
+    monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    db = tmp_path / "db.json"
+    record(replace(_entry("fake-fingerprint-1", 1024),
+                   config=Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3).to_dict()), db)
+    out, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
+    result = invoke("bench", "--shapes", "sq1024-causal, s2048", "--no-causal", "--db", str(db),
+                    "--out", str(out), "--csv", str(csv_path))
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(out.read_text())
+    shapes = sorted({r["shape"] for r in doc["rows"]})
+    assert shapes == ["sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal",
+                      "sm90-fp16-b1-hq32-hkv8-d128-sq2048-sk2048-full"]
+    causal = {r["variant"]: r for r in doc["rows"] if r["shape"].endswith("causal")}
+    assert causal["tuned"]["lookup"] == "exact" and causal["tuned"]["outcome"] == "ok"
+    assert causal["tuned"]["us"] == fakes.fake_us(Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3).to_dict())
+    assert causal["default"]["speedup_of_tuned"] == round(causal["default"]["us"] / causal["tuned"]["us"], 3)
+    assert causal["sdpa_cudnn"]["us"] == 31.6 and causal["flash_attn_4"]["outcome"] != "ok"
+    full = {r["variant"]: r for r in doc["rows"] if r["shape"].endswith("full")}
+    assert full["tuned"]["outcome"] == "missing" and full["tuned"]["lookup"] == "default"
+    assert doc["timing"]["method"] == "cuda_graph" and doc["device"]["name"] == "Fake H200"
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("shape,variant,outcome,us") and len(lines) == 1 + len(doc["rows"])
