@@ -1,7 +1,7 @@
-"""The CPU emulation of the sm100 FA4 tile algorithm against SDPA and an fp64 reference.
+"""The CPU emulation of the sm100 FA4 tile algorithm against SDPA and an fp32 reference.
 
 Criteria (design `fa4-sm100.md`, Validation): rtol = atol = 1e-2 against SDPA (explicit bottom-right
-mask) and against fp64; the error against fp64 within a small multiple of a same-precision SDPA's; LSE
+mask) and against fp32; the error against fp32 within a small multiple of a same-precision SDPA's; LSE
 against torch.logsumexp; every rescale_threshold of the sm100 space within a small multiple of threshold
 0's error; P never above 2^threshold. The falsification tests swap in the seed's wrong rescale rule and
 a plan without masks, and show the same checks then fail.
@@ -27,7 +27,7 @@ SMALL_N, LARGE_N = min(TILE_NS), max(TILE_NS)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # the error of threshold t may be this many times threshold 0's (P's top value is rounded once t > 0)
 THRESHOLD_ERROR_FACTOR = 3.0
-# and ours this many times a same-precision SDPA's, both against fp64
+# and ours this many times a same-precision SDPA's, both against fp32
 SDPA_ERROR_FACTOR = 3.0
 
 
@@ -47,12 +47,13 @@ def _sdpa(q, k, v, causal):
 
 
 def _references(q, k, v, causal):
-    ref, ref_lse = reference_attention(q, k, v, causal=causal, dtype=torch.float64)
+    # fp32 reference; compared in fp64 so the comparison adds no rounding of its own
+    ref, ref_lse = (t.double() for t in reference_attention(q, k, v, causal=causal))
     return ref, ref_lse, _sdpa(q, k, v, causal)
 
 
 def _check(out, lse, q, k, v, causal, refs=None):
-    """Every criterion against the references; returns our max error against fp64."""
+    """Every criterion against the references; returns our max error against fp32."""
     ref, ref_lse, sdpa = refs or _references(q, k, v, causal)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
@@ -88,7 +89,7 @@ GRID = [
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("shape,overrides", GRID, ids=[f"{s}-{o}" for s, o in GRID])
-def test_matches_sdpa_and_fp64(shape, overrides, dtype, causal):
+def test_matches_sdpa_and_fp32(shape, overrides, dtype, causal):
     q, k, v = _inputs(*shape, DTYPES[dtype], seed=sum(shape))
     stats = RescaleStats()
     out, lse = emulate_fa4_forward(q, k, v, Config.make("sm100", **overrides), causal=causal,
@@ -209,7 +210,7 @@ def _brute_force_regions(config, batch, seqlen_q, seqlen_k, heads_q, heads_kv, c
     return counts
 
 
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2), (1, 333, 150, 8, 1), (1, 150, 700, 6, 3)])
+@pytest.mark.parametrize("shape", [(1, 1000, 1000, 4, 2), (1, 333, 150, 8, 1), (1, 150, 700, 6, 3)])
 @pytest.mark.parametrize("overrides", [{}, dict(tile_n=SMALL_N, q_stages=1, pack_gqa=False)]
                          + [dict(tile_n=n, q_stages=1) for n in TILE_NS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

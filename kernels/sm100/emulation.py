@@ -467,12 +467,12 @@ def measure_rescales(kinds, seqlens, thresholds, causal_modes, heads_q=32, heads
 def format_table(rows: list) -> str:
     """Rescales performed / decisions, per warp (the kernel's unit), per 128-row tile and per row.
 
-    "row moved" counts rows whose block max exceeded their basis; "row resc" those that raised the
+    "max>basis" counts rows whose block max exceeded their basis; "row resc" those that raised the
     basis (and multiplied O and l); "row kept" those that kept the old basis although their max rose.
     "empty" counts warp rescales voted only by rows that saw their first key (O was still 0).
     """
     head = (f"{'inputs':<6} {'mask':<6} {'S':>4} {'thr':>3} | {'warp resc/decisions':>20} {'%':>5} | "
-            f"{'empty':>5} | {'tile resc/decisions':>19} {'%':>5} | {'row moved':>9} {'row resc':>8} {'row kept':>9} | "
+            f"{'empty':>5} | {'tile resc/decisions':>19} {'%':>5} | {'max>basis':>9} {'row resc':>8} {'row kept':>9} | "
             f"{'max P':>6} {'err fp32':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -555,6 +555,7 @@ def _cli():
                       "dtype": dtype},
             "config": {k: v for k, v in base.to_dict().items() if k != "rescale_threshold"},
             "inputs": {k: INPUT_KINDS[k] for k in kinds},
+            "inputs_seed": "make_inputs(kind, ..., seed=S): one torch.Generator seed per sequence length",
             "torch": torch.__version__,
             "rows": rows,
         }
