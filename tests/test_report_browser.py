@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from pathlib import Path
 
 import pytest
 
