@@ -278,7 +278,11 @@ def test_cli_writes_sorted_json(tmp_path):
     text = output.read_text()
     saved = json.loads(text)
     assert text == json.dumps(saved, sort_keys=True, indent=1) + "\n"
-    assert saved["command"].startswith("python -m fa4.kernels.sm100.emulation")
+    assert saved["command"] == (
+        "python -m fa4.kernels.sm100.emulation stats --seqlen 256 "
+        + "".join(f"--threshold {t:g} " for t in THRESHOLDS)
+        + "--kind normal --kind peaked --mask causal --heads-q 4 --heads-kv 2 --head-dim 64 "
+        f"--dtype fp16 --output {output}")
     assert sorted({r["threshold"] for r in saved["rows"]}) == sorted(THRESHOLDS)
     assert len(saved["rows"]) == len(THRESHOLDS) * len(emu.INPUT_KINDS)
     for row in saved["rows"]:

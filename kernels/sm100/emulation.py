@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
@@ -48,7 +47,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fa4.kernels.knobs import Config
+from fa4.kernels.knobs import Config, knob
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -512,6 +511,17 @@ def _saved_summary() -> str:
     return "\n".join(summary)
 
 
+def _command_line(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim, dtype, output):
+    """The command that reproduces a measurement, every option spelled out."""
+    words = ["python -m fa4.kernels.sm100.emulation stats"]
+    words += [f"--seqlen {s}" for s in seqlens] + [f"--threshold {t:g}" for t in thresholds]
+    words += [f"--kind {k}" for k in kinds] + [f"--mask {m}" for m in masks]
+    words += [f"--heads-q {heads_q} --heads-kv {heads_kv} --head-dim {head_dim} --dtype {dtype}"]
+    if output is not None:
+        words.append(f"--output {output}")
+    return " ".join(words)
+
+
 def _cli():
     import click
 
@@ -527,8 +537,9 @@ def _cli():
                        "the correction warpgroup performs and skips.")
     @click.option("--seqlen", "seqlens", multiple=True, type=int, default=(1024, 2048, 4096),
                   show_default=True, help="Sq = Sk (repeatable).")
-    @click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.0, 4.0, 8.0, 12.0),
-                  show_default=True, help="rescale_threshold values (repeatable).")
+    @click.option("--threshold", "thresholds", multiple=True, type=float,
+                  default=knob("sm100", "rescale_threshold").choices, show_default=True,
+                  help="rescale_threshold values (repeatable; default: the whole sm100 space).")
     @click.option("--kind", "kinds", multiple=True, type=click.Choice(list(INPUT_KINDS)),
                   default=tuple(INPUT_KINDS), show_default=True)
     @click.option("--mask", "masks", multiple=True, type=click.Choice(["full", "causal"]),
@@ -548,7 +559,8 @@ def _cli():
                                 heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=torch_dtype,
                                 base=base, progress=lambda s: click.echo(s, err=True))
         payload = {
-            "command": "python -m fa4.kernels.sm100.emulation " + " ".join(sys.argv[1:]),
+            "command": _command_line(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim,
+                                     dtype, output),
             "what": "rescales the sm100 correction warpgroup performs vs skips per rescale_threshold, "
                     "from the CPU emulation of the kernel's tile algorithm",
             "shape": {"batch": 1, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim,
