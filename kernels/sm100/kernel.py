@@ -399,8 +399,6 @@ class FlashAttentionForwardSm100:
 
         qk_thr_mma = qk_tiled_mma.get_slice(0)
         pv_thr_mma = pv_tiled_mma.get_slice(0)
-        ctx = dict(qk_tiled_mma=qk_tiled_mma, pv_tiled_mma=pv_tiled_mma,
-                   qk_thr_mma=qk_thr_mma, pv_thr_mma=pv_thr_mma)
 
         if warp_idx == self.load_warp:
             cute.arch.setmaxregister_decrease(self.regs_other)
