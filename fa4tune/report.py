@@ -6,6 +6,7 @@ load when the command runs, not on every `fa4tune --help`.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,11 @@ def default_results_dir() -> Path:
 @click.option("--screenshot", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="also render the report in headless Chromium and save a PNG of its top here")
 @click.option("--screenshot-size", default="1400x1800", show_default=True, help="browser window WIDTHxHEIGHT")
+@click.option("--data-json", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the computed numbers (speedups, outcomes, importance, ...) as JSON here")
 def report_command(results_dir: Path | None, storage: str | None, database: Path | None, bench: Path | None,
-                   out: Path | None, screenshot: Path | None, screenshot_size: str) -> None:
+                   out: Path | None, screenshot: Path | None, screenshot_size: str,
+                   data_json: Path | None) -> None:
     """Build one self-contained HTML report (works offline) of the searches, the best-config database
     and the bench results. Missing inputs become a note in the report, not an error."""
     from fa4tune.report_data import collect
@@ -57,6 +61,10 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     click.echo(f"{len(data.studies)} studies, {len(data.shape_rows)} shapes, {len(data.best_configs)} "
                f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
     click.echo(str(built.path))
+    if data_json is not None:
+        data_json.parent.mkdir(parents=True, exist_ok=True)
+        data_json.write_text(json.dumps(data.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        click.echo(str(data_json))
     if screenshot is None:
         return
     try:

@@ -647,6 +647,12 @@ class ReportData:
     warnings: list[str]               # sm100 not run on hardware, stale tunings, mixed timing
     fingerprints: dict[str, str | None]
 
+    def to_dict(self) -> dict:
+        """Everything computed, as JSON-ready plain data (the optuna study copies left out)."""
+        out = _plain(self)
+        out["speedup_summary"] = self.speedups
+        return out
+
     @property
     def speedups(self) -> dict[str, dict[str, float]]:
         return speedup_summary(self.shape_rows)
@@ -671,6 +677,18 @@ class ReportData:
 
 
 TIMING_METHODS = {"cuda_graph": "CUDA-graph replay"}
+
+
+def _plain(value: Any) -> Any:
+    from dataclasses import fields, is_dataclass
+
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.name != "ok_study"}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def describe_timing(timing: Mapping[str, Any]) -> str:

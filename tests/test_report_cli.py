@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -25,6 +26,19 @@ def test_report_command_writes_a_self_contained_file(tmp_path):
     assert "Plotly" in text and len(text) > 3_000_000  # plotly.js itself is inlined
     assert text.count('class="plotly-graph-div') == 4 + 2 * 3
     assert not list(out.parent.glob("*.tmp"))  # the atomic write left nothing behind
+
+
+def test_report_command_data_json(tmp_path):
+    write_synthetic_results(tmp_path / "results", n_trials=12)
+    data_json = tmp_path / "report.json"
+    result = CliRunner().invoke(report_command, ["--results", str(tmp_path / "results"), "--out",
+                                                 str(tmp_path / "r.html"), "--data-json", str(data_json)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(data_json.read_text())
+    assert len(data["studies"]) == 3 and "ok_study" not in data["studies"][0]
+    assert data["studies"][0]["outcomes"]["ok"] > 0
+    assert data["speedup_summary"]["flash_attn_4"]["geomean"] == pytest.approx(1.1)
+    assert len(data["shape_rows"]) == 3 and data["heatmaps"][0]["baseline"] == "default"
 
 
 def test_report_command_explicit_inputs_and_missing_ones(tmp_path):
