@@ -128,7 +128,8 @@ def _fmt(x, digits=2):
 @click.option("--arch", type=click.Choice(["auto", "sm90", "sm100"]), default="auto", show_default=True,
               help="kernel family; auto: from the GPU (sm90 with --compile-only on a machine without one)")
 @click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True,
-              help="distinct configurations per study (a re-run resumes up to this many)")
+              help="configurations per study that pass the feasibility model (infeasible ones are "
+                   "recorded but not counted); a re-run resumes up to this many")
 @click.option("--sampler", type=click.Choice(["tpe", "grid", "random"]), default="tpe", show_default=True)
 @click.option("--timeout", type=float, default=None, help="wall-clock budget per study, seconds")
 @click.option("--trial-timeout", type=float, default=60.0, show_default=True,
@@ -218,9 +219,9 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
         peers = "; ".join(f"{n} {_fmt(d.get('us'))} us" if "us" in d else f"{n}: {d.get('error', '?')[:40]}"
                           for n, d in (s["peers"] or {}).items())
         speed = ", ".join(f"{k} {v}x" for k, v in s["speedup"].items()) or "-"
-        rows.append([s["study"], s["configurations"], s["outcomes"]["ok"], fails, _fmt(best.get("us")),
+        rows.append([s["study"], s["evaluated"], s["outcomes"]["ok"], fails, _fmt(best.get("us")),
                      _fmt(best.get("tflops"), 1), _fmt(s["default_us"]), peers, speed, _fmt(s.get("wall_s"), 1)])
-    _table("fa4tune search", ["study", "configs", "ok", "failures", "best us", "TFLOP/s", "default us",
+    _table("fa4tune search", ["study", "evaluated", "ok", "failures", "best us", "TFLOP/s", "default us",
                               "peers", "speedup of best over", "wall s"], rows)
     for s in summaries:
         if s["best"]:

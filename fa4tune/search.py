@@ -41,8 +41,10 @@ Trials:
                                              "fa4tune:heartbeat", renewed every 10 s) is older than
                                              60 s is marked FAIL with outcome "interrupted".
 
-`--trials N` means N distinct configurations in the study (a re-run with the same N resumes and
-stops there; repeats and interrupted trials do not count).
+`--trials N` means N distinct configurations that passed the feasibility model and went to a worker
+(whatever their outcome); infeasible ones are recorded too but do not count, nor do repeats and
+interrupted trials. A re-run with the same N resumes and stops there. A space smaller than that ends
+the study when every configuration was seen.
 """
 
 from __future__ import annotations
@@ -282,7 +284,7 @@ def make_sampler(name: str, seed: int, space: dict, trials: int):
         class _Grid(optuna.samplers.GridSampler):
             def after_trial(self, study, trial, state, values):
                 # GridSampler calls Study.stop() once the grid is covered, which only works inside
-                # study.optimize(); this ask/tell loop stops by itself (target <= grid size)
+                # study.optimize(); this ask/tell loop stops by itself when every point was seen
                 return None
 
         return _Grid(space, seed=seed)
@@ -517,13 +519,19 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     in_flight: dict[int, tuple] = {}          # task id -> (trial, is_default, config)
     waiting_repeats: dict[int, list] = {}     # trial number -> repeats waiting for its result
     counts, distinct = _counts(study)
-    target = min(settings.trials, math.prod(len(d.choices) for d in distributions.values()))
+    space_size = math.prod(len(d.choices) for d in distributions.values())
+    # infeasible configurations are recorded but do not count: --trials N means N that ran
+    ask_cap = distinct + 20 * settings.trials + 100
     repeats_in_a_row = 0
     last_beat = 0.0
     best = best_ok_trial(study)
     best_us = best.value if best else None
     default_us = study.user_attrs.get("default_us")
-    progress.start(name, target, distinct)
+
+    def evaluated() -> int:
+        return distinct - counts.get("infeasible", 0)
+
+    progress.start(name, settings.trials, evaluated())
 
     def finish(trial, result, is_default):
         nonlocal best_us, default_us
@@ -542,9 +550,13 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     def time_left() -> bool:
         return settings.timeout_s is None or time.monotonic() - started < settings.timeout_s
 
+    def want_more() -> bool:
+        return (evaluated() < settings.trials and distinct < space_size and distinct < ask_cap
+                and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS)
+
     try:
         while True:
-            asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
+            asking = want_more()
             while asking and pool.idle_capacity() > 0:
                 trial = study.ask(distributions)
                 # who runs it, so that a later run can tell a live trial from one of a dead process
@@ -559,7 +571,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                         finish(trial, {**_copyable(finished[original][0]), "repeat_of": original}, False)
                     else:
                         waiting_repeats.setdefault(original, []).append(trial)
-                    asking = repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
+                    asking = want_more()
                     continue
                 repeats_in_a_row = 0
                 seen[pk] = trial.number
@@ -570,7 +582,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                     key = compile_key(config, problem)
                 except Exception as exc:  # the kernel's own model failed on this config: a result
                     finish(trial, {"outcome": "compile_error", "error": short_error(exc)}, is_default)
-                    asking = distinct < target
+                    asking = want_more()
                     continue
                 if reasons:
                     finish(trial, {"outcome": "infeasible", "reasons": reasons,
@@ -583,10 +595,9 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                                "timing": timing, "validate": settings.validate}
                     task_id = pool.submit("trial", payload, compile_key=key)
                     in_flight[task_id] = (trial, is_default, key)
-                asking = distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS
-                progress.update(distinct, target, counts, best_us, default_us)
-            if not in_flight and peers_task is None and not (
-                    distinct < target and time_left() and repeats_in_a_row < MAX_CONSECUTIVE_REPEATS):
+                asking = want_more()
+                progress.update(evaluated(), settings.trials, counts, best_us, default_us)
+            if not in_flight and peers_task is None and not want_more():
                 break
             for task_id, result in pool.poll(timeout=1.0):
                 if task_id == peers_task:
@@ -600,7 +611,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 if result.get("outcome") == "compile_error" and not result.get("compile_cached"):
                     failed_keys[key] = result.get("error", "compile error")
                 finish(trial, result, is_default)
-                progress.update(distinct, target, counts, best_us, default_us)
+                progress.update(evaluated(), settings.trials, counts, best_us, default_us)
             if time.monotonic() - last_beat > HEARTBEAT_INTERVAL_S:
                 last_beat = time.monotonic()
                 alive = [t for t, _, _ in in_flight.values()] + [t for ts in waiting_repeats.values() for t in ts]
@@ -612,7 +623,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 trial.set_user_attr("outcome", "interrupted")
                 study.tell(trial, state=TrialState.FAIL)
         raise
-    progress.update(distinct, target, counts, best_us, default_us, final=True)
+    progress.update(evaluated(), settings.trials, counts, best_us, default_us, final=True)
     wall_s = time.monotonic() - started
     summary = summarize(study)
     summary["wall_s"] = round(wall_s, 2)
@@ -649,7 +660,8 @@ def summarize(study) -> dict:
     out = {
         "study": study.study_name, "arch": attrs.get("arch"), "problem": attrs.get("problem"),
         "device": (attrs.get("device") or {}).get("name"), "kernel_fingerprint": attrs.get("kernel_fingerprint"),
-        "configurations": distinct, "repeats": repeats, "interrupted": interrupted,
+        "configurations": distinct, "evaluated": distinct - counts.get("infeasible", 0),
+        "repeats": repeats, "interrupted": interrupted,
         "outcomes": {o: counts.get(o, 0) for o in OUTCOMES},
         "compile_s_median": round(sorted(compile_times)[len(compile_times) // 2], 3) if compile_times else None,
         "default_us": attrs.get("default_us"),

@@ -55,7 +55,7 @@ def test_search_as_written_prints_defaults_and_results(tmp_path, fake_gpu):
     summaries = json.loads(result.stdout)   # stdout is only the data
     assert [s["study"] for s in summaries] == ["sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-full",
                                                "sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal"]
-    assert all(s["configurations"] == 6 and s["best"]["us"] <= s["default_us"] for s in summaries)
+    assert all(s["evaluated"] == 6 and s["best"]["us"] <= s["default_us"] for s in summaries)
     assert len(BestConfigDB.load(db)) == 2
 
     # the same command again resumes: nothing new to do, same answer
