@@ -130,3 +130,14 @@ def test_sample_compiles_for_sm90a_without_spills(over, prob):
     assert report["smem_bytes"] <= sm90.SMEM_LIMIT_BYTES
     markers = report["ptx_markers"]
     assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"]
+
+
+def test_register_rejection_matches_a_real_spill():
+    """The other side of the register model: a configuration it rejects for registers (three consumer
+    warpgroups with 192 x 112 tiles at D=128) really spills when compiled anyway."""
+    problem = AttentionProblem(**dict(D128, causal=True))
+    cfg = Config.make("sm90", tile_m=192, tile_n=112, softmax_overlap=False)
+    assert any("registers" in r for r in feasible(cfg, problem))
+    report = sm90.compile_report(cfg, problem)
+    assert report["ok"], report.get("error")
+    assert report["spill_stores"] > 0 or report["wgmma_serialized"], report
