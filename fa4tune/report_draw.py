@@ -139,17 +139,27 @@ def history_figure(study: StudyInfo) -> go.Figure:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         fig = optuna.visualization.plot_optimization_history(study.ok_study, target_name="kernel µs")
+    # optuna numbered the copied successful trials 0, 1, ...; put back the search's own trial numbers
+    numbers = [number for number, _, _ in study.history]
+    if len(numbers) == len(study.ok_study.trials):
+        for trace in fig.data:
+            if trace.x is not None and all(isinstance(x, int) and 0 <= x < len(numbers) for x in trace.x):
+                trace.x = [numbers[x] for x in trace.x]
+        axis_title = "trial number (successful trials only)"
+    else:
+        axis_title = "successful trials, in search order"
     # reference times as dashed lines named in the legend (annotations next to each other overlap)
     refs = [("default", study.default_us)] + [
         (peer, (study.peers.get(peer) or {}).get("us")) for peer in BASELINES[1:]]
-    last = max(len(study.ok_study.trials) - 1, 1)
+    first, last = (numbers[0], numbers[-1]) if numbers else (0, 1)
+    last = max(last, first + 1)
     for impl, us in refs:
         if isinstance(us, (int, float)) and not isinstance(us, bool) and us > 0:
-            fig.add_trace(go.Scatter(x=[0, last], y=[us, us], mode="lines", hoverinfo="name",
+            fig.add_trace(go.Scatter(x=[first, last], y=[us, us], mode="lines", hoverinfo="name",
                                      line=dict(dash="dash", width=1.5, color=IMPL_COLORS.get(impl)),
                                      name=f"{IMPL_NAMES.get(impl, impl)} {us:.1f}"))
     fig.update_layout(title=dict(text="optimisation history", font_size=14), height=440,
-                      margin=dict(t=50, r=10), xaxis_title="successful trials, in search order",
+                      margin=dict(t=50, r=10), xaxis_title=axis_title,
                       legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, font_size=11))
     return fig
 

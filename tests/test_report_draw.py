@@ -87,3 +87,15 @@ def test_several_devices_are_told_apart(tmp_path):
     (heatmap,) = data.heatmaps
     assert heatmap.y == ["NVIDIA H100 80GB HBM3: sm90 fp16 D128 H32/8 full", "NVIDIA H200: sm90 fp16 D128 H32/8 full"]
     assert heatmap.z == [[1.2], [1.2]]
+
+
+def test_history_uses_the_searchs_trial_numbers(tmp_path):
+    write_synthetic_results(tmp_path, n_trials=20)
+    data = rd.collect(tmp_path)
+    study = max(data.studies, key=lambda s: s.n_trials - s.outcomes.get("ok", 0))  # the most failures
+    assert study.outcomes.get("ok", 0) < study.n_trials  # so successful numbers have gaps
+    fig = report_draw.history_figure(study)
+    points = next(t for t in fig.data if t.mode == "markers")
+    assert list(points.x) == [n for n, _, _ in study.history]
+    assert list(points.y) == [us for _, us, _ in study.history]
+    assert study.best["number"] in points.x
