@@ -109,3 +109,34 @@ class FakeEvaluator:
 
     def healthy(self) -> bool:
         return True
+
+
+# ---- GPU: the real worker machinery with SDPA standing in for our kernel ------------------------
+
+class SdpaKernel:
+    """A "compiled kernel" that runs torch SDPA (flash backend) into the given output."""
+
+    def __init__(self, config: Config, problem: AttentionProblem):
+        self.config, self.problem = config, problem
+
+    def run(self, q, k, v, out, lse, softmax_scale):
+        from fa4tune.peers import _sdpa_call
+
+        out.copy_(_sdpa_call(q, k, v, self.problem.causal, softmax_scale, expand_kv=True)())
+
+
+def _real_evaluator_base():
+    from fa4tune.worker import KernelEvaluator
+
+    return KernelEvaluator
+
+
+class SdpaGpuEvaluator(_real_evaluator_base()):
+    """The real KernelEvaluator (validation, CUDA-graph timing, real device faults) with SDPA as the
+    kernel, so the GPU tests of the worker machinery do not depend on our kernel."""
+
+    def compile_key(self, config, problem):
+        return compile_key(config, problem)
+
+    def compile(self, config, problem):
+        return SdpaKernel(config, problem)

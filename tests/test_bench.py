@@ -1,0 +1,69 @@
+"""`fa4tune bench` on CPU with the fake kernel API and evaluator: which rows, which lookups."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import test_search_fakes as fakes
+from fa4.database import Entry, record
+from fa4.kernels import AttentionProblem, Config
+from fa4tune import bench as bench_mod
+from fa4tune.bench import run_bench, write_bench
+from fa4tune.search import Progress
+
+EVALUATOR = "test_search_fakes:FakeEvaluator"
+
+
+def _entry(p: AttentionProblem, config: Config, fingerprint="fake-fingerprint-1") -> Entry:
+    return Entry.from_result(arch="sm90", device="Fake H200", problem=p, config=config.to_dict(), us=1.0,
+                             tflops=1.0, default_us=None, peers_us={}, max_err=None,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=3)
+
+
+def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
+    db = tmp_path / "db.json"
+    fast = Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3)
+    base = dict(batch=1, heads_q=32, heads_kv=8, head_dim=128, dtype="fp16", causal=True)
+    record(_entry(AttentionProblem(seqlen_q=1024, seqlen_k=1024, **base), fast), db)
+    record(_entry(AttentionProblem(seqlen_q=8192, seqlen_k=8192, **base), fast, fingerprint="old"), db)
+    record(_entry(AttentionProblem(seqlen_q=1024, seqlen_k=1024, **{**base, "causal": False}),
+                  Config.make("sm90", tile_m=192, tile_n=192)), db)   # infeasible in the fake model
+    problems = [AttentionProblem(seqlen_q=2048, seqlen_k=2048, **base),                 # nearest: 1024
+                AttentionProblem(seqlen_q=8192, seqlen_k=8192, **{**base, "batch": 64}),  # only stale/far
+                AttentionProblem(seqlen_q=1024, seqlen_k=1024, **{**base, "causal": False})]
+    monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    doc = run_bench("sm90", problems, db_path=str(db), peers=("sdpa_cudnn",), processes=2,
+                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True))
+    rows = {(r["shape"].split("-")[6], r["shape"].split("-")[-1], r["variant"]): r for r in doc["rows"]}
+    nearest = rows[("sq2048", "causal", "tuned")]
+    assert nearest["lookup"] == "nearest" and nearest["outcome"] == "ok"
+    assert nearest["us"] == fakes.fake_us(fast.to_dict()) and nearest["config"] == fast.to_dict()
+    assert rows[("sq2048", "causal", "default")]["speedup_of_tuned"] > 1.0
+    assert rows[("sq2048", "causal", "sdpa_cudnn")]["us"] == 31.6
+    # the 8192 entry is stale; the nearest fresh one is the 1024 entry (a far bucket, still used)
+    far = rows[("sq8192", "causal", "tuned")]
+    assert far["lookup"] == "nearest" and far["db_key"].endswith("sq1024|sk1024|w8")
+    infeasible = rows[("sq1024", "full", "tuned")]
+    assert infeasible["outcome"] == "infeasible" and "shared memory" in infeasible["error"]
+    assert rows[("sq1024", "full", "default")]["outcome"] == "ok"
+    assert [r["variant"] for r in doc["rows"][:3]] == ["tuned", "default", "sdpa_cudnn"]  # shape order kept
+
+    out, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
+    write_bench(doc, out, out_csv)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(doc))
+    with open(out_csv) as handle:
+        read = list(csv.DictReader(handle))
+    assert len(read) == len(doc["rows"]) and read[0]["config"].startswith("tile_m=128 tile_n=112")
+
+
+def test_missing_entry_and_all_stale(tmp_path, monkeypatch):
+    db = tmp_path / "db.json"
+    p = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
+    record(_entry(p, Config.make("sm90"), fingerprint="old"), db)
+    monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "new")
+    doc = run_bench("sm90", [p], db_path=str(db), peers=(), processes=1, evaluator=EVALUATOR,
+                    api="test_search_fakes", progress=Progress(quiet=True))
+    tuned = next(r for r in doc["rows"] if r["variant"] == "tuned")
+    assert tuned["outcome"] == "missing" and "1 stale" in tuned["error"]
+    assert [r["variant"] for r in doc["rows"]] == ["tuned", "default"]
