@@ -185,7 +185,9 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask,
                                             compile_timeout_s=compile_timeout, progress=progress)
                    for p in problems]
         _print_compile_only(reports, fmt)
-        failed = sum(1 for r in reports for c in r["compiled"] if c["outcome"] != "ok")
+        # a feasible configuration that fails to compile, spills or serialises its wgmma: the
+        # feasibility model let through what it should have rejected
+        failed = sum(1 for r in reports for c in r["compiled"] if c["outcome"] != "ok" or c.get("warnings"))
         sys.exit(1 if failed or not all(r["default_feasible"] for r in reports) else 0)
     if workers > len(gpus):
         raise click.ClickException(f"--workers {workers} but only {len(gpus)} GPU(s) are visible")
@@ -247,7 +249,7 @@ def _print_compile_only(reports: list[dict], fmt: str) -> None:
             rows.append([("default " if c["is_default"] else "") + Config.from_dict(r["arch"], c["config"]).label(),
                          c["outcome"], _fmt(c.get("compile_s")),
                          ", ".join(f"{k}={v}" for k, v in rep.items())[:80] if rep else (c.get("report") or ""),
-                         c.get("error")])
+                         "; ".join(filter(None, [c.get("error")] + c.get("warnings", []))) or None])
         _table("compiled", ["configuration", "outcome", "compile s", "report", "error"], rows)
 
 

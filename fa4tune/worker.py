@@ -475,7 +475,19 @@ def _run_report(evaluator, payload):
     t0 = time.perf_counter()
     try:
         report = evaluator.compile_report(config, problem)
-        return {"outcome": "ok", "report": report, "compile_s": round(time.perf_counter() - t0, 3)}
+        result = {"outcome": "ok", "report": report, "compile_s": round(time.perf_counter() - t0, 3)}
+        if isinstance(report, dict):
+            if report.get("ok") is False:  # a family may report a failed compile instead of raising
+                result.update(outcome="compile_error", error=short_error(str(report.get("error", "failed"))))
+            # what the feasibility model should have rejected: the compiler's own verdict
+            warnings = []
+            if report.get("spill_stores") or report.get("spill_loads") or report.get("spills"):
+                warnings.append("register spills")
+            if report.get("wgmma_serialized"):
+                warnings.append("wgmma serialized for lack of registers")
+            if warnings:
+                result["warnings"] = warnings
+        return result
     except Exception as exc:
         return {"outcome": "compile_error", "error": short_error(exc),
                 "compile_s": round(time.perf_counter() - t0, 3)}
