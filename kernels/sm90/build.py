@@ -91,8 +91,16 @@ class CompiledAttention:
         self._default_scale = 1.0 / math.sqrt(problem.head_dim)
 
     def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None) -> None:
+        """Q, out (B, Sq, Hq, D); K, V (B, Sk, Hkv, D); lse (B, Hq, Sq) fp32 exactly when the problem
+        returns LSE. Batch, lengths and heads may differ from the compiled problem; what the code
+        was specialised on (head dim, and the GQA ratio of a packed kernel) may not."""
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
+        if q.shape[-1] != self.problem.head_dim:
+            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
+            raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
+                             f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
         self._fn(q, k, v, out, lse, scale)
 
