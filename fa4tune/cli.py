@@ -132,7 +132,7 @@ def _fmt(x, digits=2):
                    "recorded but not counted); a re-run resumes up to this many")
 @click.option("--sampler", type=click.Choice(["tpe", "grid", "random"]), default="tpe", show_default=True)
 @click.option("--timeout", type=float, default=None, help="wall-clock budget per study, seconds")
-@click.option("--trial-timeout", type=float, default=60.0, show_default=True,
+@click.option("--trial-timeout", type=float, default=20.0, show_default=True,
               help="GPU phase of one trial, seconds; a hung worker is killed and replaced")
 @click.option("--compile-timeout", type=float, default=300.0, show_default=True)
 @click.option("--storage", default=None, help="optuna storage: journal file or sqlite:/// URL "
@@ -201,7 +201,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask,
               f"{storage or search_mod.default_storage_path()}")
     try:
         summaries = search_mod.run_search(arch, problems, settings, progress)
-    except PoolError as exc:
+    except (PoolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
     if not any(s["best"] for s in summaries):

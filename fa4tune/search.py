@@ -9,9 +9,9 @@ processes). A `sqlite:///...` URL selects an `RDBStorage` instead. Open it for r
 
 Study name: the shape key, `shape_key(arch, problem)`, e.g.
 `sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not causal, `-lse` appended when the
-log-sum-exp is returned). When a study of that name was made with another kernel fingerprint or
-another search space, its trials do not describe the current kernel: the search continues in
-`<name>~2` (then `~3`, ...) and records `"previous_study"`. The current study of a shape is the one
+log-sum-exp is returned). When a study of that name was made with another kernel fingerprint,
+another search space or on another device, its trials do not describe the current kernel: the search continues in
+`<name>~2` (then `~3`, ...) and records `"previous_study"`; so does a study timed on another device. The current study of a shape is the one
 with the highest suffix.
 
 Study user_attrs:
@@ -39,7 +39,8 @@ Trials:
                                              next run, a RUNNING trial whose owner process is gone
                                              (same host) or whose heartbeat (system attr
                                              "fa4tune:heartbeat", renewed every 10 s) is older than
-                                             60 s is marked FAIL with outcome "interrupted".
+                                             60 s is marked FAIL with outcome "interrupted" (see
+                                             `sweep_interrupted`).
 
 `--trials N` means N distinct configurations that passed the feasibility model and went to a worker
 (whatever their outcome); infeasible ones are recorded too but do not count, nor do repeats and
@@ -71,6 +72,7 @@ from fa4tune.worker import DEFAULT_EVALUATOR, OUTCOMES, PoolError, WorkerPool, s
 SAMPLERS = ("tpe", "grid", "random")
 HEARTBEAT_ATTR = "fa4tune:heartbeat"
 OWNER_ATTR = "fa4tune:owner"
+RUN_ATTR_PREFIX = "fa4tune:run:"
 HEARTBEAT_INTERVAL_S = 10.0
 STALE_AFTER_S = 60.0
 MAX_CONSECUTIVE_REPEATS = 200
@@ -192,7 +194,7 @@ class SearchSettings:
     sampler: str = "tpe"
     seed: int = 0
     timeout_s: Optional[float] = None          # wall budget per study (None: none)
-    trial_timeout_s: float = 60.0              # GPU phase of one trial
+    trial_timeout_s: float = 20.0              # GPU phase of one trial (normally well under 1 s)
     compile_timeout_s: float = 300.0           # compile phase of one trial
     gpus: list = field(default_factory=lambda: [0])
     processes: Optional[int] = None            # worker processes in all (compile in parallel)
@@ -321,20 +323,45 @@ def _owner_alive(owner: Optional[dict]) -> Optional[bool]:
     return token is not None and token == owner.get("start")
 
 
-def sweep_interrupted(study, now: Optional[float] = None) -> list[int]:
-    """Mark FAIL (outcome "interrupted") every RUNNING trial whose owner is gone. Returns numbers."""
+def _run_attr(owner: dict) -> str:
+    return f"{RUN_ATTR_PREFIX}{owner['host']}:{owner['pid']}:{owner['start']}"
+
+
+def register_run(study, owner: dict) -> None:
+    """Record (and renew) this process as a live run of the study: a study system attribute."""
+    study._storage.set_study_system_attr(study._study_id, _run_attr(owner), {"owner": owner, "beat": time.time()})
+
+
+def _alive(owner: Optional[dict], beat: Optional[float], now: float) -> bool:
+    checked = _owner_alive(owner)
+    if checked is not None:
+        return checked
+    return beat is not None and now - float(beat) < STALE_AFTER_S
+
+
+def sweep_interrupted(study, now: Optional[float] = None, me: Optional[dict] = None) -> list[int]:
+    """Mark FAIL (outcome "interrupted") every RUNNING trial whose owner is gone. Returns numbers.
+
+    A trial's owner is its system attribute "fa4tune:owner" (host, pid, process start time): checked
+    directly on the same host, by the trial's heartbeat elsewhere. A trial killed before its owner was
+    written belongs to no one: it is stale when no other run of the study is alive (runs register
+    themselves as study system attributes "fa4tune:run:<host>:<pid>:<start>").
+    """
     from optuna.trial import TrialState
 
     now = time.time() if now is None else now
     storage = study._storage
+    runs = storage.get_study_system_attrs(study._study_id)
+    my_key = _run_attr(me) if me else None
+    other_run_alive = any(_alive(v.get("owner"), v.get("beat"), now) for k, v in runs.items()
+                          if k.startswith(RUN_ATTR_PREFIX) and k != my_key and isinstance(v, dict))
     swept = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        alive = _owner_alive(t.system_attrs.get(OWNER_ATTR))
-        if alive is None:
-            beat = t.system_attrs.get(HEARTBEAT_ATTR)
-            if beat is None and t.datetime_start is not None:
-                beat = t.datetime_start.timestamp()
-            alive = beat is not None and now - float(beat) < STALE_AFTER_S
+        owner = t.system_attrs.get(OWNER_ATTR)
+        if owner is None:
+            alive = other_run_alive
+        else:
+            alive = _alive(owner, t.system_attrs.get(HEARTBEAT_ATTR), now)
         if alive:
             continue
         with contextlib.suppress(Exception):
@@ -357,7 +384,8 @@ class _StudyContext:
 
 
 def _open_study(storage, name: str, arch: str, problem: AttentionProblem, space: SearchSpace,
-                fingerprint: str, settings: SearchSettings, distributions: dict, progress: Progress):
+                fingerprint: str, settings: SearchSettings, distributions: dict, progress: Progress,
+                device_name: Optional[str] = None):
     import optuna
 
     space_fp = space.fingerprint()
@@ -369,13 +397,16 @@ def _open_study(storage, name: str, arch: str, problem: AttentionProblem, space:
         study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                     direction="minimize", load_if_exists=True)
         attrs = study.user_attrs
+        stored_device = (attrs.get("device") or {}).get("name")
+        same_device = not device_name or not stored_device or stored_device == device_name
         if not attrs or (attrs.get("kernel_fingerprint") == fingerprint
-                         and attrs.get("space_fingerprint") == space_fp
+                         and attrs.get("space_fingerprint") == space_fp and same_device
                          and attrs.get("problem") == problem.to_dict() and attrs.get("arch") == arch):
             break
         if attrs.get("problem") != problem.to_dict() or attrs.get("arch") != arch:
             raise ValueError(f"study {name!r} holds another problem ({attrs.get('problem')}); choose another --study")
-        why = "kernel fingerprint" if attrs.get("kernel_fingerprint") != fingerprint else "search space"
+        why = ("kernel fingerprint" if attrs.get("kernel_fingerprint") != fingerprint
+               else "search space" if attrs.get("space_fingerprint") != space_fp else "device")
         progress.message(f"study {name}: its {why} differs from the current one; continuing in a new study")
         previous = name
         n += 1
@@ -493,9 +524,12 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     default = default_config(arch, problem)
     distributions = _widen(space, default)
     name = study_name or shape_key(arch, problem)
-    study = _open_study(storage, name, arch, problem, space, fingerprint, settings, distributions, progress)
+    study = _open_study(storage, name, arch, problem, space, fingerprint, settings, distributions, progress,
+                        pool.device.get("name"))
     name = study.study_name
-    swept = sweep_interrupted(study)
+    owner = _owner()
+    swept = sweep_interrupted(study, me=owner)
+    register_run(study, owner)
     if swept:
         progress.message(f"study {name}: marked {len(swept)} interrupted trial(s) failed: {swept}")
     _study_attrs(study, arch, problem, pool.device, fingerprint, settings, space)
@@ -505,7 +539,6 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
 
     started = time.monotonic()
     timing = settings.timing.to_dict()
-    owner = _owner()
     peers_task = None
     if settings.peers:
         peers_task = pool.submit("peers", {"problem": problem.to_dict(), "timing": timing,
@@ -557,7 +590,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     try:
         while True:
             asking = want_more()
-            while asking and pool.idle_capacity() > 0:
+            while asking and pool.idle_capacity() > 0 and len(in_flight) < 2 * pool.size:
                 trial = study.ask(distributions)
                 # who runs it, so that a later run can tell a live trial from one of a dead process
                 study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner)
@@ -614,6 +647,7 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
                 progress.update(evaluated(), settings.trials, counts, best_us, default_us)
             if time.monotonic() - last_beat > HEARTBEAT_INTERVAL_S:
                 last_beat = time.monotonic()
+                register_run(study, owner)
                 alive = [t for t, _, _ in in_flight.values()] + [t for ts in waiting_repeats.values() for t in ts]
                 for trial in alive:
                     study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
@@ -628,6 +662,10 @@ def _run_one(arch, problem, space, storage, pool: WorkerPool, settings: SearchSe
     summary = summarize(study)
     summary["wall_s"] = round(wall_s, 2)
     summary["pool_events"] = dict(pool.events)
+    summary["processes"] = pool.size
+    progress.message(f"[{name}] {summary['evaluated']} evaluated in {wall_s:.1f} s wall: compile "
+                     f"{summary['compile_s_total']:.1f} s summed over {pool.size} processes, GPU phase "
+                     f"{summary['gpu_s_total']:.1f} s (these totals cover every run of the study)")
     if settings.record_db:
         summary["db"] = _record_best(study, summary, settings)
     return summary
@@ -664,6 +702,10 @@ def summarize(study) -> dict:
         "repeats": repeats, "interrupted": interrupted,
         "outcomes": {o: counts.get(o, 0) for o in OUTCOMES},
         "compile_s_median": round(sorted(compile_times)[len(compile_times) // 2], 3) if compile_times else None,
+        # how the parallel compile pays off: compile seconds summed over trials vs the study's wall time
+        "compile_s_total": round(sum(compile_times), 2),
+        "gpu_s_total": round(sum(t.user_attrs.get("gpu_s") or 0.0 for t in trials
+                                 if "repeat_of" not in t.user_attrs), 2),
         "default_us": attrs.get("default_us"),
         "peers": peers, "best": None, "speedup": {},
     }

@@ -217,8 +217,15 @@ def test_sweep_marks_trials_of_dead_owners_failed(tmp_path):
     remote_old = study.ask(dist)
     study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.OWNER_ATTR, {"host": "elsewhere"})
     study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.HEARTBEAT_ATTR, time.time() - 3600)
+    ownerless = study.ask(dist)   # killed between ask and writing its owner
+    other_run = {"host": "elsewhere", "pid": 1, "start": "1"}
+    study._storage.set_study_system_attr(study._study_id, search_mod._run_attr(other_run),
+                                         {"owner": other_run, "beat": time.time()})
     swept = sweep_interrupted(study)
-    assert sorted(swept) == sorted([dead.number, remote_old.number])
+    assert sorted(swept) == sorted([dead.number, remote_old.number])   # another run may own it
+    study._storage.set_study_system_attr(study._study_id, search_mod._run_attr(other_run),
+                                         {"owner": other_run, "beat": time.time() - 3600})
+    assert sweep_interrupted(study) == [ownerless.number]              # no live run is left
     states = {t.number: (t.state, t.user_attrs.get("outcome")) for t in study.get_trials()}
     assert states[dead.number] == (TrialState.FAIL, "interrupted")
     assert states[mine.number][0] == TrialState.RUNNING and states[remote_fresh.number][0] == TrialState.RUNNING
