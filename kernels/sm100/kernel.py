@@ -61,6 +61,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Boolean, Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .plan import KernelPlan
@@ -72,6 +73,20 @@ WARP = 32
 # Named barrier ids (0 is __syncthreads).
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
+
+
+@cute.jit
+def tcgen05_fence_before_sync():
+    """Order this thread's prior tcgen05 ld/st/mma before the barrier arrive that follows."""
+    llvm.inline_asm(None, [], "tcgen05.fence::before_thread_sync;", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def tcgen05_fence_after_sync():
+    """Order the tcgen05 ld/st/mma that follow a barrier wait after the other side's arrive."""
+    llvm.inline_asm(None, [], "tcgen05.fence::after_thread_sync;", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 class _Barriers:
@@ -676,6 +691,7 @@ class FlashAttentionForwardSm100:
                         kv_count += 1
                     bars.wait("p_full", slot, (k // T) & 1)
                     bars.wait("o_ready", stage, (block_base + block) & 1)
+                    tcgen05_fence_after_sync()
                     tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
                     tOrP = cute.make_tensor(
                         cute.recast_ptr(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n),
@@ -756,6 +772,7 @@ class FlashAttentionForwardSm100:
                 k = score_base + i * Q + stage
                 slot = k % T
                 bars.wait("s_full", slot, (k // T) & 1)
+                tcgen05_fence_after_sync()
                 tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
                 tLtS = thr_load.partition_S(tStS)
                 rS = cute.make_rmem_tensor(tLcS.shape, Float32)
@@ -815,6 +832,7 @@ class FlashAttentionForwardSm100:
                     cute.copy(tiled_store, rP32,
                               cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
                 cute.arch.fence_view_async_tmem_store()
+                tcgen05_fence_before_sync()
                 bars.arrive("p_full", slot)
 
             # end of the task: the row's l and basis for the epilogue
@@ -877,9 +895,11 @@ class FlashAttentionForwardSm100:
                     # before the next one is released (phases are tracked one commit at a time)
                     bars.wait("o_done", q, o_done_count & 1)
                     if moved:
+                        tcgen05_fence_after_sync()
                         self._rescale_O(q, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
                                         tLcO, scale)
-                    cute.arch.fence_view_async_tmem_store()
+                        cute.arch.fence_view_async_tmem_store()
+                        tcgen05_fence_before_sync()
                     bars.arrive("o_ready", q)
                 mail_count += 1
                 o_done_count += 1
@@ -890,6 +910,7 @@ class FlashAttentionForwardSm100:
                 bars.arrive("mail_empty", q)
                 if n_end > 0:
                     bars.wait("o_done", q, o_done_count & 1)
+                    tcgen05_fence_after_sync()
                 bars.wait("epi_empty", q, (epi_count & 1) ^ 1)
                 self._epilogue_stage(q, pv_thr_mma, tmem_ptr, sO, lse_view, row, row_sum, row_max,
                                      softmax_scale, n_end, m_block, head, batch, seqlen_q)
@@ -898,6 +919,7 @@ class FlashAttentionForwardSm100:
                 if n_end > 0:
                     # O has been read: the next task's first value MMA may overwrite it
                     cute.arch.fence_view_async_tmem_load()
+                    tcgen05_fence_before_sync()
                     bars.arrive("o_ready", q)
             mail_count += 1
             if n_end > 0:
