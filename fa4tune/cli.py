@@ -109,11 +109,12 @@ def _table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
+    for i, c in enumerate(columns):
+        table.add_column(c, no_wrap=i == 0, overflow="fold")
     for r in rows:
         table.add_row(*["-" if v is None else str(v) for v in r])
-    Console(file=sys.stdout, width=max(120, os.get_terminal_size(1).columns if sys.stdout.isatty() else 160)).print(table)
+    width = os.get_terminal_size(1).columns if sys.stdout.isatty() else 240
+    Console(file=sys.stdout, width=max(120, width)).print(table)
 
 
 def _fmt(x, digits=2):
@@ -218,13 +219,13 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
     for s in summaries:
         best = s["best"] or {}
         fails = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if k != "ok" and v) or "-"
-        peers = "; ".join(f"{n} {_fmt(d.get('us'))} us" if "us" in d else f"{n}: {d.get('error', '?')[:40]}"
+        peers = "; ".join(f"{n} {_fmt(d.get('us'))}" if "us" in d else f"{n} n/a"
                           for n, d in (s["peers"] or {}).items())
         speed = ", ".join(f"{k} {v}x" for k, v in s["speedup"].items()) or "-"
         rows.append([s["study"], s["evaluated"], s["outcomes"]["ok"], fails, _fmt(best.get("us")),
                      _fmt(best.get("tflops"), 1), _fmt(s["default_us"]), peers, speed, _fmt(s.get("wall_s"), 1)])
     _table("fa4tune search", ["study", "evaluated", "ok", "failures", "best us", "TFLOP/s", "default us",
-                              "peers", "speedup of best over", "wall s"], rows)
+                              "peers us", "speedup of best over", "wall s"], rows)
     for s in summaries:
         if s["best"]:
             from fa4.kernels import Config
