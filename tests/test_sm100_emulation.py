@@ -110,6 +110,21 @@ def test_extreme_logits(dtype, causal):
         _check(out, lse, q, k, v, causal, refs)
 
 
+def test_explicit_softmax_scale():
+    """A caller's scale is folded into scale_log2 like the default 1/sqrt(D)."""
+    q, k, v = _inputs(1, 200, 260, 4, 2, 64, torch.bfloat16, seed=11)
+    scale = 0.37
+    out, lse = emulate_fa4_forward(q, k, v, Config.make("sm100"), causal=True, softmax_scale=scale,
+                                   return_lse=True)
+    ref, ref_lse = reference_attention(q, k, v, causal=True, softmax_scale=scale)
+    mask = visible_mask(200, 260, True)
+    sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          attn_mask=mask, enable_gqa=True, scale=scale).transpose(1, 2)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), sdpa.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-4)
+
+
 def _threshold_errors(q, k, v, causal, refs, **overrides):
     errors, stats = {}, {}
     for threshold in THRESHOLDS:
