@@ -72,19 +72,15 @@ def _softmax_register_need(tile_n: int) -> int:
     return tile_n + 40
 
 
-def _correction_register_need(rescale_tile: int, head_dim: int, busy_epilogue: bool) -> int:
-    """ptxas overlaps two RESCALE_TILE chunks of the O round trip (the next tcgen05.ld is issued
-    before the previous tcgen05.st), so two chunks (at most the whole row of O), plus what the
-    warpgroup keeps live across its task loop: about 32 registers, 48 when it also computes the LSE,
-    the causal row limits or the LPT task order.
+def _correction_register_need(rescale_tile: int) -> int:
+    """One RESCALE_TILE chunk of O in fp32 (the round trip and the epilogue are rolled loops, so
+    chunks do not overlap) plus about 48 for what the warpgroup keeps live across its task loop.
 
-    Measured on sm_100a compiles (spill bytes at the correction group's register count):
-    D=128 non-causal: rescale_tile=16 clean at 64; 32 spills at 80 (68 B) and 64 (112 B);
-    64 spills at 112. D=128 causal+LSE+LPT: 16 spills at 64 (24 B); 8 clean at 64; 32 clean at 96
-    (the model is conservative there). D=64: 64 clean at 96 non-causal, spills at 96 causal+LSE+LPT
-    (28 B), clean at 112; allocation fails at 64.
+    Measured on sm_100a compiles (causal + LSE + LPT, the busiest case; spill bytes at the
+    correction group's register count): rescale_tile=64 clean at 112, 4 B at 96 (D=128), 40 B at 80
+    (D=64); 32 clean at 80; 16 clean at 64.
     """
-    return min(2 * rescale_tile, head_dim) + (48 if busy_epilogue else 32)
+    return rescale_tile + 48
 
 
 def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
@@ -106,12 +102,11 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     if plan.softmax_regs < need_sm:
         reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
                        f"(~{need_sm} registers) > softmax_regs={plan.softmax_regs}")
-    busy = problem.causal or problem.return_lse or plan.scheduler == "lpt"
-    need_corr = _correction_register_need(plan.rescale_tile, plan.head_dim, busy)
+    need_corr = _correction_register_need(plan.rescale_tile)
     if plan.regs_correction < need_corr:
         reasons.append(f"registers: the correction warpgroup needs ~{need_corr} for rescale_tile="
-                       f"{plan.rescale_tile} at head_dim {plan.head_dim}, but softmax_regs="
-                       f"{plan.softmax_regs} leaves it {plan.regs_correction}")
+                       f"{plan.rescale_tile}, but softmax_regs={plan.softmax_regs} leaves it "
+                       f"{plan.regs_correction}")
     if problem.head_dim % plan.rescale_tile:
         reasons.append(f"rescale_tile {plan.rescale_tile} does not divide head_dim {problem.head_dim}")
     if config.pack_gqa and TILE_M % problem.gqa_ratio:

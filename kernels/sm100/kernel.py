@@ -307,12 +307,18 @@ class FlashAttentionForwardSm100:
         else:
             grid_x = cutlass.min(num_tasks, Int32(self.num_sms))
 
+        # LPT: heads are taken in groups whose K and V (16-bit) fit the L2 budget together
+        kv_bytes_per_head = seqlen_k * (4 * self.head_dim)
+        lpt_group = cutlass.max(Int32(1), Int32(self.plan.lpt_l2_bytes)
+                                // cutlass.max(kv_bytes_per_head, Int32(1)))
+        lpt_group = cutlass.min(lpt_group, num_tasks // cutlass.max(num_m_blocks, Int32(1)))
+        lpt_group = cutlass.max(lpt_group, Int32(1))
         scale_log2 = softmax_scale * Float32(LOG2_E)
         self.kernel(
             qk_tiled_mma, pv_tiled_mma,
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_o, tma_o,
             lse_view, softmax_scale, scale_log2,
-            seqlen_q, seqlen_k, heads_q // heads_kv, num_m_blocks, task_heads, num_tasks,
+            seqlen_q, seqlen_k, heads_q // heads_kv, num_m_blocks, task_heads, num_tasks, lpt_group,
             sQ_layout, sK_layout, sV_layout, tP_layout, sO_layout,
         ).launch(
             grid=[grid_x, 1, 1],
@@ -369,6 +375,7 @@ class FlashAttentionForwardSm100:
         num_m_blocks: Int32,
         task_heads: Int32,
         num_tasks: Int32,
+        lpt_group: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -419,10 +426,10 @@ class FlashAttentionForwardSm100:
             cute.arch.setmaxregister_decrease(self.regs_other)
             self.load_role(bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
                            sQ, sK, sV, qk_thr_mma, pv_thr_mma,
-                           seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks)
+                           seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks, lpt_group)
         if warp_idx == self.store_warp:
             cute.arch.setmaxregister_decrease(self.regs_other)
-            self.store_role(bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks,
+            self.store_role(bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks, lpt_group,
                             seqlen_q, seqlen_k)
         if warp_idx == self.store_warp + 1:
             cute.arch.setmaxregister_decrease(self.regs_other)
@@ -432,20 +439,20 @@ class FlashAttentionForwardSm100:
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.mma_role(bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
                           tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads,
-                          num_tasks)
+                          num_tasks, lpt_group)
         if warp_idx < 4:
             cute.arch.setmaxregister_increase(self.regs_softmax)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.softmax_role(0, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q, seqlen_k,
-                              num_m_blocks, task_heads, num_tasks)
+                              num_m_blocks, task_heads, num_tasks, lpt_group)
         if warp_idx >= 4 and warp_idx < 8:
             if const_expr(self.q_stages == 2):
                 cute.arch.setmaxregister_increase(self.regs_softmax)
                 tmem.wait_for_alloc()
                 tmem_ptr = tmem.retrieve_ptr(Float32)
                 self.softmax_role(1, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
-                                  seqlen_k, num_m_blocks, task_heads, num_tasks)
+                                  seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group)
             else:
                 cute.arch.setmaxregister_decrease(self.regs_idle_softmax)
         if warp_idx >= 8 and warp_idx < 12:
@@ -455,7 +462,7 @@ class FlashAttentionForwardSm100:
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.correction_role(bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
                                  scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads,
-                                 num_tasks)
+                                 num_tasks, lpt_group)
             # every TMEM reader and writer is done once the last epilogue has read O (the base is
             # read again rather than kept live in a register across the whole task loop)
             tmem.relinquish_alloc_permit()
@@ -481,7 +488,7 @@ class FlashAttentionForwardSm100:
 
     @cute.jit
     def _task_coords(self, task: Int32, num_m_blocks: Int32, task_heads: Int32, num_tasks: Int32,
-                     seqlen_k: Int32):
+                     lpt_group: Int32):
         """task index -> (m_block, head, batch) under the configured order."""
         m_block = Int32(0)
         head = Int32(0)
@@ -494,10 +501,9 @@ class FlashAttentionForwardSm100:
         else:
             # Longest first: for causal the late m_blocks see the most keys. Heads are taken in
             # groups sized so the group's K and V stay resident in L2 while all its m_blocks run.
-            kv_bytes_per_head = seqlen_k * (4 * self.head_dim)  # K and V, 16-bit
-            group = cutlass.max(Int32(1), Int32(self.plan.lpt_l2_bytes) // cutlass.max(kv_bytes_per_head, Int32(1)))
+            # (the group size is computed once at launch: see `__call__`)
+            group = lpt_group
             num_hb = num_tasks // num_m_blocks
-            group = cutlass.min(group, num_hb)
             per_group = group * num_m_blocks
             g = task // per_group
             within = task - g * per_group
@@ -556,7 +562,7 @@ class FlashAttentionForwardSm100:
     @cute.jit
     def load_role(self, bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
                   sQ, sK, sV, qk_thr_mma, pv_thr_mma,
-                  seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks):
+                  seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks, lpt_group):
         Q = self.q_stages
         L = self.mma_lag
         R = self.kv_stages
@@ -565,7 +571,7 @@ class FlashAttentionForwardSm100:
         task = self._first_task()
         while task < num_tasks:
             m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     seqlen_k)
+                                                     lpt_group)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             head_kv = head
             if const_expr(not self.pack_gqa):
@@ -628,7 +634,7 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def mma_role(self, bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
-                 tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks):
+                 tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
         Q = self.q_stages
         T = self.tmem_stages
         L = self.mma_lag
@@ -649,7 +655,7 @@ class FlashAttentionForwardSm100:
         task = self._first_task()
         while task < num_tasks:
             m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     seqlen_k)
+                                                     lpt_group)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             total = n_end * Q
             for s in cutlass.range(total + L, unroll=1):
@@ -717,7 +723,7 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def softmax_role(self, stage: int, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
-                     seqlen_k, num_m_blocks, task_heads, num_tasks):
+                     seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
         Q = self.q_stages
         T = self.tmem_stages
         N = self.tile_n
@@ -754,7 +760,7 @@ class FlashAttentionForwardSm100:
         task = self._first_task()
         while task < num_tasks:
             m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     seqlen_k)
+                                                     lpt_group)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             # this thread's query position (packed rows map to seq = row // ratio)
             packed_row = m_block * self.cta_rows + stage * self.tile_m + row
@@ -849,7 +855,7 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def correction_role(self, bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
-                        scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks):
+                        scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
         Q = self.q_stages
         D = self.head_dim
         RT = self.rescale_tile
@@ -883,7 +889,7 @@ class FlashAttentionForwardSm100:
         task = self._first_task()
         while task < num_tasks:
             m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     seqlen_k)
+                                                     lpt_group)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             for i in cutlass.range(1, n_end, unroll=1):
                 for q in cutlass.range_constexpr(Q):
@@ -937,7 +943,8 @@ class FlashAttentionForwardSm100:
         tOtO_c = cute.make_tensor(tOtO.iterator, cute.composition(tOtO.layout, chunk))
         tLtO = thr_ld.partition_S(tOtO_c)
         tStO = thr_st.partition_D(tOtO_c)
-        for c in cutlass.range_constexpr(self.head_dim // RT):
+        # a rolled loop: one chunk of O in registers at a time (unrolled, ptxas overlaps chunks)
+        for c in cutlass.range(self.head_dim // RT, unroll=1):
             rO = cute.make_rmem_tensor(tLcO.shape, Float32)
             cute.copy(tiled_ld, cute.make_tensor(tLtO.iterator + c * RT, tLtO.layout), rO)
             for j in cutlass.range_constexpr(0, cute.size(rO), 2):
@@ -971,18 +978,24 @@ class FlashAttentionForwardSm100:
         tLcO = thr_ld.partition_D(tOcO_i[(None, None), None])
         st_atom = sm100_utils.get_smem_store_op(self.o_layout_enum, self.dtype, Float32, tiled_ld)
         tiled_st = cute.make_tiled_copy_D(st_atom, tiled_ld)
-        for c in cutlass.range_constexpr(D // cols):
-            rO = cute.make_rmem_tensor(tLcO[None, 0, 0, c].shape, Float32)
-            if n_end > 0:
+        # (one branch around each whole loop: a branch per chunk would carry every chunk's registers)
+        if n_end > 0:
+            # a rolled loop: unrolled, ptxas hoists every chunk's tcgen05.ld and runs out of registers
+            for c in cutlass.range(D // cols, unroll=1):
+                rO = cute.make_rmem_tensor(tLcO[None, 0, 0, 0].shape, Float32)
                 cute.copy(tiled_ld, tLtO[None, 0, 0, c], rO)
                 for j in cutlass.range_constexpr(0, cute.size(rO), 2):
                     rO[j], rO[j + 1] = cute.arch.mul_packed_f32x2((rO[j], rO[j + 1]),
                                                                   (inv_sum, inv_sum))
-            else:
-                rO.fill(0.0)
-            r16 = cute.make_rmem_tensor(rO.shape, self.dtype)
-            r16.store(rO.load().to(self.dtype))
-            cute.copy(tiled_st, r16, tLsO[None, 0, 0, c])
+                r16 = cute.make_rmem_tensor(rO.shape, self.dtype)
+                r16.store(rO.load().to(self.dtype))
+                cute.copy(tiled_st, r16, tLsO[None, 0, 0, c])
+        else:
+            # no key block at all (causal, Sq > Sk): O was never written; store zeros
+            for c in cutlass.range_constexpr(D // cols):
+                r16 = cute.make_rmem_tensor(tLcO[None, 0, 0, c].shape, self.dtype)
+                r16.fill(0.0)
+                cute.copy(tiled_st, r16, tLsO[None, 0, 0, c])
         if const_expr(self.return_lse):
             packed_row = m_block * self.cta_rows + stage * self.tile_m + row
             seq = packed_row
@@ -998,13 +1011,13 @@ class FlashAttentionForwardSm100:
     # Store warp
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def store_role(self, bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks,
+    def store_role(self, bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks, lpt_group,
                    seqlen_q, seqlen_k):
         epi_count = Int32(0)
         task = self._first_task()
         while task < num_tasks:
             m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     seqlen_k)
+                                                     lpt_group)
             gO = cute.local_tile(tma_o[None, None, head, batch], self.epi_tile, (None, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_o, 0, cute.make_layout(1),
