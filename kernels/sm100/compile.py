@@ -75,12 +75,33 @@ def _parse_remarks(path: str) -> dict:
     return out
 
 
+class _TargetArch:
+    """CUTE_DSL_ARCH=sm_100a while tracing (the DSL checks tcgen05 atoms against it), then restored
+    so another family compiling in the same process keeps its own target."""
+
+    def __enter__(self):
+        self.previous = os.environ.get("CUTE_DSL_ARCH")
+        os.environ["CUTE_DSL_ARCH"] = "sm_100a"
+
+    def __exit__(self, *exc):
+        if self.previous is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = self.previous
+        return False
+
+
 def compile_report(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> dict:
     """Compile for sm_100a with fake tensors; registers, spills, shared memory, PTX markers, seconds.
 
     Runs on a CPU. Raises whatever the DSL raises when tracing or compiling fails (the caller turns that
     into a result with a reason).
     """
+    with _TargetArch():
+        return _compile_report(config, problem, num_sms)
+
+
+def _compile_report(config: Config, problem: AttentionProblem, num_sms: int) -> dict:
     import cutlass
     import cutlass.cute as cute
 
@@ -166,8 +187,9 @@ class CompiledAttentionSm100:
         kernel = FlashAttentionForwardSm100(self.plan)
         q, k, v, o, lse, stream = _fake_arguments(problem, tvm_ffi_stream=True)
         start = time.perf_counter()
-        self._fn = cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
-                                options="--gpu-arch sm_100a --enable-tvm-ffi")
+        with _TargetArch():
+            self._fn = cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+                                    options="--gpu-arch sm_100a --enable-tvm-ffi")
         self.compile_seconds = time.perf_counter() - start
         self.smem_bytes = kernel.shared_storage.size_in_bytes()
         self._default_scale = problem.head_dim ** -0.5
