@@ -18,7 +18,7 @@ from fa4.kernels import AttentionProblem, Config, compile_attention, default_con
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.sm100
+pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 
 RTOL = ATOL = 1e-2
 
