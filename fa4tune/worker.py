@@ -167,6 +167,9 @@ class KernelEvaluator:
             q, k, v = make_inputs(problem)
             ref, ref_lse = reference_fp32(q, k, v, problem.causal, scale)
             same_precision = sdpa_reference(q, k, v, problem.causal, scale).float()
+            # SDPA gives NaN for a query row that sees no key (causal, seqlen_q > seqlen_k); the
+            # flash convention (and the fp32 reference) is 0 there
+            same_precision = torch.where(torch.isnan(same_precision), ref, same_precision)
             torch.cuda.synchronize()
             self._inputs[key] = (q, k, v, ref, ref_lse, same_precision, scale)
         return self._inputs[key]
@@ -531,7 +534,7 @@ class WorkerPool:
     def __init__(self, processes: int, gpus: list, *, evaluator: str = DEFAULT_EVALUATOR,
                  mode: str = "gpu", arch: Optional[str] = None, lock_dir: Optional[str] = None,
                  compile_timeout_s: float = 300.0, trial_timeout_s: float = 60.0,
-                 startup_timeout_s: float = 600.0):
+                 startup_timeout_s: float = 600.0, peers_timeout_s: float = 600.0):
         if processes < 1:
             raise ValueError("a pool needs at least one process")
         self.mode = mode
@@ -540,6 +543,8 @@ class WorkerPool:
         self.compile_timeout_s = compile_timeout_s
         self.trial_timeout_s = trial_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        # a peers task JIT-compiles flash-attn-4 under the GPU lock: it gets its own, longer limit
+        self.peers_timeout_s = peers_timeout_s
         self.lock_dir = lock_dir or os.environ.get("TMPDIR", "/tmp")
         self.gpus = list(gpus) or [None]
         self._ctx = mp.get_context("spawn")
@@ -746,7 +751,8 @@ class WorkerPool:
             task = w.task
             if task is None:
                 continue
-            limit = {"compiling": self.compile_timeout_s, "gpu": self.trial_timeout_s}.get(task.phase)
+            gpu_limit = self.peers_timeout_s if task.kind == "peers" else self.trial_timeout_s
+            limit = {"compiling": self.compile_timeout_s, "gpu": gpu_limit}.get(task.phase)
             if limit is None or now - task.phase_since <= limit:
                 continue
             result = {"outcome": "timeout",

@@ -64,6 +64,22 @@ def test_shape_key_and_parse_shape():
         parse_shape("gqa5", defaults)
 
 
+def test_identical_compile_keys_compile_once(pool):
+    from fa4tune.timing import TimingSettings
+
+    config = Config.make("sm90", tile_n=160)
+    payload = {"arch": "sm90", "config": config.to_dict(), "problem": MISSION.to_dict(),
+               "timing": TimingSettings().to_dict(), "validate": True}
+    key = fakes.compile_key(config, MISSION)
+    first = pool.submit("trial", payload, compile_key=key)
+    second = pool.submit("trial", payload, compile_key=key)   # routed to the worker holding the key
+    results = {}
+    while len(results) < 2:
+        results.update(pool.poll(5.0))
+    assert results[first]["compile_cached"] is False and results[second]["compile_cached"] is True
+    assert results[first]["us"] == results[second]["us"]
+
+
 def test_search_records_the_documented_schema(tmp_path, pool):
     s = settings(tmp_path, trials=16)
     [summary] = run_search("sm90", [MISSION], s, QUIET, pool=pool)
