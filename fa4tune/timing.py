@@ -1,9 +1,10 @@
 """GPU time of one attention call, measured the same way for our kernel and for every peer.
 
-Method ("cuda_graph"): run the call a few times eagerly (compile, clocks up), capture
-`launches_per_graph` back-to-back calls in one CUDA graph, replay it `warmup_replays` times, then time
-`replays` replays with CUDA events, each on its own; the result is the median replay time divided by
-the launches per graph. Graph replay removes Python launch overhead, which at seqlen 1024 is larger
+Method ("cuda_graph"): run the call a few times eagerly (compile, lazy loading), capture
+`launches_per_graph` back-to-back calls in one CUDA graph, replay it for at least `warmup_ms` (the
+GPU idles at 345 MHz and needs load to clock up; the first trial of a study and the peers would
+otherwise be timed slow), then time `replays` replays with CUDA events, each on its own; the result
+is the median replay time divided by the launches per graph. Graph replay removes Python launch overhead, which at seqlen 1024 is larger
 than the kernel itself.
 
 L2 state, one per study, recorded with it:
@@ -31,6 +32,8 @@ class TimingSettings:
     warmup_calls: int = 3
     warmup_replays: int = 2
     l2: str = "warm"
+    # the GPU idles at a low clock and ramps up under load: replay for at least this long first
+    warmup_ms: float = 100.0
 
     def __post_init__(self) -> None:
         if self.launches_per_graph < 20:
@@ -43,7 +46,7 @@ class TimingSettings:
     def describe(self) -> dict:
         """The study's "timing" attribute."""
         return {"method": "cuda_graph", "launches_per_graph": self.launches_per_graph,
-                "replays": self.replays, "l2": self.l2}
+                "replays": self.replays, "l2": self.l2, "warmup_ms": self.warmup_ms}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +87,21 @@ def _replay_times_us(graph, replays: int, warmup: int, per_replay_calls: int) ->
     return out
 
 
+def _warm_up(graph, min_ms: float) -> None:
+    """Replay until `min_ms` of wall time passed, so clocks are up before anything is timed."""
+    import time
+
+    import torch
+
+    deadline = time.perf_counter() + min_ms / 1000.0
+    while True:
+        for _ in range(4):
+            graph.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() >= deadline:
+            return
+
+
 def _capture(fn: Callable[[], object], launches: int, before_each: Callable[[], object] | None):
     import torch
 
@@ -114,6 +132,7 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     n = settings.launches_per_graph
     if settings.l2 == "warm":
         graph = _capture(fn, n, None)
+        _warm_up(graph, settings.warmup_ms)
         times = _replay_times_us(graph, settings.replays, settings.warmup_replays, n)
         del graph
         return Timing(statistics.median(times), times)
@@ -123,6 +142,7 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     torch.cuda.synchronize()
     both = _capture(fn, n, flush)
     only_flush = _capture(lambda: None, n, flush)
+    _warm_up(both, settings.warmup_ms)
     t_both = _replay_times_us(both, settings.replays, settings.warmup_replays, n)
     t_flush = _replay_times_us(only_flush, settings.replays, settings.warmup_replays, n)
     base = statistics.median(t_flush)
