@@ -46,6 +46,15 @@ Trials:
 (whatever their outcome); infeasible ones are recorded too but do not count, nor do repeats and
 interrupted trials. A re-run with the same N resumes and stops there. A space smaller than that ends
 the study when every configuration was seen.
+
+On the H200 test machine (see ../shared/device/README.md; files come back only through $OUT), after
+the bundle's setup, the mission search and its benchmark, writing straight into $OUT so that a run
+cut short still returns its storage (copy the packaged files there first to resume and to merge):
+
+    cp results/studies.journal results/best_configs.json $OUT/ 2>/dev/null
+    python3 -m fa4tune.cli search --seqlen 1024 --gqa 4 --timeout 200 --storage $OUT/studies.journal \
+        --db $OUT/best_configs.json --format json > $OUT/search.json 2> $OUT/search.log
+    python3 -m fa4tune.cli bench --db $OUT/best_configs.json --out $OUT/bench.json --csv $OUT/bench.csv
 """
 
 from __future__ import annotations
