@@ -7,6 +7,7 @@ through the DSL's TVM-FFI entry point with torch tensors directly (no per-call D
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -122,17 +123,33 @@ _REG_RE = re.compile(r"Used (\d+) registers")
 
 def compile_report(config: Config, problem: AttentionProblem, num_sms: int = SM_COUNT_H200) -> dict:
     """Compile for sm_90a without a GPU and report what the compiler says."""
-    # the DSL checks the target of arch-specific atoms (wgmma, TMA) against this at trace time;
-    # restored afterwards so that other families compiling in this process keep their target
-    previous_arch = os.environ.get("CUTE_DSL_ARCH")
-    os.environ["CUTE_DSL_ARCH"] = TARGET_ARCH
-    try:
+    with target_arch(TARGET_ARCH):
         return _report(config, problem, num_sms)
+
+
+@contextlib.contextmanager
+def target_arch(arch: str):
+    """Trace and compile for `arch` (e.g. sm_90a) on any machine, then restore the previous target.
+
+    The DSL checks arch-specific atoms (wgmma, TMA) against its target at trace time. It reads
+    CUTE_DSL_ARCH once and caches it in the DSL singleton's environment manager, so setting the
+    environment variable alone works only for the first compile of a process: a process that first
+    compiled for sm_100a would keep tracing for sm_100a. Both are set here and both restored.
+    """
+    from cutlass.cutlass_dsl import BaseDSL
+    envar = BaseDSL._get_dsl().envar
+    previous_env = os.environ.get("CUTE_DSL_ARCH")
+    previous_cached = envar._arch
+    os.environ["CUTE_DSL_ARCH"] = arch
+    envar.arch = arch
+    try:
+        yield
     finally:
-        if previous_arch is None:
+        envar.arch = previous_cached
+        if previous_env is None:
             os.environ.pop("CUTE_DSL_ARCH", None)
         else:
-            os.environ["CUTE_DSL_ARCH"] = previous_arch
+            os.environ["CUTE_DSL_ARCH"] = previous_env
 
 
 def _report(config: Config, problem: AttentionProblem, num_sms: int) -> dict:
