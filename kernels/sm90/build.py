@@ -111,7 +111,8 @@ def compile_attention(config: Config, problem: AttentionProblem, key, num_sms: i
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    compiled, _, smem, seconds = _compile(config, problem, num_sms)
+    with target_arch(TARGET_ARCH):
+        compiled, _, smem, seconds = _compile(config, problem, num_sms)
     result = CompiledAttention(compiled, config, problem, smem, seconds)
     with _cache_lock:
         _cache.setdefault(key, result)
