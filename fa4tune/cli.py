@@ -205,7 +205,12 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask,
     except (PoolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
-    if not any(s["best"] for s in summaries):
+    broken_default = [s["study"] for s in summaries if s["default_us"] is None]
+    if broken_default:
+        # the runtime falls back to the default for untuned shapes: a default that does not
+        # validate is a kernel bug, whatever the search found
+        _echo_err(f"the default configuration did not run correctly in: {', '.join(broken_default)}")
+    if broken_default or not all(s["best"] for s in summaries):
         sys.exit(1)
 
 

@@ -107,9 +107,18 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
+def _norm(text: str) -> str:
+    text = text.strip().lower()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return str(int(number)) if number.is_integer() else str(number)
+
+
 def injected_outcome(rules, config: dict) -> Optional[str]:
     for outcome, conditions in rules:
-        if all(name in config and _value_text(config[name]).lower() == value.lower()
+        if all(name in config and _norm(_value_text(config[name])) == _norm(value)
                for name, value in conditions.items()):
             return outcome
     return None

@@ -158,3 +158,15 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
     assert doc["timing"]["method"] == "cuda_graph" and doc["device"]["name"] == "Fake H200"
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("shape,variant,outcome,us") and len(lines) == 1 + len(doc["rows"])
+
+
+def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, monkeypatch):
+    from fa4tune.worker import INJECT_ENV
+
+    default = Config.make("sm90")
+    monkeypatch.setenv(INJECT_ENV, ",".join(["mismatch@" + ",".join(f"{k}={v}" for k, v in default.to_dict().items())]))
+    result = invoke("search", "--causal", "--trials", "4", "--storage", str(tmp_path / "s.journal"), "--no-db",
+                    "--format", "json")
+    [summary] = json.loads(result.stdout)
+    assert summary["default_us"] is None and summary["best"] is not None   # others still worked
+    assert result.exit_code == 1 and "default configuration did not run correctly" in result.stderr
