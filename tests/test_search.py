@@ -80,6 +80,24 @@ def test_identical_compile_keys_compile_once(pool):
     assert results[first]["us"] == results[second]["us"]
 
 
+def test_workers_spread_over_gpus_one_lock_each(tmp_path):
+    from fa4tune.timing import TimingSettings
+
+    with WorkerPool(4, [0, 1], evaluator=EVALUATOR, lock_dir=str(tmp_path)) as pool:
+        deadline = time.time() + 120
+        while sum(w.ready for w in pool._workers) < 4 and time.time() < deadline:
+            pool.poll(0.5)
+        ids = [pool.submit("trial", {"arch": "sm90", "config": Config.make("sm90", tile_n=n).to_dict(),
+                                     "problem": MISSION.to_dict(), "timing": TimingSettings().to_dict()})
+               for n in (64, 80, 96, 112)]
+        results = {}
+        while len(results) < 4:
+            results.update(pool.poll(5.0))
+    assert {r["visible_gpu"] for r in results.values()} == {"0", "1"}
+    assert len({r["worker_pid"] for r in results.values()}) == 4
+    assert sorted(p.name for p in tmp_path.glob("*.lock")) == ["fa4tune-gpu0.lock", "fa4tune-gpu1.lock"]
+
+
 def test_search_records_the_documented_schema(tmp_path, pool):
     s = settings(tmp_path, trials=16)
     [summary] = run_search("sm90", [MISSION], s, QUIET, pool=pool)

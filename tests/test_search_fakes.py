@@ -92,7 +92,8 @@ class FakeEvaluator:
                     "error": "differs from the fp32 reference: max abs error 1", "passed": False}
         us = fake_us(config.to_dict())
         return {"outcome": "ok", "us": us, "tflops": round(problem.flops() / us / 1e6, 2),
-                "max_err": 0.001, "max_err_sdpa": 0.0005}
+                "max_err": 0.001, "max_err_sdpa": 0.0005,
+                "visible_gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "worker_pid": os.getpid()}
 
     def time_peers(self, problem, timing, names) -> dict:
         table = {"sdpa_flash": 53.0, "sdpa_cudnn": 31.6}
