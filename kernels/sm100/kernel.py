@@ -947,6 +947,7 @@ class FlashAttentionForwardSm100:
         for c in cutlass.range(self.head_dim // RT, unroll=1):
             rO = cute.make_rmem_tensor(tLcO.shape, Float32)
             cute.copy(tiled_ld, cute.make_tensor(tLtO.iterator + c * RT, tLtO.layout), rO)
+            cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld before the registers are read
             for j in cutlass.range_constexpr(0, cute.size(rO), 2):
                 rO[j], rO[j + 1] = cute.arch.mul_packed_f32x2((rO[j], rO[j + 1]), (scale, scale))
             cute.copy(tiled_st, rO, cute.make_tensor(tStO.iterator + c * RT, tStO.layout))
@@ -984,6 +985,7 @@ class FlashAttentionForwardSm100:
             for c in cutlass.range(D // cols, unroll=1):
                 rO = cute.make_rmem_tensor(tLcO[None, 0, 0, 0].shape, Float32)
                 cute.copy(tiled_ld, tLtO[None, 0, 0, c], rO)
+                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld before reading rO
                 for j in cutlass.range_constexpr(0, cute.size(rO), 2):
                     rO[j], rO[j + 1] = cute.arch.mul_packed_f32x2((rO[j], rO[j + 1]),
                                                                   (inv_sum, inv_sum))
