@@ -1,10 +1,13 @@
 """The Blackwell (sm_100a) FA4 forward kernel family.
 
 THIS KERNEL HAS NOT RUN ON HARDWARE. No Blackwell GPU is available anywhere in this project. What is
-verified: every configuration of `search_spaces/sm100.toml` is either rejected by `resource_reasons`
-with a reason or compiles for sm_100a on a CPU with no register spills, and its PTX contains tcgen05
-MMA / ld / st and TMA instructions (`compile_report`); the tile algorithm's numerics are replayed by
-`emulation.py` against SDPA. The first B200 launch may still fault, hang or be wrong.
+checked instead: `resource_reasons` rejects, with a reason, what does not fit (TMEM columns, shared
+memory, a register model calibrated on sm_100a compiles, GQA packing); configurations it accepts are
+compiled for sm_100a on a CPU (`compile_report`: registers, spills, SharedStorage bytes, tcgen05
+MMA / ld / st and TMA in the PTX) -- a representative sample in CI, random samples of the space by
+hand, the whole space with `python -m fa4.kernels.sm100.sweep --jobs 16`; the tile algorithm's
+numerics are replayed by `emulation.py` against SDPA. The first B200 launch may still fault, hang or
+be wrong.
 
 Family API (no DSL import at module import time):
 `can_implement(problem)`, `resources(config, problem)`, `resource_reasons(config, problem)`,
