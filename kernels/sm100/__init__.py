@@ -66,24 +66,27 @@ def resources(config: Config, problem: AttentionProblem) -> dict:
     }
 
 
-def _softmax_register_need(tile_n: int) -> int:
+def _softmax_register_need(tile_n: int, busy: bool) -> int:
     """Registers a softmax thread needs: its row of S (tile_n fp32; P is packed 32 keys at a time
-    into 16 more) plus about 40 for addresses, loop state and the row statistics.
+    into 16 more) plus about 40 for addresses, loop state and the row statistics, 56 when the
+    problem is causal or returns the LSE or the LPT order is used (more row and task arithmetic).
 
-    Measured on sm_100a compiles: tile_n=128 compiles without spills at 176 registers.
+    Measured on sm_100a compiles: tile_n=128 at 176 registers is clean without those, and spilled
+    40 B with causal + LSE + LPT.
     """
-    return tile_n + 40
+    return tile_n + (56 if busy else 40)
 
 
-def _correction_register_need(rescale_tile: int) -> int:
+def _correction_register_need(rescale_tile: int, lpt: bool) -> int:
     """One RESCALE_TILE chunk of O in fp32 (the round trip and the epilogue are rolled loops, so
-    chunks do not overlap) plus about 48 for what the warpgroup keeps live across its task loop.
+    chunks do not overlap) plus about 48 for what the warpgroup keeps live across its task loop,
+    64 with the LPT task order.
 
-    Measured on sm_100a compiles (causal + LSE + LPT, the busiest case; spill bytes at the
-    correction group's register count): rescale_tile=64 clean at 112, 4 B at 96 (D=128), 40 B at 80
-    (D=64); 32 clean at 80; 16 clean at 64.
+    Measured on sm_100a compiles (spill bytes at the correction group's register count):
+    causal + LSE + LPT: rescale_tile=64 clean at 112, 4 B at 96 (D=128), 40 B at 80 (D=64); 32
+    clean at 80; 16 clean at 64. Non-causal with LPT: rescale_tile=32 spilled 12 B at 80.
     """
-    return rescale_tile + 48
+    return rescale_tile + (64 if lpt else 48)
 
 
 def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
@@ -101,15 +104,18 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     if plan.regs_correction < REGS_MIN:
         reasons.append(f"registers: softmax_regs={plan.softmax_regs} leaves {plan.regs_correction} "
                        f"per correction thread (< {REGS_MIN})")
-    need_sm = _softmax_register_need(plan.tile_n)
+    lpt = plan.scheduler == "lpt"
+    busy = problem.causal or problem.return_lse or lpt
+    need_sm = _softmax_register_need(plan.tile_n, busy)
     if plan.softmax_regs < need_sm:
         reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
-                       f"(~{need_sm} registers) > softmax_regs={plan.softmax_regs}")
-    need_corr = _correction_register_need(plan.rescale_tile)
+                       f"(~{need_sm} registers{' with causal/LSE/LPT work' if busy else ''}) > "
+                       f"softmax_regs={plan.softmax_regs}")
+    need_corr = _correction_register_need(plan.rescale_tile, lpt)
     if plan.regs_correction < need_corr:
         reasons.append(f"registers: the correction warpgroup needs ~{need_corr} for rescale_tile="
-                       f"{plan.rescale_tile}, but softmax_regs={plan.softmax_regs} leaves it "
-                       f"{plan.regs_correction}")
+                       f"{plan.rescale_tile}{' with the LPT order' if lpt else ''}, but softmax_regs="
+                       f"{plan.softmax_regs} leaves it {plan.regs_correction}")
     if problem.head_dim % plan.rescale_tile:
         reasons.append(f"rescale_tile {plan.rescale_tile} does not divide head_dim {problem.head_dim}")
     if config.pack_gqa and TILE_M % problem.gqa_ratio:

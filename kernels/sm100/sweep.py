@@ -63,7 +63,7 @@ def representative_sample() -> list[tuple[Config, AttentionProblem]]:
         (base, dict(tile_n=64, kv_stages=4, tmem_stages=3, rescale_tile=8, rescale_threshold=0.0,
                     scheduler="single", softmax_regs=176)),
         (mha, dict(q_stages=1, tmem_stages=1, kv_stages=3, rescale_tile=32, rescale_threshold=4.0,
-                   scheduler="lpt", pack_gqa=False, softmax_regs=176)),
+                   scheduler="lpt", pack_gqa=False, softmax_regs=184)),
         (d64, dict(tile_n=64, q_stages=1, tmem_stages=3, kv_stages=4, rescale_tile=64,
                    softmax_regs=176, rescale_threshold=12.0)),
         (mha, dict(kv_stages=3, softmax_regs=200, rescale_tile=8, scheduler="single",
