@@ -75,8 +75,11 @@ def test_register_split_and_its_limits():
     for regs in (184, 192, 200):
         reasons = sm100.resource_reasons(cfg(rescale_tile=64, softmax_regs=regs), BASE)
         assert any("correction" in r for r in reasons), (regs, reasons)
-    # 16-column chunks fit even the smallest correction group
+    # 16-column chunks fit even the smallest correction group; 32 needs 96 (softmax_regs <= 184)
     assert not [r for r in sm100.resource_reasons(cfg(rescale_tile=16, softmax_regs=200), BASE)
+                if "correction" in r]
+    assert any("correction" in r for r in sm100.resource_reasons(cfg(rescale_tile=32, softmax_regs=192), BASE))
+    assert not [r for r in sm100.resource_reasons(cfg(rescale_tile=32, softmax_regs=184), BASE)
                 if "correction" in r]
 
 

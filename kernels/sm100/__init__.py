@@ -72,21 +72,21 @@ def _softmax_register_need(tile_n: int, busy: bool) -> int:
     problem is causal or returns the LSE or the LPT order is used (more row and task arithmetic).
 
     Measured on sm_100a compiles: tile_n=128 at 176 registers is clean without those, and spilled
-    40 B with causal + LSE + LPT.
+    40 B with causal + LSE + LPT; at 184 that case is clean.
     """
     return tile_n + (56 if busy else 40)
 
 
-def _correction_register_need(rescale_tile: int, lpt: bool) -> int:
-    """One RESCALE_TILE chunk of O in fp32 (the round trip and the epilogue are rolled loops, so
-    chunks do not overlap) plus about 48 for what the warpgroup keeps live across its task loop,
-    64 with the LPT task order.
+# Fewest registers per correction thread at which each RESCALE_TILE compiled without spills, over
+# sm_100a compiles of causal/LSE/LPT and plain problems (D=64 and 128, one and two Q stages): one
+# O chunk in fp32 (the round trip and the epilogue are rolled loops) plus what the warpgroup keeps
+# live across its task loop. rescale_tile=32 spilled 12 B at 80 (static and LPT alike); 64 spilled
+# at 96 (4 B, D=128) and at 80 (40 B, D=64); 16 and 8 were clean at 64 even with causal+LSE+LPT.
+_CORRECTION_REGISTER_NEED = {8: 64, 16: 64, 32: 96, 64: 112}
 
-    Measured on sm_100a compiles (spill bytes at the correction group's register count):
-    causal + LSE + LPT: rescale_tile=64 clean at 112, 4 B at 96 (D=128), 40 B at 80 (D=64); 32
-    clean at 80; 16 clean at 64. Non-causal with LPT: rescale_tile=32 spilled 12 B at 80.
-    """
-    return rescale_tile + (64 if lpt else 48)
+
+def _correction_register_need(rescale_tile: int) -> int:
+    return _CORRECTION_REGISTER_NEED.get(rescale_tile, rescale_tile + 48)
 
 
 def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
@@ -111,11 +111,11 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
         reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
                        f"(~{need_sm} registers{' with causal/LSE/LPT work' if busy else ''}) > "
                        f"softmax_regs={plan.softmax_regs}")
-    need_corr = _correction_register_need(plan.rescale_tile, lpt)
+    need_corr = _correction_register_need(plan.rescale_tile)
     if plan.regs_correction < need_corr:
         reasons.append(f"registers: the correction warpgroup needs ~{need_corr} for rescale_tile="
-                       f"{plan.rescale_tile}{' with the LPT order' if lpt else ''}, but softmax_regs="
-                       f"{plan.softmax_regs} leaves it {plan.regs_correction}")
+                       f"{plan.rescale_tile}, but softmax_regs={plan.softmax_regs} leaves it "
+                       f"{plan.regs_correction}")
     if problem.head_dim % plan.rescale_tile:
         reasons.append(f"rescale_tile {plan.rescale_tile} does not divide head_dim {problem.head_dim}")
     if config.pack_gqa and TILE_M % problem.gqa_ratio:
