@@ -360,6 +360,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, 
 
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
 main.add_command(report_command)
+from fa4tune.compile_space import compile_space_command  # noqa: E402
+main.add_command(compile_space_command)
 
 if __name__ == "__main__":
     main()
