@@ -190,3 +190,14 @@ def test_compile_attention_refuses_without_blackwell():
         pytest.skip("a Blackwell GPU is present")
     with pytest.raises(RuntimeError, match="Blackwell"):
         sm100.compile_attention(sm100.default_config(BASE), BASE)
+
+
+def test_compile_report_targets_sm100a_after_an_sm90_compile_in_the_same_process():
+    # the DSL caches its target architecture: a process that compiled sm_90a first must still
+    # trace the sm100 kernel for sm_100a (and the sm90 family its own target afterwards)
+    pytest.importorskip("cutlass")
+    from fa4.kernels import compile_report, default_config
+    p = AttentionProblem(1, 256, 256, 4, 4, 64)
+    assert compile_report(default_config("sm90", p), p).get("ok", True)
+    rep = compile_report(default_config("sm100", p), p)
+    assert all(rep["ptx_markers"].values()) and rep["spill_stores"] == 0, rep

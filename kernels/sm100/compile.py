@@ -76,18 +76,28 @@ def _parse_remarks(path: str) -> dict:
 
 
 class _TargetArch:
-    """CUTE_DSL_ARCH=sm_100a while tracing (the DSL checks tcgen05 atoms against it), then restored
-    so another family compiling in the same process keeps its own target."""
+    """Trace for sm_100a (the DSL checks tcgen05 atoms against its target at trace time), then
+    restore the previous target so another family compiling in the same process keeps its own.
+
+    The DSL reads CUTE_DSL_ARCH once and caches it in its singleton's environment manager, so both
+    the variable and the cached value are set (a process that compiled sm_90a first would otherwise
+    keep tracing for sm_90a).
+    """
 
     def __enter__(self):
-        self.previous = os.environ.get("CUTE_DSL_ARCH")
+        from cutlass.cutlass_dsl import BaseDSL
+        self.envar = BaseDSL._get_dsl().envar
+        self.previous_env = os.environ.get("CUTE_DSL_ARCH")
+        self.previous_cached = self.envar._arch
         os.environ["CUTE_DSL_ARCH"] = "sm_100a"
+        self.envar.arch = "sm_100a"
 
     def __exit__(self, *exc):
-        if self.previous is None:
+        self.envar.arch = self.previous_cached
+        if self.previous_env is None:
             os.environ.pop("CUTE_DSL_ARCH", None)
         else:
-            os.environ["CUTE_DSL_ARCH"] = self.previous
+            os.environ["CUTE_DSL_ARCH"] = self.previous_env
         return False
 
 
