@@ -7,8 +7,9 @@ Two paths share one decision procedure (`_plan`):
   of compiled kernels (keyed by `fa4.kernels.compile_key`, which holds no sequence length or batch), and
   store a `_Launch` for the signature.
 - Fast path, every later call: build the signature key, find the `_Launch`, check the data pointers
-  (the one property a signature cannot promise), allocate O (and LSE), call the compiled kernel's
-  `run`. No torch.library dispatch: the custom op in `fa4.ops` serves torch.compile, which enters it
+  (the one property a signature cannot promise), allocate O (and LSE), launch. After the first call
+  of a signature has gone through the compiled kernel's checked `run`, the launch calls its TVM-FFI
+  function directly (`_direct_launcher`). No torch.library dispatch: the custom op in `fa4.ops` serves torch.compile, which enters it
   through `torch.compiler.is_compiling()` below.
 
 `explain(...)` runs the same `_plan` without compiling and says what would run and why.
@@ -426,13 +427,15 @@ _KERNEL, _EMPTY, _NO_KEYS, _SDPA = range(4)
 class _Launch:
     """What a signature needs at call time. Plain slots: read on every call."""
 
-    __slots__ = ("kind", "run", "default_scale", "out_like_q", "out_shape", "lse_shape",
-                 "device_index", "restride", "causal")
+    __slots__ = ("kind", "run", "fast_run", "compiled", "default_scale", "out_like_q", "out_shape",
+                 "lse_shape", "device_index", "restride", "causal")
 
     def __init__(self, kind, run, default_scale, out_like_q, out_shape, lse_shape, device_index,
-                 restride, causal):
+                 restride, causal, compiled=None):
         self.kind = kind
-        self.run = run
+        self.run = run            # the compiled kernel's checked `run`
+        self.fast_run = run       # what the fast path calls; see _direct_launcher
+        self.compiled = compiled
         self.default_scale = default_scale
         self.out_like_q = out_like_q
         self.out_shape = out_shape
@@ -466,10 +469,11 @@ def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
 def _make_launch(plan: _Plan, fallback: str) -> _Launch:
     spec, expl = plan.spec, plan.explanation
     kind = {"kernel": _KERNEL, "empty": _EMPTY, "no_keys": _NO_KEYS, "sdpa": _SDPA}[expl.path]
-    run = None
+    run = compiled = None
     if kind == _KERNEL:
         try:
-            run = _compiled_kernel(expl.config, plan.problem, expl.compile_key).run
+            compiled = _compiled_kernel(expl.config, plan.problem, expl.compile_key)
+            run = compiled.run
         except KernelCompileError as exc:
             if fallback != "sdpa":
                 raise
@@ -484,7 +488,72 @@ def _make_launch(plan: _Plan, fallback: str) -> _Launch:
         out_like_q=None, out_shape=out_shape, lse_shape=(spec.batch, spec.heads_q, spec.seqlen_q),
         # -1 off CUDA: what the current-device probe answers on a CPU build (the tests' fake kernels)
         device_index=spec.device.index if spec.device.type == "cuda" else -1,
-        restride=spec.needs_restride, causal=plan.causal)
+        restride=spec.needs_restride, causal=plan.causal, compiled=compiled)
+
+
+def _direct_launcher(compiled):
+    """The compiled kernel's TVM-FFI function as a plain `tvm_ffi.Function`, or None.
+
+    `CompiledAttention.run` checks only what the signature fixes (LSE given iff the problem returns
+    it, head dim, packed GQA ratio), then calls the DSL's compiled-function object, whose Python
+    `__call__` checks that it is initialised, converts pointer-address arguments (our kernels take
+    none) and, for `TVMFFIJitCompiledFunctionWithKwargs` (what DSL 4.8 returns for our signature),
+    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`.
+    Once `run` has succeeded for a signature, later calls of that signature can enter TVM-FFI's C call
+    directly and skip those three Python frames. Anything that does not look exactly like that (other
+    DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
+    checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
+    """
+    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/sm90/build.py)
+    try:
+        import tvm_ffi
+    except ImportError:
+        return None
+    execution_args = getattr(fn, "execution_args", None)
+    if execution_args is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
+        return None
+    if isinstance(fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction: positional-only already
+        target = fn
+    else:
+        target = getattr(fn, "_tvm_ffi_function", None)
+        if not _forwards_six_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi):
+            return None
+    if not isinstance(target, tvm_ffi.Function) or target.__chandle__() == 0:
+        return None
+    if type(target) is tvm_ffi.Function:
+        return target
+    # a subclass with a Python __call__: the same handle in a plain Function calls straight into C
+    try:
+        plain = tvm_ffi.convert([target])[0]
+    except Exception:
+        plain = None
+    if type(plain) is tvm_ffi.Function and plain.__chandle__() == target.__chandle__():
+        return plain
+    import types
+    return types.MethodType(tvm_ffi.Function.__call__, target)
+
+
+def _forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
+    """Whether `wrapper` is `def w(a0, ..., a5): return target(a0, ..., a5)` and nothing more."""
+    import dis
+    import inspect
+
+    code = getattr(wrapper, "__code__", None)
+    if code is None or not isinstance(target, tvm_ffi.Function):
+        return False
+    if (code.co_argcount != 6 or code.co_kwonlyargcount or code.co_posonlyargcount
+            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+            or wrapper.__defaults__ or wrapper.__kwdefaults__ or wrapper.__closure__
+            or len(code.co_names) != 1 or wrapper.__globals__.get(code.co_names[0]) is not target):
+        return False
+    loaded: list[str] = []
+    for ins in dis.get_instructions(wrapper):
+        if ins.opname.startswith("LOAD_FAST"):  # LOAD_FAST_LOAD_FAST (3.13) loads a pair
+            loaded += list(ins.argval) if isinstance(ins.argval, tuple) else [ins.argval]
+        elif ins.opname in ("LOAD_CONST", "LOAD_DEREF", "LOAD_ATTR", "BUILD_TUPLE", "BUILD_MAP",
+                            "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
+            return False
+    return loaded == list(code.co_varnames[:6])
 
 
 if hasattr(torch._C, "_cuda_getDevice"):
@@ -543,7 +612,11 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
                 _STATE.last = (None, None)
             _STATE.launches[key] = launch
             _STATE.last = (key, launch)
-    return _run_launch(launch, q, k, v, softmax_scale, return_lse)
+    result = _run_launch(launch, q, k, v, softmax_scale, return_lse)
+    if launch.kind == _KERNEL and launch.fast_run is launch.run:
+        # `run` accepted this signature: later calls may skip its signature-only checks
+        launch.fast_run = _direct_launcher(launch.compiled) or launch.run
+    return result
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -586,11 +659,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                           allow_untested_sm100, None)
     out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
+    # float(): the direct launcher passes the scale to the kernel's Float32 parameter unconverted
+    scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
     if return_lse:
         lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
-        launch.run(q, k, v, out, lse, launch.default_scale if softmax_scale is None else softmax_scale)
+        launch.fast_run(q, k, v, out, lse, scale)
         return out, lse
-    launch.run(q, k, v, out, None, launch.default_scale if softmax_scale is None else softmax_scale)
+    launch.fast_run(q, k, v, out, None, scale)
     return out
 
 

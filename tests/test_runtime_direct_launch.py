@@ -1,0 +1,189 @@
+"""The fast path's direct TVM-FFI launcher (fa4.runtime._direct_launcher), on CPU.
+
+The stand-in compiled function is the DSL's own `TVMFFIJitCompiledFunctionWithKwargs` (the class DSL
+4.8 returns for our kernels), built around a TVM-FFI function whose body is Python: it computes SDPA
+into the output it receives, so a launch that dropped, reordered or mis-converted an argument gives a
+wrong result here. The real sm90 kernel, compiled for sm_90a on CPU, must be accepted too.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+import fa4
+from fa4 import checks, database, fallback, kernels, runtime
+from fa4.kernels import AttentionProblem, Config
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+kwargs_wrapper = pytest.importorskip("tvm_ffi.utils.kwargs_wrapper")
+provider = pytest.importorskip("cutlass.cutlass_dsl.tvm_ffi_provider")
+
+NAMES = ["mQ", "mK", "mV", "mO", "mLSE", "softmax_scale"]
+
+
+def ffi_kernel(causal, calls):
+    """A TVM-FFI function that writes SDPA into O (and LSE) and counts its calls."""
+    def body(q, k, v, out, lse, scale):
+        q, k, v, out = (torch.from_dlpack(t) for t in (q, k, v, out))
+        o, l = fallback.sdpa_attention(q, k, v, causal, scale, lse is not None)
+        out.copy_(o)
+        if lse is not None:
+            torch.from_dlpack(lse).copy_(l)
+        calls.append(scale)
+    return tvm_ffi.convert(body)
+
+
+def dsl_function(target, wrapper=None, pointer_args=False):
+    fn = object.__new__(provider.TVMFFIJitCompiledFunctionWithKwargs)
+    fn._tvm_ffi_function = target
+    fn._kwargs_wrapper = wrapper or kwargs_wrapper.make_kwargs_wrapper(target, arg_names=NAMES)
+    fn.execution_args = types.SimpleNamespace(has_pointer_address_arg_specs=pointer_args)
+    return fn
+
+
+class CountingCompiled:
+    """CompiledAttention's shape: `_fn` plus a checked `run` (counted here)."""
+
+    def __init__(self, fn, problem):
+        self._fn, self.problem, self.checked_runs = fn, problem, 0
+
+    def run(self, q, k, v, out, lse=None, softmax_scale=None):
+        self.checked_runs += 1
+        if (lse is None) == self.problem.return_lse:
+            raise ValueError("lse must be given exactly when the problem returns LSE")
+        self._fn(q, k, v, out, lse, float(softmax_scale))
+
+
+class Family(types.SimpleNamespace):
+    def can_implement(self, problem):
+        return []
+
+    def resource_reasons(self, config, problem):
+        return []
+
+    def default_config(self, problem):
+        return Config.make(self.arch)
+
+    def problem_key(self, config, problem):
+        return (problem.dtype, problem.head_dim, problem.gqa_ratio, problem.causal, problem.return_lse)
+
+    def compile_attention(self, config, problem):
+        compiled = CountingCompiled(dsl_function(ffi_kernel(problem.causal, self.calls)), problem)
+        self.compiled.append(compiled)
+        return compiled
+
+
+@pytest.fixture
+def family(monkeypatch, tmp_path):
+    fam = Family(arch="sm90", calls=[], compiled=[])
+    monkeypatch.setattr(kernels, "family", lambda arch: fam)
+    monkeypatch.setattr(kernels, "source_fingerprint", lambda arch: "fp")
+    monkeypatch.setattr(runtime, "_device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
+    db_path = tmp_path / "best.json"
+    db_path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
+    fa4.use_config_db(db_path)
+    fa4.reset_caches(compiled=True)
+    yield fam
+    fa4.use_config_db(None)
+    fa4.reset_caches(compiled=True)
+
+
+def qkv(sq=64, sk=64, hq=4, hkv=2, d=64):
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, s, h, d, dtype=torch.float16, generator=g)
+                 for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_first_call_checked_then_direct_and_correct(family, causal, return_lse):
+    q, k, v = qkv()
+    want_o, want_lse = fallback.sdpa_attention(q, k, v, causal, None, True)
+    for call in range(3):
+        scale = None if call < 2 else 2  # an int scale reaches the kernel as a float
+        got = fa4.attention(q, k, v, causal=causal, return_lse=return_lse, softmax_scale=scale)
+        o, lse = got if return_lse else (got, None)
+        ref_o, ref_lse = ((want_o, want_lse) if scale is None
+                          else fallback.sdpa_attention(q, k, v, causal, 2.0, True))
+        torch.testing.assert_close(o, ref_o, atol=2e-3, rtol=2e-3)
+        if return_lse:
+            torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    (compiled,) = family.compiled
+    assert compiled.checked_runs == 1  # only the first call of the signature
+    assert len(family.calls) == 3 and all(type(s) is float for s in family.calls)
+    launch = runtime._STATE.last[1]
+    assert type(launch.fast_run) is tvm_ffi.Function and launch.fast_run is not launch.run
+
+
+def test_failed_first_run_keeps_the_checked_run(family, monkeypatch):
+    def failing(self, *args, **kwargs):
+        raise ValueError("rejected by run")
+    monkeypatch.setattr(CountingCompiled, "run", failing)
+    q, k, v = qkv()
+    for _ in range(2):  # the second call hits the cached signature and must still be checked
+        with pytest.raises(ValueError, match="rejected by run"):
+            fa4.attention(q, k, v)
+
+
+def test_misaligned_pointer_still_caught_on_the_direct_path(family):
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    fa4.attention(q, k, v)
+    storage = torch.empty(q.numel() + 1, dtype=q.dtype)
+    shifted = storage[1:].view(q.shape)
+    shifted.copy_(q)
+    with pytest.raises(checks.UnsupportedInputError, match="16"):
+        fa4.attention(shifted, k, v)
+
+
+def _wrapper(source, target):
+    namespace = {"__i_target_func": target}
+    exec(source, namespace)
+    return namespace["wrapper"]
+
+
+@pytest.mark.parametrize("source", [
+    "def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
+    "    return __i_target_func(mK, mQ, mV, mO, mLSE, softmax_scale)\n",            # reordered
+    "def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale=1.0):\n"
+    "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale)\n",            # a default
+    "def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
+    "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale, 0)\n",         # an extra argument
+    "def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale, *rest):\n"
+    "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale)\n",            # varargs
+    "def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
+    "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale=softmax_scale)\n",  # keyword
+])
+def test_wrappers_that_do_more_than_forward_are_refused(source):
+    target = ffi_kernel(False, [])
+    compiled = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(source, target)))
+    assert runtime._direct_launcher(compiled) is None
+
+
+def test_forwarding_wrapper_pointer_args_and_foreign_objects():
+    target = ffi_kernel(False, [])
+    forward = ("def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
+               "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale)\n")
+    ok = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(forward, target)))
+    assert runtime._direct_launcher(ok) is target
+    pointers = types.SimpleNamespace(_fn=dsl_function(target, pointer_args=True))
+    assert runtime._direct_launcher(pointers) is None
+    assert runtime._direct_launcher(types.SimpleNamespace(_fn=lambda *a: None)) is None
+    assert runtime._direct_launcher(object()) is None
+
+
+def test_real_sm90_compile_is_accepted():
+    """The DSL's actual object for our kernel (compiled for sm_90a without a GPU) gets the direct path."""
+    from fa4.kernels.sm90 import build
+
+    problem = AttentionProblem(1, 256, 256, 4, 2, 64)
+    config = kernels.default_config("sm90", problem)
+    with build.target_arch(build.TARGET_ARCH):
+        compiled, _, smem, seconds = build._compile(config, problem, build.SM_COUNT_H200)
+    launcher = runtime._direct_launcher(build.CompiledAttention(compiled, config, problem, smem, seconds))
+    assert type(launcher) is tvm_ffi.Function
