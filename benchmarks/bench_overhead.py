@@ -4,6 +4,14 @@ flash-attn-4 and SDPA, in one run on one GPU.
     python benchmarks/bench_overhead.py                       # B=1 S=1024 Hq=32 Hkv=8 D=128 fp16
     python benchmarks/bench_overhead.py --causal --json $OUT/overhead.json
 
+Rows that split fa4's host cost, top down (each with a preallocated O, no checks above it):
+fa4.attention with the direct launcher switched off (every call through CompiledAttention.run, as
+before), CompiledAttention.run, the DSL's compiled-function __call__, the raw tvm_ffi.Function call
+(lse None, and with an LSE tensor on the return_lse kernel), the direct launcher the fast path uses,
+torch.empty_like, torch.cuda.current_stream(), the device check, and an empty CuTe DSL kernel with the
+same host signature compiled with --enable-tvm-ffi (TVM-FFI's per-call floor for these arguments).
+A row that fails prints its error; the others still run.
+
 Three figures per implementation, all after warm-up (compile, then launches):
 - host us/call: N back-to-back eager calls timed with time.perf_counter, no synchronisation inside
   (the GPU queue absorbs the launches; N is small enough that it never fills), median over repeats.
@@ -13,7 +21,7 @@ Three figures per implementation, all after warm-up (compile, then launches):
 Rows that cannot run here (flash-attn-4 not installed, an SDPA backend refusing the shape) say why.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: the DSL evaluates the trivial kernel's annotations
 
 import argparse
 import json
@@ -64,6 +72,57 @@ def graph_gpu_us(fn, launches: int = 20, replays: int = 15):
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / launches)
     return statistics.median(times)
+
+
+def _raw_tvm_ffi_function(dsl_fn):
+    """The plain tvm_ffi.Function behind a DSL compiled function, called with no Python in between."""
+    import types
+
+    import tvm_ffi
+
+    if isinstance(dsl_fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction (Python __call__ subclass)
+        return types.MethodType(tvm_ffi.Function.__call__, dsl_fn)
+    target = getattr(dsl_fn, "_tvm_ffi_function", None)  # TVMFFIJitCompiledFunctionWithKwargs
+    if not isinstance(target, tvm_ffi.Function):
+        raise TypeError(f"no tvm_ffi.Function inside {type(dsl_fn).__name__}")
+    return target
+
+
+def compile_trivial_kernel(head_dim: int, dtype_name: str, with_lse: bool):
+    """An empty CuTe DSL kernel with the attention kernel's host signature (Q, K, V, O, optional LSE,
+    a Float32 scale, TVM-FFI's environment stream), compiled with --enable-tvm-ffi for this GPU."""
+    from typing import Optional
+
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    @cute.kernel
+    def touch(mO: cute.Tensor, scale: cutlass.Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        if scale < 0.0:  # never true here: a launch that does no work but is not optimised away
+            mO[0, 0, 0, tidx] = mO[0, 0, 0, tidx]
+
+    @cute.jit
+    def host(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+             mLSE: Optional[cute.Tensor], scale: cutlass.Float32, stream: cuda.CUstream):
+        touch(mO, scale).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+
+    dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype_name]
+    batch, seq_q, seq_k, heads_q, heads_kv = (cute.sym_int() for _ in range(5))
+
+    def bshd(seq, heads):
+        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        return make_fake_tensor(dtype, (batch, seq, heads, head_dim), stride=stride, assumed_align=16)
+
+    lse = None
+    if with_lse:
+        lse = make_fake_tensor(cutlass.Float32, (batch, heads_q, seq_q),
+                               stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return cute.compile(host, bshd(seq_q, heads_q), bshd(seq_k, heads_kv), bshd(seq_k, heads_kv),
+                        bshd(seq_q, heads_q), lse, cutlass.Float32(1.0),
+                        make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
 def main(argv=None) -> int:
@@ -125,18 +184,87 @@ def main(argv=None) -> int:
         except Exception as exc:  # a row that cannot run says why; the others still run
             rows.append({"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
+    def add_host(name, fn, note=""):
+        """Host figures only: for calls without an attention output (streams, an empty kernel)."""
+        try:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+            host, wall = host_and_wall_us(fn, args.calls, args.repeats)
+            rows.append({"name": name, "host_us": round(host, 2), "wall_us": round(wall, 2),
+                         "gpu_us": None, "tflops": None, "max_abs_diff_vs_first_row": None, "note": note})
+        except Exception as exc:
+            rows.append({"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+
     add("fa4.attention (direct eager path)", lambda: fa4.attention(q, k, v, causal=causal))
     add("fa4 custom op torch.ops.fa4.attention",
         lambda: torch.ops.fa4.attention(q, k, v, causal, None, False, None, "error", False)[0],
         "torch.library dispatch, as torch.compile calls it")
-    launch = next(iter(runtime._STATE.launches.values()), None)
+    try:
+        fa4.attention(q, k, v, causal=causal)
+        launch = runtime._STATE.last[1]  # the signature just called
+    except Exception:  # the first row already says why
+        launch = None
     if launch is not None and launch.run is not None:
         out_buf = torch.empty_like(q)
+        scale = launch.default_scale
+        shipped = launch.fast_run
+        launch.fast_run = launch.run
+        add("fa4.attention, direct launcher off", lambda: fa4.attention(q, k, v, causal=causal),
+            "every call through CompiledAttention.run, as before the direct launcher")
+        launch.fast_run = shipped
+        if shipped is launch.run:
+            rows.append({"name": "direct launcher", "error": "not taken: fa4.runtime._direct_launcher "
+                         "refused this compiled function (the fast path calls the checked run)"})
         add("compiled kernel .run only (preallocated O)",
-            lambda: (launch.run(q, k, v, out_buf, None, launch.default_scale), out_buf)[1],
-            "lower bound: the kernel's own launch cost, no checks, no allocation")
+            lambda: (launch.run(q, k, v, out_buf, None, scale), out_buf)[1],
+            "CompiledAttention.run: its checks, the DSL's __call__ and keyword wrapper, TVM-FFI")
+        dsl_fn = getattr(launch.compiled, "_fn", None)
+        add("DSL compiled function __call__ (prealloc O)",
+            lambda: (dsl_fn(q, k, v, out_buf, None, scale), out_buf)[1],
+            f"{type(dsl_fn).__name__}.__call__: no CompiledAttention checks")
+        try:
+            raw = _raw_tvm_ffi_function(dsl_fn)
+        except Exception as exc:
+            rows.append({"name": "raw tvm_ffi.Function.__call__, lse None", "error": f"{type(exc).__name__}: {exc}"[:300]})
+        else:
+            add("raw tvm_ffi.Function.__call__, lse None",
+                lambda: (raw(q, k, v, out_buf, None, scale), out_buf)[1],
+                "no Python between the call and TVM-FFI's C: DLPack of 4 tensors, stream, launch")
+        add("direct launcher (launch.fast_run, prealloc O)",
+            lambda: (launch.fast_run(q, k, v, out_buf, None, scale), out_buf)[1],
+            "what fa4.attention's fast path calls")
+    try:  # the same with an LSE tensor: another compiled kernel (return_lse=True)
+        fa4.attention(q, k, v, causal=causal, return_lse=True)
+        launch_lse = runtime._STATE.last[1]
+        raw_lse = _raw_tvm_ffi_function(getattr(launch_lse.compiled, "_fn", None))
+        lse_buf = torch.empty((b, hq, s), device="cuda", dtype=torch.float32)
+        out_lse = torch.empty_like(q)
+        scale_lse = launch_lse.default_scale
+        add("raw tvm_ffi.Function.__call__, with LSE",
+            lambda: (raw_lse(q, k, v, out_lse, lse_buf, scale_lse), out_lse)[1],
+            "the return_lse kernel: DLPack of 5 tensors")
+    except Exception as exc:
+        rows.append({"name": "raw tvm_ffi.Function.__call__, with LSE", "error": f"{type(exc).__name__}: {exc}"[:300]})
     add("torch.empty_like(q) only", lambda: torch.empty_like(q),
         "allocation floor (output is garbage; diff meaningless)")
+    add_host("torch.cuda.current_stream()", torch.cuda.current_stream, "a Stream object per call")
+    add_host("torch._C._cuda_getDevice()", torch._C._cuda_getDevice, "the fast path's device check")
+    try:
+        trivial = {with_lse: compile_trivial_kernel(d, args.dtype, with_lse) for with_lse in (True, False)}
+        lse_t = torch.empty((b, hq, s), device="cuda", dtype=torch.float32)
+        o_t = torch.empty_like(q)
+        for with_lse, fn in trivial.items():
+            lse_arg = lse_t if with_lse else None
+            raw_t = _raw_tvm_ffi_function(fn)
+            what = "5 tensors" if with_lse else "4 tensors + None"
+            add_host(f"trivial CuTe kernel, raw TVM-FFI, {what}",
+                     lambda raw_t=raw_t, lse_arg=lse_arg: raw_t(q, k, v, o_t, lse_arg, 0.5),
+                     "an empty kernel with the same arguments: TVM-FFI's per-call floor")
+            add_host(f"trivial CuTe kernel, DSL __call__, {what}",
+                     lambda fn=fn, lse_arg=lse_arg: fn(q, k, v, o_t, lse_arg, 0.5))
+    except Exception as exc:
+        rows.append({"name": "trivial CuTe kernel", "error": f"{type(exc).__name__}: {exc}"[:300]})
     try:
         from flash_attn.cute import flash_attn_func
 
@@ -173,15 +301,16 @@ def main(argv=None) -> int:
           f"on {torch.cuda.get_device_name()}; torch {torch.__version__}; calls={args.calls} "
           f"repeats={args.repeats}")
     print(f"# fa4 decision: {fa4.explain(q, k, v, causal=causal)}".replace("\n", "\n#   "))
-    print(f"{'implementation':45s} {'host us':>9s} {'wall us':>9s} {'GPU us':>9s} {'TFLOP/s':>8s}  note")
+    print(f"{'implementation':52s} {'host us':>9s} {'wall us':>9s} {'GPU us':>9s} {'TFLOP/s':>8s}  note")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:45s} {'-':>9s} {'-':>9s} {'-':>9s} {'-':>8s}  {r['error']}")
+            print(f"{r['name']:52s} {'-':>9s} {'-':>9s} {'-':>9s} {'-':>8s}  {r['error']}")
         else:
             gpu = "-" if r["gpu_us"] is None else f"{r['gpu_us']:.2f}"
             rate = "-" if r["tflops"] is None else f"{r['tflops']:.1f}"
-            print(f"{r['name']:45s} {r['host_us']:9.2f} {r['wall_us']:9.2f} {gpu:>9s} "
-                  f"{rate:>8s}  {r['note']} (max|diff| {r['max_abs_diff_vs_first_row']:.3g})")
+            diff = r["max_abs_diff_vs_first_row"]
+            print(f"{r['name']:52s} {r['host_us']:9.2f} {r['wall_us']:9.2f} {gpu:>9s} "
+                  f"{rate:>8s}  {r['note']}" + ("" if diff is None else f" (max|diff| {diff:.3g})"))
     direct = rows[0]
     if "host_us" in direct:
         verdict = "meets" if direct["host_us"] <= 8.0 else "MISSES"
