@@ -48,31 +48,11 @@ def host_and_wall_us(fn, calls: int, repeats: int):
     return statistics.median(host), statistics.median(wall)
 
 
-def graph_gpu_us(fn, launches: int = 20, replays: int = 15):
-    import torch
+def graph_gpu_us(fn) -> float:
+    """GPU µs per call by CUDA-graph replay: the harness's own timing (fa4tune.timing), L2 warm."""
+    from fa4tune.timing import TimingSettings, time_cuda
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return statistics.median(times)
-
+    return time_cuda(fn, TimingSettings(l2="warm")).us
 
 def _raw_tvm_ffi_function(dsl_fn):
     """The plain tvm_ffi.Function behind a DSL compiled function, called with no Python in between."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the sm90 GPU test suites on the H200 in parallel shards (one compile cache per process) and
-# the quick benchmark; logs go to $OUT. Usage (after sourcing the device bundle's setup.sh):
-#   bash kernels/sm90/gpu_suite.sh default|knobs|bench|all [shards]
+# logs go to $OUT. Timing is `fa4tune bench`'s job. Usage (after sourcing the device bundle's setup.sh):
+#   bash kernels/sm90/gpu_suite.sh default|knobs|all [shards]
 set -u
 what=${1:-all}; n=${2:-8}; out=${OUT:-/tmp/out}; mkdir -p "$out"
 run_suite() {  # $1 = test file stem
@@ -18,6 +18,5 @@ run_suite() {  # $1 = test file stem
 case $what in
   default) run_suite test_sm90_default ;;
   knobs) run_suite test_sm90_knobs ;;
-  bench) python3 -m fa4.kernels.sm90.bench_quick --json "$out/bench.json" > "$out/bench.log" 2>&1; cat "$out/bench.log" | grep '^{' ;;
   all) run_suite test_sm90_default; run_suite test_sm90_knobs ;;
 esac

@@ -1,6 +1,6 @@
 """The default sm90 configuration against SDPA and an fp32 reference (explicit bottom-right mask)
 over dtypes, causal modes, sequence lengths (tails, Sq != Sk, empty causal rows), GQA ratios, MQA and
-head dims, with LSE. Run on the H200; see kernels/sm90/bench_quick.py for timing."""
+head dims, with LSE. Run on the H200; timing is `fa4tune bench`."""
 
 from __future__ import annotations
 
