@@ -53,10 +53,13 @@ def check_report(arch: str, model_smem: int, entry: dict) -> list[str]:
               help="compile at most this many feasible configurations (0: all; the default config first)")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="processes [default: all cores]")
 @click.option("--seed", type=int, default=0, show_default=True, help="which sample --limit takes")
+@click.option("--shard", default="0/1", show_default=True,
+              help="i/n: compile only the i-th of n interleaved parts of the feasible configurations, "
+                   "so a whole space fits several time-limited runs")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", "out_path", default=None, help="also write the full JSON here")
 def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtype, causal, lse, limit, jobs,
-                          seed, fmt, out_path):
+                          seed, shard, fmt, out_path):
     """Compile a search space on CPU: feasibility, registers, spills, shared memory, PTX."""
     from fa4.kernels import AttentionProblem, Config, family
     from fa4tune.search import Progress, compile_space
@@ -64,6 +67,9 @@ def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtyp
 
     try:
         heads_q, heads_kv = (int(x) for x in heads.split("/"))
+        shard_index, shard_count = (int(x) for x in shard.split("/"))
+        if not 0 <= shard_index < shard_count:
+            raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
         problem = AttentionProblem(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype, causal, lse)
         space = load_space(arch, space_path)
     except (ValueError, SpaceError) as exc:
@@ -72,7 +78,7 @@ def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtyp
     click.echo(f"fa4tune compile-space: {arch}, {problem.label()}, {space.size} configurations "
                f"({space.source or 'all declared choices'}), {jobs} processes", err=True)
     result = compile_space(arch, problem, space, limit or 10**9, seed=seed, processes=jobs,
-                           progress=Progress())
+                           progress=Progress(), shard=(shard_index, shard_count))
     resources = family(arch).resources
     failures = 0
     for entry in result["compiled"]:
@@ -89,8 +95,8 @@ def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtyp
     else:
         _print_tables(arch, result)
     click.echo(f"{result['space_size']} configurations: {result['infeasible']} rejected by the model, "
-               f"{result['feasible']} feasible, {len(result['compiled'])} compiled, {failures} with problems",
-               err=True)
+               f"{result['feasible']} feasible, {len(result['compiled'])} compiled (shard {shard}), "
+               f"{failures} with problems", err=True)
     sys.exit(1 if failures or not result["default_feasible"] else 0)
 
 

@@ -756,9 +756,15 @@ def _record_best(study, summary: dict, settings: SearchSettings) -> Optional[dic
 
 def compile_space(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, seed: int = 0,
                   processes: int = 2, evaluator: str = DEFAULT_EVALUATOR, compile_timeout_s: float = 300.0,
-                  progress: Optional[Progress] = None, api: str = "fa4.kernels") -> dict:
+                  progress: Optional[Progress] = None, api: str = "fa4.kernels",
+                  shard: tuple[int, int] = (0, 1)) -> dict:
     """Feasibility of every configuration of the space, and a compile report of up to `limit` feasible
-    ones (the default first, then a seeded sample), on CPU worker processes."""
+    ones (the default first, then a seeded sample), on CPU worker processes. `shard` (index, count)
+    compiles only the feasible configurations whose position in the space's order is index mod count
+    (the default belongs to shard 0), so a whole space can be split over several runs."""
+    shard_index, shard_count = shard
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard {shard_index}/{shard_count}: the index must be in [0, count)")
     import random
 
     kernels = kernel_api(api)
@@ -779,7 +785,8 @@ def compile_space(arch: str, problem: AttentionProblem, space: SearchSpace, limi
     rng = random.Random(seed)
     picked: list[Config] = []
     keys = set()
-    candidates = [default] + rng.sample(feasible_configs, len(feasible_configs))
+    mine = [c for c in feasible_configs[shard_index::shard_count] if c != default]  # shard 0 has it
+    candidates = ([default] if shard_index == 0 else []) + rng.sample(mine, len(mine))
     for config in candidates:
         if len(picked) >= limit:
             break
@@ -808,7 +815,7 @@ def compile_space(arch: str, problem: AttentionProblem, space: SearchSpace, limi
             "feasible": len(feasible_configs), "infeasible": total - len(feasible_configs),
             "infeasible_reasons": dict(reasons_count.most_common()),
             "default": default.to_dict(), "default_feasible": not feasible(default, problem),
-            "compiled": compiled}
+            "shard": [shard_index, shard_count], "compiled": compiled}
 
 
 def _reason_class(reason: str) -> str:

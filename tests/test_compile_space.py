@@ -38,3 +38,53 @@ def test_bad_space_file_is_a_usage_error(tmp_path):
     bad.write_text("[knobs]\ntile_q = [1]\n")
     result = CliRunner().invoke(main, ["compile-space", "--arch", "sm90", "--space", str(bad)])
     assert result.exit_code == 2 and "unknown knob 'tile_q'" in result.output
+
+
+
+class _RecordingPool:
+    """Stands in for the CPU worker pool: every compile succeeds at once; remembers what it was given."""
+
+    submitted: list = []
+
+    def __init__(self, *args, **kwargs):
+        self._done = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, kind, payload):
+        _RecordingPool.submitted.append(tuple(sorted(payload["config"].items())))
+        self._done.append((len(_RecordingPool.submitted), {"outcome": "ok", "report": {}}))
+        return len(_RecordingPool.submitted)
+
+    def poll(self, timeout):
+        done, self._done = self._done, []
+        return done
+
+
+def test_shards_split_the_feasible_configurations(monkeypatch):
+    """Shards are disjoint and together cover every feasible configuration; shard 0 has the default."""
+    import fa4tune.search as search
+    from fa4.kernels import AttentionProblem, default_config
+    from fa4tune.space import SearchSpace
+
+    monkeypatch.setattr(search, "WorkerPool", _RecordingPool)
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    space = SearchSpace("sm90", (("tile_m", (128,)), ("tile_n", (64, 128, 192)), ("kv_stages", (2, 3)),
+                                 ("q_stages", (1,)), ("rescale_threshold", (8.0,)),
+                                 ("softmax_overlap", (True,)), ("pv_operand", ("rs", "ss")),
+                                 ("scheduler", ("single",)), ("pack_gqa", (True,))))
+    shards = []
+    for i in range(3):
+        _RecordingPool.submitted = []
+        result = search.compile_space("sm90", problem, space, 10**9, shard=(i, 3))
+        assert result["shard"] == [i, 3]
+        shards.append(set(_RecordingPool.submitted))
+    whole = search.compile_space("sm90", problem, space, 0)
+    default = default_config("sm90", problem)
+    assert space.contains(default)
+    assert sum(len(s) for s in shards) == len(set().union(*shards)) == whole["feasible"] > 3
+    assert tuple(sorted(default.to_dict().items())) in shards[0]
