@@ -25,7 +25,6 @@ Rows that cannot run here (flash-attn-4 not installed, an SDPA backend refusing 
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time

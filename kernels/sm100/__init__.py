@@ -5,7 +5,7 @@ checked instead: `resource_reasons` rejects, with a reason, what does not fit (T
 memory, a register model calibrated on sm_100a compiles, GQA packing); configurations it accepts are
 compiled for sm_100a on a CPU (`compile_report`: registers, spills, SharedStorage bytes, tcgen05
 MMA / ld / st and TMA in the PTX) -- a representative sample in CI, random samples of the space by
-hand, the whole space with `python -m fa4.kernels.sm100.sweep --jobs 16`; the tile algorithm's
+hand, the whole space with `fa4tune compile-space --arch sm100`; the tile algorithm's
 numerics are replayed by `emulation.py` against SDPA. The first B200 launch may still fault, hang or
 be wrong.
 

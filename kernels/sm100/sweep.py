@@ -1,41 +1,20 @@
-"""Compile many sm100 configurations for sm_100a in parallel processes and tabulate the results.
+"""The representative sample of sm100 configurations (every knob value at least once) and a parallel
+compile of (configuration, problem) pairs for sm_100a, used by the CPU compile tests.
 
-No GPU needed (any CPU machine; the H200 machine's 16 cores serve well). The kernel has NOT run on
-hardware: this checks that every feasible configuration compiles with no spills and with tcgen05 and
-TMA instructions in its PTX, and that the feasibility model's shared memory equals SharedStorage's.
-
-    python -m fa4.kernels.sm100.sweep --jobs 16                 # the whole search space, base problem
-    python -m fa4.kernels.sm100.sweep --sample --jobs 2         # the representative CI sample
-    python -m fa4.kernels.sm100.sweep --head-dim 64 --causal --json out.json
-
-The team's `fa4tune compile-space --arch sm100` calls `compile_report` per configuration the same way.
+No GPU needed. The kernel has NOT run on hardware: this checks that configurations compile with no
+spills, with tcgen05 and TMA instructions in their PTX, and that the feasibility model's shared memory
+equals SharedStorage's. A whole search space: `fa4tune compile-space --arch sm100 [--shard i/n]`.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
-import json
 import multiprocessing as mp
-import os
-import sys
 import time
 from typing import Iterable, Optional
 
-from ..knobs import Config, knobs_for
+from ..knobs import Config
 from ..problem import AttentionProblem
 from . import can_implement, resource_reasons
-
-
-def space_configs(space_file: Optional[str] = None) -> list[Config]:
-    """Every configuration of search_spaces/sm100.toml (or of the declared knobs without it)."""
-    try:
-        from fa4tune.space import load_space
-        return list(load_space("sm100", space_file).configs())
-    except ImportError:  # the kernels package alone: the declared choices
-        knobs = knobs_for("sm100")
-        return [Config("sm100", tuple(zip([k.name for k in knobs], values)))
-                for values in itertools.product(*(k.choices for k in knobs))]
 
 
 SAMPLE_PROBLEMS = {
@@ -134,74 +113,3 @@ def compile_many(configs: Iterable[Config], problem: Optional[AttentionProblem] 
                     progress(len(rows), len(configs), row)
     rows.sort(key=lambda r: r["label"])
     return rows
-
-
-def summarize(rows: list[dict]) -> dict:
-    compiled = [r for r in rows if r["status"] in ("ok", "bad")]
-    regs = sorted({r["registers"] for r in compiled if r.get("registers") is not None})
-    return {
-        "configs": len(rows),
-        "feasible": sum(r["status"] != "infeasible" for r in rows),
-        "compiled_clean": sum(r["status"] == "ok" for r in rows),
-        "compiled_with_problems": sum(r["status"] == "bad" for r in rows),
-        "compile_errors": sum(r["status"] == "compile_error" for r in rows),
-        "registers_seen": regs,
-        "max_spill_bytes": max([max(r.get("spill_stores") or 0, r.get("spill_loads") or 0)
-                                for r in compiled] or [0]),
-        "compile_seconds_total": round(sum(r.get("compile_seconds", 0) for r in compiled), 1),
-    }
-
-
-def format_table(rows: list[dict]) -> str:
-    lines = [f"{'status':<13} {'regs':>4} {'spill':>7} {'smem':>7} {'secs':>5}  config / reason"]
-    for r in rows:
-        spill = "" if r.get("spill_stores") is None else f"{r['spill_stores']}/{r['spill_loads']}"
-        lines.append(f"{r['status']:<13} {r.get('registers') or '':>4} {spill:>7} "
-                     f"{r.get('smem_bytes') or '':>7} {r.get('compile_seconds', ''):>5}  {r['label']} | {r['problem']}"
-                     + (f"\n{'':>40}{r['reason']}" if r["reason"] else ""))
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    ap.add_argument("--sample", action="store_true", help="the representative sample, not the space")
-    ap.add_argument("--space", default=None, help="search-space TOML (default: search_spaces/sm100.toml)")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--dtype", default="fp16")
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--lse", action="store_true")
-    ap.add_argument("--heads", default="32/8", help="Hq/Hkv (the ratio matters with pack_gqa)")
-    ap.add_argument("--limit", type=int, default=0, help="compile at most this many (0: all)")
-    ap.add_argument("--json", default=None, help="write rows and summary here")
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    hq, hkv = (int(x) for x in a.heads.split("/"))
-    problem = AttentionProblem(1, 1024, 1024, hq, hkv, a.head_dim, a.dtype, a.causal, a.lse)
-    if a.sample:
-        pairs = representative_sample()
-    else:
-        pairs = [(c, problem) for c in space_configs(a.space)]
-    if a.limit:
-        pairs = pairs[:a.limit]
-
-    def progress(done, total, row):
-        if not a.quiet:
-            print(f"[{done}/{total}] {row['status']:<13} {row.get('registers') or '':>4} "
-                  f"{row.get('compile_seconds', '')!s:>6}s {row['label']} | {row['problem']}",
-                  file=sys.stderr, flush=True)
-
-    rows = compile_many([], jobs=a.jobs, progress=progress, pairs=pairs)
-    summary = summarize(rows)
-    print(format_table(rows))
-    print(json.dumps(summary, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"problem": None if a.sample else problem.to_dict(), "summary": summary,
-                       "rows": rows}, f, indent=1,
-                      sort_keys=True)
-    return 0 if summary["compiled_with_problems"] == 0 and summary["compile_errors"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
