@@ -328,7 +328,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
         if not _sm100_allowed(allow_untested_sm100):
             reasons.append(
                 f"{UNTESTED_ARCHS[arch]}; opt in with fa4.attention(..., allow_untested_sm100=True) or "
-                f"{ALLOW_SM100_ENV}=1, or pass fallback='sdpa' to run PyTorch SDPA instead")
+                f"{ALLOW_SM100_ENV}=1")  # the error itself adds how to fall back to SDPA
     if arch is not None and spec.dtype is not None and not reasons:
         reasons += checks.kernel_reasons(arch, spec, causal, return_lse)
 
