@@ -89,7 +89,7 @@ def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtyp
     result["failures"] = failures
     if out_path:
         with open(out_path, "w") as f:
-            json.dump(result, f, indent=1, sort_keys=True)
+            json.dump(compact(result), f, indent=1, sort_keys=True)
     if fmt == "json":
         click.echo(json.dumps(result, indent=1, sort_keys=True))
     else:
@@ -98,6 +98,16 @@ def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtyp
                f"{result['feasible']} feasible, {len(result['compiled'])} compiled (shard {shard}), "
                f"{failures} with problems", err=True)
     sys.exit(1 if failures or not result["default_feasible"] else 0)
+
+
+def compact(result: dict) -> dict:
+    """The result without what each compile report repeats (its config and problem are the entry's and
+    the run's), so a whole space's results stay small enough to keep in the repository."""
+    entries = []
+    for entry in result["compiled"]:
+        report = {k: v for k, v in (entry.get("report") or {}).items() if k not in ("config", "problem")}
+        entries.append({**entry, "report": report})
+    return {**result, "compiled": entries}
 
 
 def _print_tables(arch: str, result: dict) -> None:
