@@ -88,3 +88,14 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
     assert space.contains(default)
     assert sum(len(s) for s in shards) == len(set().union(*shards)) == whole["feasible"] > 3
     assert tuple(sorted(default.to_dict().items())) in shards[0]
+
+
+def test_compact_drops_only_what_repeats():
+    from fa4tune.compile_space import compact
+
+    result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok",
+                                             "report": {"config": {"tile_n": 64}, "problem": {}, "registers": 128}}]}
+    small = compact(result)
+    assert small["compiled"][0]["report"] == {"registers": 128}
+    assert small["compiled"][0]["config"] == {"tile_n": 64} and small["arch"] == "sm100"
+    assert result["compiled"][0]["report"]["config"] == {"tile_n": 64}  # the input is left alone
