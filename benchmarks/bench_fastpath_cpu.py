@@ -10,10 +10,10 @@ function (`testing.nop`) that receives the same six arguments, so the DLPack con
 tensors is paid. What it cannot show: CUDA tensors' conversion, the stream query and cuLaunchKernel
 (benchmarks/bench_overhead.py measures those on the GPU). Rows, each min and median of `--repeat`
 timeit batches of `--number` calls, in microseconds per call:
-- fa4.attention as shipped (after the first call of a signature: the direct TVM-FFI launcher)
-- fa4.attention with the direct launcher disabled (every call through `CompiledAttention.run`, as
-  before the launcher existed)
-- the pieces: checked `run`, the direct launcher, the bare C call, allocation, the signature key.
+- fa4.attention as shipped (after the first call of a signature: the kernel path, short key and the
+  direct TVM-FFI launcher)
+- fa4.attention's checked path (full signature key, pointer checks), which every call took before
+- the pieces: checked `run`, the direct launcher, the bare C call, allocation, both keys.
 """
 
 from __future__ import annotations
@@ -103,17 +103,11 @@ def main(argv=None) -> int:
     fa4.attention(q, k, v)
     launch = runtime._STATE.last[1]
     direct = launch is not None and launch.fast_run is not launch.run
-    row("fa4.attention (direct launcher)", lambda: fa4.attention(q, k, v),
-        "fast path as shipped" if direct else "the direct launcher was NOT taken")
-    shipped = runtime._direct_launcher
-    runtime._direct_launcher = lambda compiled: None
-    fa4.reset_caches(compiled=True)
-    fa4.attention(q, k, v)
-    row("fa4.attention (checked run, as before)", lambda: fa4.attention(q, k, v),
-        "_direct_launcher disabled")
-    runtime._direct_launcher = shipped
-    fa4.reset_caches(compiled=True)
-    fa4.attention(q, k, v)
+    row("fa4.attention (kernel path)", lambda: fa4.attention(q, k, v),
+        "as shipped" if direct and runtime._STATE.last_kernel[1] is launch else "the kernel path was NOT taken")
+    row("fa4.attention's checked path", lambda: runtime._checked_call(q, k, v, False, None, False, None,
+                                                                      "error", False, None),
+        "full signature key and pointer checks, as every call went before the kernel path")
     launch = runtime._STATE.last[1]
     scale = launch.default_scale
     row("CompiledAttention.run (checks + DSL __call__ + wrapper + C)",
@@ -122,7 +116,11 @@ def main(argv=None) -> int:
     row("tvm_ffi.Function.__call__(nop, ...) bare C", lambda: nop(q, k, v, out_buf, None, scale),
         "the CPU floor for 5 tensors + a float")
     row("torch.empty_like(q)", lambda: torch.empty_like(q))
-    row("signature key (sizes, strides, dtypes, devices, flags)",
+    row("kernel path: grad check + short key",
+        lambda: (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+                 (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
+                  False, False, None, "error", False)))
+    row("checked path: full signature key",
         lambda: (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                  v.dtype, q.device, k.device, v.device, False, False, None, "error", False))
     row("torch.compiler.is_compiling()", torch.compiler.is_compiling)

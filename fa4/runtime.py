@@ -6,11 +6,17 @@ Two paths share one decision procedure (`_plan`):
   bucket -> heuristic default), check it is feasible, compile it or take it from the in-process cache
   of compiled kernels (keyed by `fa4.kernels.compile_key`, which holds no sequence length or batch), and
   store a `_Launch` for the signature.
-- Fast path, every later call: build the signature key, find the `_Launch`, check the data pointers
-  (the one property a signature cannot promise), allocate O (and LSE), launch. After the first call
-  of a signature has gone through the compiled kernel's checked `run`, the launch calls its TVM-FFI
-  function directly (`_direct_launcher`). No torch.library dispatch: the custom op in `fa4.ops` serves torch.compile, which enters it
-  through `torch.compiler.is_compiling()` below.
+- Kernel path, every later call of a kernel signature: a short key (Q's and K's shapes, the three
+  tensors' strides, Q's dtype and device, the flags) finds the `_Launch`, O (and LSE) are allocated and
+  the compiled kernel's TVM-FFI function is called directly (`_direct_launcher`). What the short key
+  leaves out is checked by that function itself, in C, on every call: each tensor's dtype, rank, device
+  (one for all) and 16-byte data alignment, V's extents against K's, batch against Q's, the head dim and
+  the strides (the kernels are compiled with shared symbolic extents and aligned symbolic strides). When
+  it refuses a call, the checked path below runs and names the problem.
+- Checked path, any other call: the full signature (shapes, strides, dtypes and devices of Q, K and V,
+  and the flags) finds the `_Launch`, the data pointers are checked, and the launch runs: the kernel,
+  SDPA, or no launch for empty inputs. No torch.library dispatch on either path: the custom op in
+  `fa4.ops` serves torch.compile, which enters it through `torch.compiler.is_compiling()` below.
 
 `explain(...)` runs the same `_plan` without compiling and says what would run and why.
 """
@@ -64,6 +70,8 @@ class _State:
         self.lock = threading.RLock()
         self.launches: dict[tuple, _Launch] = {}
         self.last: tuple = (None, None)  # (key, launch) of the latest signature cached
+        self.kernel_launches: dict[tuple, _Launch] = {}  # short key -> kernel launch (see attention)
+        self.last_kernel: tuple = (None, None)
         self.compiled: dict[tuple, Any] = {}
         self.db_path: str | None = None  # None: fa4.database's default (env var, else packaged file)
         self.db: Any = None
@@ -98,6 +106,13 @@ def _user_stacklevel() -> int:
     return level + 1
 
 
+def _forget_signatures() -> None:
+    _STATE.launches.clear()
+    _STATE.last = (None, None)
+    _STATE.kernel_launches.clear()
+    _STATE.last_kernel = (None, None)
+
+
 def use_config_db(path: str | os.PathLike | None) -> None:
     """Use another best-config database file for the rest of the process (None: the default, i.e.
     `$FA4_CONFIG_DB` when set, else the database shipped with the package). Forgets cached choices."""
@@ -106,15 +121,13 @@ def use_config_db(path: str | os.PathLike | None) -> None:
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
-        _STATE.launches.clear()
-        _STATE.last = (None, None)
+        _forget_signatures()
 
 
 def reset_caches(compiled: bool = False) -> None:
     """Forget cached decisions, the database and one-time warnings (and compiled kernels if asked)."""
     with _STATE.lock:
-        _STATE.launches.clear()
-        _STATE.last = (None, None)
+        _forget_signatures()
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
@@ -587,7 +600,8 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     return (out, lse) if return_lse else out
 
 
-def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, key):
+def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, key,
+               kernel_key=None):
     """First call of a signature (or one the fast path cannot take): decide, cache, run."""
     _STATE.slow_calls += 1
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
@@ -608,14 +622,21 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     if key is not None:
         with _STATE.lock:
             if len(_STATE.launches) >= MAX_SIGNATURES:
-                _STATE.launches.clear()
-                _STATE.last = (None, None)
+                _forget_signatures()
             _STATE.launches[key] = launch
             _STATE.last = (key, launch)
     result = _run_launch(launch, q, k, v, softmax_scale, return_lse)
     if launch.kind == _KERNEL and launch.fast_run is launch.run:
         # `run` accepted this signature: later calls may skip its signature-only checks
         launch.fast_run = _direct_launcher(launch.compiled) or launch.run
+    if (kernel_key is not None and key is not None and launch.kind == _KERNEL and not launch.restride
+            and launch.fast_run is not launch.run and launch.device_index == _current_cuda_device()):
+        # a compiled TVM-FFI function, which checks what kernel_key leaves out (see attention)
+        with _STATE.lock:
+            if len(_STATE.kernel_launches) >= MAX_SIGNATURES:
+                _forget_signatures()
+            _STATE.kernel_launches[kernel_key] = launch
+            _STATE.last_kernel = (kernel_key, launch)
     return result
 
 
@@ -640,26 +661,56 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                            allow_untested_sm100)
     try:
-        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             checks.check_grad(q, k, v)
+        # The short key of the kernel path: what decides the launch and what the compiled function
+        # cannot check (strides of size-1 extents, which it skips and the kernel re-strides on the
+        # checked path). V's shape, K's and V's dtypes and devices and the data pointers' alignment
+        # are checked by the compiled function on every call, in C.
+        kernel_key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
+                      causal, return_lse, config, fallback, allow_untested_sm100)
+        last = _STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
+        launch = last[1] if kernel_key == last[0] else _STATE.kernel_launches.get(kernel_key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the checked path says
+        kernel_key = launch = None
+    if launch is not None and launch.device_index == _current_cuda_device():
+        out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
+        # float(): the direct launcher passes the scale to the kernel's Float32 parameter unconverted
+        scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
+        try:
+            if return_lse:
+                lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
+                launch.fast_run(q, k, v, out, lse, scale)
+                return out, lse
+            launch.fast_run(q, k, v, out, None, scale)
+            return out
+        except Exception:  # the compiled function refused these inputs: the checked path says why
+            pass
+    return _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                         allow_untested_sm100, kernel_key)
+
+
+def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
+                  kernel_key):
+    """Every call the kernel path does not take: the full signature, pointer checks, any launch kind."""
+    try:
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
                allow_untested_sm100)
-        last = _STATE.last  # consecutive calls usually share a signature: skip hashing the key
+        last = _STATE.last
         launch = last[1] if key == last[0] else _STATE.launches.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable config: the slow path says
         key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
         launch = _STATE.launches.get(key) if key is not None else None
     if launch is None:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                          allow_untested_sm100, key)
+                          allow_untested_sm100, key, kernel_key)
     if launch.kind != _KERNEL or launch.restride or launch.device_index != _current_cuda_device():
         return _run_launch(launch, q, k, v, softmax_scale, return_lse)
     if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                           allow_untested_sm100, None)
     out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
-    # float(): the direct launcher passes the scale to the kernel's Float32 parameter unconverted
     scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
     if return_lse:
         lse = q.new_empty(launch.lse_shape, dtype=torch.float32)

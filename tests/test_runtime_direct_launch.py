@@ -25,10 +25,22 @@ provider = pytest.importorskip("cutlass.cutlass_dsl.tvm_ffi_provider")
 NAMES = ["mQ", "mK", "mV", "mO", "mLSE", "softmax_scale"]
 
 
-def ffi_kernel(causal, calls):
-    """A TVM-FFI function that writes SDPA into O (and LSE) and counts its calls."""
+def ffi_kernel(causal, calls, dtype=torch.float16):
+    """A TVM-FFI function that writes SDPA into O (and LSE) and counts its calls. Like the compiled
+    kernels' TVM-FFI functions, it refuses what the kernel path's short key leaves to it: a dtype
+    other than the compiled one, tensors on several devices, V's extents unlike K's, a batch unlike
+    Q's, data not 16-byte aligned."""
     def body(q, k, v, out, lse, scale):
         q, k, v, out = (torch.from_dlpack(t) for t in (q, k, v, out))
+        for name, t in (("mQ", q), ("mK", k), ("mV", v), ("mO", out)):
+            if t.dtype != dtype:
+                raise ValueError(f"Mismatched Tensor on argument #{name}, expected dtype={dtype}")
+            if t.data_ptr() % 16:
+                raise ValueError(f"Misaligned Tensor data on argument #{name}")
+            if t.device != q.device:
+                raise ValueError(f"Mismatched {name}.device.index")
+        if v.shape != k.shape or k.shape[0] != q.shape[0] or out.shape != q.shape:
+            raise ValueError("Mismatched Shape")
         o, l = fallback.sdpa_attention(q, k, v, causal, scale, lse is not None)
         out.copy_(o)
         if lse is not None:
@@ -130,6 +142,16 @@ def test_failed_first_run_keeps_the_checked_run(family, monkeypatch):
             fa4.attention(q, k, v)
 
 
+def test_kernel_path_skips_the_checked_path(family):
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    launch = runtime._STATE.last[1]
+    assert runtime._STATE.last_kernel[1] is launch
+    for _ in range(3):
+        fa4.attention(q, k, v)
+    assert fa4.cache_info()["slow_calls"] == 1 and len(family.calls) == 4
+
+
 def test_misaligned_pointer_still_caught_on_the_direct_path(family):
     q, k, v = qkv()
     fa4.attention(q, k, v)
@@ -139,6 +161,31 @@ def test_misaligned_pointer_still_caught_on_the_direct_path(family):
     shifted.copy_(q)
     with pytest.raises(checks.UnsupportedInputError, match="16"):
         fa4.attention(shifted, k, v)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out = fa4.attention(shifted, k, v, fallback="sdpa")
+    torch.testing.assert_close(out, fallback.sdpa_attention(q, k, v, False, None, False)[0])
+
+
+@pytest.mark.parametrize("change", ["v_seqlen", "v_heads", "k_dtype", "v_dtype"])
+def test_what_the_short_key_leaves_out_gets_the_checked_path_error(family, change):
+    """Inputs that share the short key of a cached kernel signature but differ in what only the
+    compiled function checks: the compiled function refuses them and the checked path names the problem."""
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    fa4.attention(q, k, v)
+    strides = (k.stride(), v.stride())
+    if change == "v_seqlen":
+        v = v[:, :32]
+    elif change == "v_heads":
+        v = v[:, :, :1]
+    elif change == "k_dtype":
+        k = k.to(torch.bfloat16)
+    else:
+        v = v.float()
+    assert (k.stride(), v.stride()) == strides  # the short key of the cached signature
+    with pytest.raises((checks.InvalidInputError, checks.UnsupportedInputError)):
+        fa4.attention(q, k, v)
+    assert family.calls and len(family.calls) == 2  # nothing ran with the bad inputs
 
 
 def _wrapper(source, target):

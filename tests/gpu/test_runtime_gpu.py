@@ -225,6 +225,37 @@ def test_errors_on_gpu():
         fa4.attention(q.float(), k.float(), v.float())
 
 
+@pytest.mark.parametrize("change", ["v_seqlen", "v_heads", "k_dtype", "v_dtype", "k_cpu", "v_misaligned"])
+def test_kernel_path_refusals_reach_the_checked_errors(change):
+    """The kernel path's short key leaves V's shape, K's and V's dtypes and devices and the data
+    alignment to the compiled kernel's TVM-FFI checks: inputs sharing a cached short key but wrong in
+    one of those must get the checked path's error, and a good call afterwards the right result."""
+    q, k, v = make_qkv(1, 256, 256, 8, 2, 128)
+    want = fa4.attention(q, k, v)
+    fa4.attention(q, k, v)
+    assert runtime._STATE.last_kernel[1] is not None
+    strides = (k.stride(), v.stride())
+    bad_k, bad_v = k, v
+    if change == "v_seqlen":
+        bad_v = v[:, :128]
+    elif change == "v_heads":
+        bad_v = v[:, :, :1]
+    elif change == "k_dtype":
+        bad_k = k.to(torch.bfloat16)
+    elif change == "v_dtype":
+        bad_v = v.float()
+    elif change == "k_cpu":
+        bad_k = k.cpu()
+    else:
+        flat = torch.empty(v.numel() + 8, device="cuda", dtype=v.dtype)
+        bad_v = flat[1:1 + v.numel()].view(v.shape).copy_(v)
+    assert (bad_k.stride(), bad_v.stride()) == strides  # the short key of the cached signature
+    with pytest.raises((fa4.InvalidInputError, fa4.UnsupportedInputError)):
+        fa4.attention(q, bad_k, bad_v)
+    torch.cuda.synchronize()
+    assert torch.equal(fa4.attention(q, k, v), want)
+
+
 def test_sm100_is_opt_in_and_labelled_untested():
     q, k, v = make_qkv(1, 128, 128, 8, 2, 128)
     with pytest.raises(fa4.UnsupportedInputError, match="not yet run on hardware"):
