@@ -1,16 +1,19 @@
-"""Host overhead of one eager attention call: fa4.attention (direct path and custom-op path) beside
+"""Host overhead of one eager attention call: fa4.attention (kernel path and custom-op path) beside
 flash-attn-4 and SDPA, in one run on one GPU.
 
     python benchmarks/bench_overhead.py                       # B=1 S=1024 Hq=32 Hkv=8 D=128 fp16
     python benchmarks/bench_overhead.py --causal --json $OUT/overhead.json
 
 Rows that split fa4's host cost, top down (each with a preallocated O, no checks above it):
-fa4.attention's checked path (full signature key and pointer checks), CompiledAttention.run, the DSL's compiled-function __call__, the raw tvm_ffi.Function call
-(lse None, and with an LSE tensor on the return_lse kernel), the direct launcher the fast path uses,
-torch.empty_like, torch.cuda.current_stream(), the device check, the kernel path's own Python (grad
-check and short key), torch.compiler.is_compiling(), and an empty CuTe DSL kernel with the
-same host signature compiled with --enable-tvm-ffi (TVM-FFI's per-call floor for these arguments).
-A row that fails prints its error; the others still run.
+fa4.attention's checked path (full signature key and pointer checks), CompiledAttention.run, the
+DSL's compiled-function __call__, the raw tvm_ffi.Function call (lse None, and with an LSE tensor on
+the return_lse kernel), the direct launcher the kernel path uses; then torch.empty_like plus the
+direct launcher with nothing else (the floor of any Python path that allocates O), the same work in a
+small C++ function (TVM-FFI load_inline, built here), torch.empty_like alone, one torch op launch
+(fill_), torch.cuda.current_stream(), the device check, the kernel path's own Python (grad check and
+short key), torch.compiler.is_compiling(), and an empty CuTe DSL kernel with the same host signature
+compiled with --enable-tvm-ffi (TVM-FFI's per-call floor for these arguments). A row that fails
+prints its error; the others still run.
 
 Three figures per implementation, all after warm-up (compile, then launches):
 - host us/call: N back-to-back eager calls timed with time.perf_counter, no synchronisation inside
@@ -66,6 +69,27 @@ def _raw_tvm_ffi_function(dsl_fn):
     if not isinstance(target, tvm_ffi.Function):
         raise TypeError(f"no tvm_ffi.Function inside {type(dsl_fn).__name__}")
     return target
+
+
+_CPP_LAUNCHER = r"""
+#include <tvm/ffi/tvm_ffi.h>
+#include <tvm/ffi/extra/c_env_api.h>
+namespace ffi = tvm::ffi;
+// O like Q from the environment's allocator (torch's, through DLPack), then the compiled kernel
+ffi::Tensor launch(ffi::TensorView q, ffi::TensorView k, ffi::TensorView v, ffi::Function kernel,
+                   double scale) {
+  ffi::Tensor out = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, q.shape(), q.dtype(), q.device());
+  kernel(q, k, v, out, nullptr, scale);
+  return out;
+}
+"""
+
+
+def _cpp_launcher():
+    """A C++ function (built here with the system compiler) that allocates O and calls the kernel."""
+    import tvm_ffi.cpp
+
+    return tvm_ffi.cpp.load_inline("fa4_bench_launcher", cpp_sources=_CPP_LAUNCHER, functions=["launch"]).launch
 
 
 def compile_trivial_kernel(head_dim: int, dtype_name: str, with_lse: bool):
@@ -213,6 +237,21 @@ def main(argv=None) -> int:
         add("direct launcher (launch.fast_run, prealloc O)",
             lambda: (launch.fast_run(q, k, v, out_buf, None, scale), out_buf)[1],
             "what fa4.attention's fast path calls")
+        fast_run = launch.fast_run
+
+        def allocate_and_launch():
+            out = torch.empty_like(q)
+            fast_run(q, k, v, out, None, scale)
+            return out
+        add("torch.empty_like + direct launcher, nothing else", allocate_and_launch,
+            "the floor of any Python path that allocates O: no key, no checks")
+        try:
+            cpp_launch = _cpp_launcher()
+            add("C++ launcher (TVM-FFI load_inline): O allocated and kernel called in C++",
+                lambda: cpp_launch(q, k, v, fast_run, scale),
+                "would a compiled dispatcher beat the Python one? same work as the row above")
+        except Exception as exc:
+            rows.append({"name": "C++ launcher (TVM-FFI load_inline)", "error": f"{type(exc).__name__}: {exc}"[:300]})
     try:  # the same with an LSE tensor: another compiled kernel (return_lse=True)
         fa4.attention(q, k, v, causal=causal, return_lse=True)
         launch_lse = runtime._STATE.last[1]
@@ -229,6 +268,9 @@ def main(argv=None) -> int:
         "allocation floor (output is garbage; diff meaningless)")
     add_host("torch.cuda.current_stream()", torch.cuda.current_stream, "a Stream object per call")
     add_host("torch._C._cuda_getDevice()", torch._C._cuda_getDevice, "the fast path's device check")
+    fill_target = torch.empty_like(q)
+    add_host("one torch kernel launch (out.fill_(0))", lambda: fill_target.fill_(0),
+             "what launching any small torch op costs on this host")
     add_host("kernel path: grad check + short key",
              lambda: (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
                       (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
@@ -303,8 +345,10 @@ def main(argv=None) -> int:
     if headline:
         worst = max(headline)
         verdict = "meets" if worst <= 8.0 else "MISSES"
+        floor = [r["host_us"] for r in rows if r["name"].startswith("torch.empty_like + direct") and "host_us" in r]
         print(f"# fa4.attention kernel path: {' and '.join(f'{h:.2f}' for h in headline)} us host per call "
-              f"(first and last row), {verdict} the 8 us target")
+              f"(first and last row), {verdict} the 8 us target"
+              + (f"; allocation + launch alone: {floor[0]:.2f} us" if floor else ""))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"shape": vars(args), "device": torch.cuda.get_device_name(),
