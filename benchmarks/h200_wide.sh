@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/fa4-wide-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-timeout 150 python3 benchmarks/bench_overhead.py --json "$OUT/overhead_split.json" 2>&1 | grep -v Warning | tail -n 25
+timeout 150 python3 benchmarks/bench_overhead.py --json "$OUT/overhead_full.json" 2>&1 | grep -v Warning | tail -n 25
 SHAPES="s1024-full s1024-causal s4096-full s4096-causal bf16-s8192-full bf16-s8192-causal d64-s2048-full d64-s2048-causal"
 timeout 240 python3 -m fa4tune.cli bench --shapes "$SHAPES" --db results/best_configs.json \
     --out "$OUT/bench.json" --csv "$OUT/bench.csv" 2>&1 | grep -v -i "warning\|exe_args" | tail -n 50
