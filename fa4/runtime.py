@@ -1,6 +1,6 @@
 """`fa4.attention`: choose a configuration for the inputs, compile it once, launch it cheaply.
 
-Two paths share one decision procedure (`_plan`):
+Three paths, one decision procedure (`_plan`):
 - Slow path, once per input signature (shapes, strides, dtypes, devices, flags): check the inputs,
   resolve the GPU's architecture, look the configuration up (forced -> exact database hit -> nearest
   bucket -> heuristic default), check it is feasible, compile it or take it from the in-process cache
@@ -577,7 +577,7 @@ else:  # a CPU build: no kernel launch ever reaches the device check
 
 
 def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
-    """Everything but the fast kernel path: empty outputs, no keys, SDPA, and kernels needing care."""
+    """A launch on the checked path: empty outputs, no keys, SDPA, or the kernel."""
     if launch.kind == _EMPTY:
         out = q.new_empty(launch.out_shape)
         lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
@@ -589,14 +589,17 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     if launch.kind == _SDPA:
         out, lse = _fallback.sdpa_attention(q, k, v, launch.causal, softmax_scale, return_lse)
         return (out, lse) if return_lse else out
-    # the kernel, with size-1 dimensions re-strided or on a device that is not the current one
+    # the kernel (size-1 dimensions re-strided where their strides are not aligned)
     if launch.restride:
         q, k, v = (t.as_strided(t.shape, checks.aligned_strides(t)) for t in (q, k, v))
     scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
-    out = q.new_empty(launch.out_shape)
+    out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
     lse = q.new_empty(launch.lse_shape, dtype=torch.float32) if return_lse else None
-    with torch.cuda.device(launch.device_index):
-        launch.run(q, k, v, out, lse, scale)
+    if launch.device_index == _current_cuda_device():
+        launch.fast_run(q, k, v, out, lse, scale)
+    else:
+        with torch.cuda.device(launch.device_index):
+            launch.run(q, k, v, out, lse, scale)
     return (out, lse) if return_lse else out
 
 
@@ -705,19 +708,10 @@ def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, 
     if launch is None:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                           allow_untested_sm100, key, kernel_key)
-    if launch.kind != _KERNEL or launch.restride or launch.device_index != _current_cuda_device():
-        return _run_launch(launch, q, k, v, softmax_scale, return_lse)
-    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+    if launch.kind == _KERNEL and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                           allow_untested_sm100, None)
-    out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
-    scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
-    if return_lse:
-        lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
-        launch.fast_run(q, k, v, out, lse, scale)
-        return out, lse
-    launch.fast_run(q, k, v, out, None, scale)
-    return out
+    return _run_launch(launch, q, k, v, softmax_scale, return_lse)
 
 
 def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100):
