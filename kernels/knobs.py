@@ -83,9 +83,13 @@ KNOBS: tuple[Knob, ...] = (
          "where the value MMA reads P: registers (rs) or shared memory (ss)",
          codegen=True, archs=SM90),
     # --- work distribution ----------------------------------------------------------------------
+    Knob("scheduler", ("single", "single_lpt", "static", "lpt"), "single",
+         "tile scheduler: one CTA per tile (m ascending, or longest first on a 1-D grid that the "
+         "hardware hands out greedily), static persistent (grid = SMs), or persistent longest-first",
+         codegen=True, archs=SM90),
     Knob("scheduler", ("single", "static", "lpt"), "single",
          "tile scheduler: one CTA per tile, static persistent (grid = SMs), or persistent longest-first",
-         codegen=True, archs=BOTH),
+         codegen=True, archs=SM100),
     Knob("pack_gqa", (False, True), True,
          "pack the Hq/Hkv query heads sharing a KV head into one Q tile (K/V loaded once for all)",
          codegen=True, archs=BOTH),

@@ -14,6 +14,7 @@ from fa4.kernels import AttentionProblem, Config
 from fa4tune import bench as bench_mod
 from fa4tune import cli
 from fa4tune import search as search_mod
+from fa4tune.space import load_space
 
 FAKE_GPU = [{"index": 0, "name": "Fake H200", "cc": (9, 0)}]
 EVALUATOR = "test_search_fakes:FakeEvaluator"
@@ -93,7 +94,8 @@ def test_compile_only_needs_no_gpu(monkeypatch):
                         lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes"}))
     result = invoke("search", "--compile-only", "--causal", "--trials", "5", "--format", "json")
     [report] = json.loads(result.stdout)
-    assert report["space_size"] == 15552 and report["feasible"] + report["infeasible"] == 15552
+    size = load_space("sm90").size
+    assert report["space_size"] == size and report["feasible"] + report["infeasible"] == size
     assert report["infeasible_reasons"] == {"shared memory N B exceeds N B": report["infeasible"]}
     assert len(report["compiled"]) == 5 and report["compiled"][0]["is_default"]
     for c in report["compiled"]:

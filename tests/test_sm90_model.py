@@ -54,6 +54,12 @@ def test_specific_rejections():
     assert any("shared memory" in r for r in feasible(Config.make("sm90", kv_stages=4), p))
     # registers: three consumer warpgroups cannot hold a 64x128 S next to O at D=128
     assert any("registers" in r for r in feasible(Config.make("sm90", tile_m=192, tile_n=128), p))
+    # ... but can at D=64 (flash-attn-4's tile there), with P in registers and overlap
+    p64 = AttentionProblem(1, 2048, 2048, 32, 8, 64, "fp16", causal=True)
+    assert feasible(Config.make("sm90", tile_m=192, tile_n=128), p64) == []
+    # P in registers without overlap: ptxas serialises the value wgmma at some widths
+    assert any("serialises" in r for r in feasible(Config.make("sm90", softmax_overlap=False), p))
+    assert feasible(Config.make("sm90", softmax_overlap=False, pv_operand="ss"), p) == []
 
 
 def test_smem_counts_p_only_through_shared_memory():
@@ -94,15 +100,16 @@ D64 = dict(D128, head_dim=64)
 SAMPLE = [
     (dict(), dict(D128, causal=True, return_lse=True)),
     (dict(tile_m=64, tile_n=64, kv_stages=4, rescale_threshold=0.0), dict(D128)),
-    (dict(tile_m=192, tile_n=64, softmax_overlap=False, scheduler="lpt", q_stages=2), dict(D128, causal=True)),
+    (dict(tile_m=192, tile_n=64, scheduler="lpt", q_stages=2), dict(D128, causal=True)),
     (dict(tile_n=80, pv_operand="ss", softmax_overlap=False), dict(D64, dtype="bf16")),
     (dict(tile_n=96, kv_stages=3, rescale_threshold=4.0, scheduler="static"), dict(D128, dtype="bf16", causal=True)),
     (dict(tile_n=112, pack_gqa=False, q_stages=2, scheduler="static"), dict(D64, return_lse=True)),
-    (dict(tile_n=144, rescale_threshold=12.0), dict(D64, causal=True)),
+    (dict(tile_n=144, rescale_threshold=12.0, scheduler="single_lpt"), dict(D64, causal=True)),
     (dict(tile_n=160, pack_gqa=False), dict(D128, dtype="bf16")),
     (dict(tile_n=176, scheduler="lpt"), dict(D128, causal=True)),
     (dict(tile_n=192, softmax_overlap=False, pv_operand="ss", kv_stages=2), dict(D64, causal=True)),
-    (dict(tile_m=192, tile_n=80, pack_gqa=False, softmax_overlap=False), dict(D64, dtype="bf16")),
+    (dict(tile_m=192, tile_n=80, pack_gqa=False), dict(D64, dtype="bf16")),
+    (dict(tile_m=192, tile_n=128, scheduler="single_lpt"), dict(D64, causal=True, return_lse=True)),
     (dict(tile_m=64, tile_n=128, pv_operand="ss", scheduler="lpt", q_stages=2), dict(D128, return_lse=True)),
     (dict(pack_gqa=True), dict(D128, heads_q=8, heads_kv=1, causal=True)),  # MQA, ratio 8
 ]

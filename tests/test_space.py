@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4.kernels import ARCHS, Config, knobs_for
+from fa4.kernels import ARCHS, Config, knob, knobs_for
 from fa4tune.space import SearchSpace, SpaceError, full_space, load_space, space_path
 
 
@@ -50,7 +50,7 @@ rescale_threshold = [0, 8]
     assert space.choices_of("rescale_threshold") == (0.0, 8.0)  # canonical float values
     assert all(isinstance(v, float) for v in space.choices_of("rescale_threshold"))
     assert space.choices_of("tile_m") == knobs_for("sm90")[0].choices  # untouched knob: all choices
-    assert space.size == 2 * 1 * 1 * 2 * 3 * 2 * 2 * 2 * 3
+    assert space.size == 2 * 1 * 1 * 2 * 3 * 2 * 2 * 2 * len(knob("sm90", "scheduler").choices)
     configs = list(space.configs())
     assert len(configs) == space.size and len(set(configs)) == space.size
     assert all(space.contains(c) for c in configs)

@@ -18,6 +18,7 @@ from ..problem import AttentionProblem
 ARCH = "sm90"
 SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "build.py")
 
+PERSISTENT_SCHEDULERS = ("static", "lpt")  # kernels/sm90/scheduler.py PERSISTENT_KINDS
 SMEM_LIMIT_BYTES = 232_448  # per block on sm_90 (227 KiB)
 SUPPORTED_HEAD_DIMS = (64, 128)
 ELEM_BYTES = 2
@@ -62,18 +63,17 @@ def smem_bytes(config: Config, problem: AttentionProblem) -> int:
 
 def estimated_registers(config: Config, problem: AttentionProblem) -> int:
     """Accumulator registers per consumer thread: O (64 x D fp32 over 128 threads), S (64 x tile_n
-    fp32) and P (S in 16 bits), which is live next to S in every mode: with overlap the previous
-    block's P feeds the in-flight value MMA while the next S arrives; without it (and with P going
-    through shared memory) P is built in registers while S is still live. Calibrated against ptxas
-    on sm_90a (compile_sweep): the accepted edge cases compile without spills, e.g. 192x80 at D=128
-    (124 of 128), 128x192 at D=128 (208 of 216), 64x192 at D=128 (208 of 216); rejected ones such as
-    192x112 or 192x128-ss at D=128 spill. Overlap with P in registers costs a few more (measured:
-    192x128 at D=64 spills 16 B with it, none without), hence the small extra term."""
+    fp32) and what of P stays resident: with P in registers (rs) the 16-bit P feeds the value MMA
+    while the next S arrives (half of S); through shared memory (ss) only a conversion chunk.
+
+    Fitted to what ptxas reports over every tile shape, head dim, P operand, overlap and mask
+    (`benchmarks/sm90_register_sweep.py`, table in `register_table.json`; tests/test_sm90_model.py
+    holds the model to it): with three consumer warpgroups (160 registers) 192x128 at D=64 and
+    192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill."""
     regs_o = 64 * problem.head_dim // 128
     regs_s = 64 * config.tile_n // 128
-    regs_p = regs_s // 2
-    regs_overlap = 4 if (config.softmax_overlap and config.pv_operand == "rs") else 0
-    return regs_o + regs_s + regs_p + regs_overlap
+    regs_p = regs_s // 2 if config.pv_operand == "rs" else regs_s // 8
+    return regs_o + regs_s + regs_p
 
 
 def register_budget(config: Config) -> int:
@@ -106,11 +106,15 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
             f"registers: about {res['registers_per_consumer_thread']} accumulator registers per "
             f"consumer thread > budget {res['register_budget']} with "
             f"{res['consumer_warpgroups']} consumer warpgroup(s)")
+    if config.pv_operand == "rs" and not config.softmax_overlap:
+        reasons.append("pv_operand=rs without softmax_overlap: ptxas serialises the value wgmma for "
+                       "some tile widths (seen at 128x80, D=128 and 128x96, D=64 under the causal "
+                       "mask); overlap or P through shared memory avoid it")
     if config.tile_n % 16:
         reasons.append(f"tile_n={config.tile_n}: the value MMA's K must be a multiple of 16")
-    if config.q_stages == 2 and config.scheduler == "single":
-        reasons.append("q_stages=2 needs a persistent scheduler (static/lpt): with one tile per "
-                       "CTA the second Q buffer is never used")
+    if config.q_stages == 2 and config.scheduler not in PERSISTENT_SCHEDULERS:
+        reasons.append(f"q_stages=2 needs a persistent scheduler ({'/'.join(PERSISTENT_SCHEDULERS)}): "
+                       f"with one tile per CTA the second Q buffer is never used")
     ratio = problem.gqa_ratio
     if config.pack_gqa:
         if ratio == 1:
@@ -121,18 +125,38 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     return reasons
 
 
+TYPICAL_SM_COUNT = 132  # the H200's; the default's wave arithmetic only needs the order of magnitude
+
+
 def default_config(problem: AttentionProblem) -> Config:
-    """Heuristic default: 128 x 128 tiles (two consumer warpgroups), P from registers with
-    intra-warpgroup overlap, 2 K/V stages, rescale threshold 8, GQA packing when the ratio divides
-    the tile, and LPT persistent scheduling for causal (long tiles first; measured on the H200 at
-    B1 S1024 H32/8 D128 fp16: 28.7 us vs 32.2 us with one CTA per tile; non-causal: single 35.1 us,
-    static 34.7 us, lpt 35.8 us, so the plain grid stays)."""
+    """The knobs' declared defaults (128 x 128 tiles, P in registers with overlap, 2 K/V stages,
+    rescale threshold 8, one CTA per tile), then per-problem rules, each measured on the H200
+    (`benchmarks/sm90_variants.py`, results/h200/variants_*.json):
+
+    - head dim 64: 192-row tiles (three consumer warpgroups), as flash-attn-4 does: 80.1 vs 84.9 us at
+      B1 S2048 H32/8 full, 48.6 vs 55.7 us causal (unless over 5 % of the rows would be padding);
+    - GQA packing when the ratio divides the tile rows (K/V loaded once per group);
+    - many short tiles (>= 8 waves of tiles, <= 32 m-blocks per head): persistent `static` with two Q
+      stages, whose next Q and K/V load under this tile's softmax: 503.6 vs 523.6 us at B16 S1024 full,
+      320.8 vs 344.5 causal;
+    - otherwise causal: one CTA per tile, longest first (`single_lpt`): 22.4 vs 27.5 us (`single`)
+      at B1 S1024 causal, whose heavy tiles land in the tail in m order."""
+    config = Config.make(ARCH)
     ratio = problem.gqa_ratio
-    pack = ratio > 1 and 128 % ratio == 0
-    return Config.make(
-        ARCH, tile_m=128, tile_n=128, kv_stages=2, q_stages=1, rescale_threshold=8.0,
-        softmax_overlap=True, pv_operand="rs", scheduler="lpt" if problem.causal else "single",
-        pack_gqa=pack)
+    if problem.head_dim <= 64 and (ratio == 1 or 192 % ratio == 0):
+        rows = problem.seqlen_q * ratio  # packed rows (ratio 1: unpacked)
+        if -(-rows // 192) * 192 <= rows * 1.05:  # a 192-row tile must not compute padding rows
+            config = config.replace(tile_m=192)
+    pack = ratio > 1 and config.tile_m % ratio == 0
+    config = config.replace(pack_gqa=pack)
+    rows = problem.seqlen_q * (ratio if pack else 1)
+    m_blocks = -(-rows // config.tile_m)
+    tiles = m_blocks * (problem.heads_kv if pack else problem.heads_q) * problem.batch
+    if tiles >= 8 * TYPICAL_SM_COUNT and m_blocks <= 32:
+        config = config.replace(scheduler="static", q_stages=2)
+    elif problem.causal:
+        config = config.replace(scheduler="single_lpt")
+    return config
 
 
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:

@@ -106,7 +106,17 @@ class CompiledAttention:
         self._fn(q, k, v, out, lse, scale)
 
 
-def compile_attention(config: Config, problem: AttentionProblem, key, num_sms: int = SM_COUNT_H200):
+def device_sm_count() -> int:
+    """SMs of torch's current CUDA device: the persistent schedulers' grid is compiled in, and an
+    H100 PCIe (114 SMs) or an H20 (78) must not get the H200's 132."""
+    import torch
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def compile_attention(config: Config, problem: AttentionProblem, key, num_sms: Optional[int] = None):
+    if num_sms is None:
+        num_sms = device_sm_count()
+    key = (*key, ("num_sms", num_sms))
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None:

@@ -43,6 +43,15 @@ BAR_PINGPONG_FIRST = 3  # one per consumer warpgroup: 3, 4, 5
 # setmaxnreg split (producer, consumer) per consumer-warpgroup count; the block's 64K registers
 # must cover 128 * (producer + W * consumer).
 REGISTER_SPLIT = {1: (56, 256), 2: (24, 240), 3: (32, 160)}
+ILP_CHAINS = 4  # independent partial reductions per softmax row (see online_softmax)
+
+
+def _tree(values: list, combine):
+    """Combine a list pairwise (a balanced tree: log2(n) dependent steps, not n)."""
+    while len(values) > 1:
+        values = [combine(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
 
 
 class FlashAttentionSm90:
@@ -590,21 +599,30 @@ class FlashAttentionSm90:
                     else:
                         limit = causal_limit
                 for c in cutlass.range_constexpr(cute.size(S.shape[1])):
-                    if t0ScS[0, c][1] >= limit:
-                        S[r, c] = -Float32.inf
+                    # a select, not an `if`: a branch per element would carry every S register
+                    S[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else S[r, c]
 
     # ---- softmax -------------------------------------------------------------------------------
     @cute.jit
     def online_softmax(self, acc_S, row_max, row_sum, scale_log2: Float32,
                        is_first: cutlass.Constexpr):
         """S -> P = exp2(S * scale_log2 - basis * scale_log2) in place; returns (per-row O scale,
-        whether any row of this warp moved its basis)."""
+        whether any row of this warp moved its basis).
+
+        The row max and row sum are reduced in ILP_CHAINS independent chains: a single chain of
+        tile_n / 4 dependent FMNMX or FADD puts its whole latency on the softmax's critical path,
+        which is what the other warpgroup's MMAs must hide (most visibly at head dim 64)."""
         S = L.acc_rows_cols(acc_S)
+        num_cols = cute.size(S.shape[1])
+        chains = ILP_CHAINS if num_cols % ILP_CHAINS == 0 else 1
         row_scale = cute.make_rmem_tensor(self.rows_per_thread, Float32)
         moved = Boolean(False)
         for r in cutlass.range_constexpr(cute.size(S.shape[0])):
-            s_row = S[r, None].load()
-            blk_max = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            part = [S[r, j] for j in range(chains)]
+            for c in cutlass.range_constexpr(chains, num_cols, chains):
+                for j in cutlass.range_constexpr(chains):
+                    part[j] = cute.arch.fmax(part[j], S[r, c + j])
+            blk_max = _tree(part, cute.arch.fmax)
             blk_max = cute.arch.warp_reduction_max(blk_max, threads_in_group=4)
             basis = blk_max
             scale = Float32(1.0)
@@ -623,14 +641,18 @@ class FlashAttentionSm90:
             if basis == -Float32.inf:
                 basis_safe = Float32(0.0)
             bias = basis_safe * scale_log2
-            p_row = cute.math.exp2(s_row * scale_log2 - bias, fastmath=True)
-            blk_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            p_row = cute.math.exp2(S[r, None].load() * scale_log2 - bias, fastmath=True)
+            S[r, None].store(p_row)
+            sums = [S[r, j] for j in range(chains)]
+            for c in cutlass.range_constexpr(chains, num_cols, chains):
+                for j in cutlass.range_constexpr(chains):
+                    sums[j] = sums[j] + S[r, c + j]
+            blk_sum = _tree(sums, lambda a, b: a + b)
             if const_expr(is_first):
                 row_sum[r] = blk_sum
             else:
                 row_sum[r] = row_sum[r] * scale + blk_sum
             row_scale[r] = scale
-            S[r, None].store(p_row)
         any_moved = moved
         if const_expr(not is_first):
             any_moved = cute.arch.vote_any_sync(moved)

@@ -4,48 +4,28 @@ A task ("tile") is (m_block, head, batch), where head is a query head, or a KV h
 folds a KV head's query heads into the tile rows. The scheduler decides only the order of tasks and
 which CTA runs which; the kernel does the rest.
 
-Host side: `grid_shape(kind, problem, tile_m, pack_gqa, num_sms)` (plain Python, for reports and
-tests) and `TileScheduler.grid(...)` (the same arithmetic on the DSL's runtime values, for the launch).
+Host side: `TileScheduler.grid()` (the launch grid, on the DSL's runtime values).
 Device side: `initial_work()` and `next_work(work)`; `decode(work)` gives (m_block, head, batch).
 
-- single: one CTA per task, grid (m_blocks, heads, batch); nothing persists.
+- single: one CTA per task, grid (m_blocks, heads, batch), m_block ascending; nothing persists.
+- single_lpt: one CTA per task on a 1-D grid in longest-processing-time order (late m_blocks first,
+  the longest under causal masking), inside groups of heads sized so that a group's K and V stay in
+  L2 (about `L2_BYTES_FOR_KV`). The hardware hands CTAs to SMs as they free up, so this is a greedy
+  longest-first schedule: the heavy causal tiles start first and the light ones fill the tail.
 - static: persistent, grid = min(SM count, tasks); CTA c runs tasks c, c + grid, c + 2*grid, ...
   in m-fastest order.
-- lpt: persistent like static, but tasks are ordered longest first (late m_blocks first, which are
-  the longest under causal masking) inside groups of heads sized so that a group's K and V stay in
-  L2 (about `L2_BYTES_FOR_KV`), so CTAs working at the same time share K/V.
+- lpt: persistent like static, over the single_lpt order (dealt round-robin, not greedily).
 """
 
 from __future__ import annotations
 
-KINDS = ("single", "static", "lpt")
+KINDS = ("single", "single_lpt", "static", "lpt")
+PERSISTENT_KINDS = ("static", "lpt")
 L2_BYTES_FOR_KV = 32 * 1024 * 1024  # about two thirds of the H200's 50 MB L2
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def lpt_group_heads(seqlen_k: int, head_dim: int, elem_bytes: int = 2) -> int:
-    """How many (batch, head) units of K+V fit in the L2 share: the LPT head-group size."""
-    kv_bytes = max(1, seqlen_k) * head_dim * elem_bytes * 2
-    return max(1, L2_BYTES_FOR_KV // kv_bytes)
-
-
-def grid_shape(kind: str, problem, tile_m: int, pack_gqa: bool, num_sms: int = 132) -> tuple:
-    """Launch grid of a scheduler for a problem (host arithmetic, mirrors `TileScheduler.grid`)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown scheduler {kind!r}; known: {KINDS}")
-    rows = problem.seqlen_q * (problem.gqa_ratio if pack_gqa else 1)
-    heads = problem.heads_kv if pack_gqa else problem.heads_q
-    m_blocks = _ceil_div(rows, tile_m)
-    if kind == "single":
-        return (m_blocks, heads, problem.batch)
-    return (max(1, min(num_sms, m_blocks * heads * problem.batch)), 1, 1)
-
-
 def _device():
-    # imported lazily so that this module's host half never needs the DSL
+    # imported lazily so that importing this module never needs the DSL
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32
@@ -53,7 +33,8 @@ def _device():
 
 
 class TileScheduler:
-    """Device half of the protocol. `kind` is a compile-time constant; the counts are runtime values."""
+    """`kind` is a compile-time constant; the counts are runtime values, `num_sms` is compiled in
+    (the kernel is compiled per SM count of the device)."""
 
     def __init__(self, kind: str, num_m_blocks, num_heads, batch, group_heads, num_sms: int):
         if kind not in KINDS:
@@ -77,13 +58,21 @@ class TileScheduler:
         cutlass, cute, Int32 = _device()
         return TileScheduler(self.kind, *[Int32(v) for v in values], self.num_sms)
 
+    @property
+    def persistent(self) -> bool:
+        return self.kind in PERSISTENT_KINDS
+
+    def num_tasks(self):
+        return self.num_m_blocks * self.num_heads * self.batch
+
     # ---- host / launch ----------------------------------------------------------------------
     def grid(self):
         cutlass, cute, Int32 = _device()
         if self.kind == "single":
             return (self.num_m_blocks, self.num_heads, self.batch)
-        tasks = self.num_m_blocks * self.num_heads * self.batch
-        return (cutlass.max(cutlass.min(Int32(self.num_sms), tasks), 1), 1, 1)
+        if self.kind == "single_lpt":
+            return (cutlass.max(self.num_tasks(), 1), 1, 1)
+        return (cutlass.max(cutlass.min(Int32(self.num_sms), self.num_tasks()), 1), 1, 1)
 
     # ---- device -----------------------------------------------------------------------------
     def initial_work(self):
@@ -92,16 +81,15 @@ class TileScheduler:
         bx, _, _ = cute.arch.block_idx()
         if self.kind == "single":
             return Int32(bx), cutlass.Boolean(True)
-        tasks = self.num_m_blocks * self.num_heads * self.batch
-        return Int32(bx), Int32(bx) < tasks
+        return Int32(bx), Int32(bx) < self.num_tasks()
 
     def next_work(self, task):
         cutlass, cute, Int32 = _device()
-        if self.kind == "single":
+        if not self.persistent:
             return task, cutlass.Boolean(False)
         gx, _, _ = cute.arch.grid_dim()
         nxt = task + Int32(gx)
-        return nxt, nxt < self.num_m_blocks * self.num_heads * self.batch
+        return nxt, nxt < self.num_tasks()
 
     def decode(self, task):
         """(m_block, head, batch) of a task."""
@@ -113,8 +101,8 @@ class TileScheduler:
             m_block = task % self.num_m_blocks
             rest = task // self.num_m_blocks
             return m_block, rest % self.num_heads, rest // self.num_heads
-        # lpt: head groups of `group_heads` (batch, head) units; inside a group, m_blocks from the
-        # last (longest under causal) to the first, and the group's heads fastest.
+        # longest first: head groups of `group_heads` (batch, head) units; inside a group, m_blocks
+        # from the last (longest under causal) to the first, and the group's heads fastest.
         units = self.num_heads * self.batch
         per_group = self.group_heads * self.num_m_blocks
         group = task // per_group

@@ -17,7 +17,7 @@ BASE = dict(tile_m=128, tile_n=128, kv_stages=2, q_stages=1, rescale_threshold=8
 VARIANTS = [
     dict(),
     dict(tile_m=64),
-    dict(tile_m=192, tile_n=64, softmax_overlap=False),
+    dict(tile_m=192, tile_n=64, softmax_overlap=False, pv_operand="ss"),
     dict(tile_m=192, tile_n=80),
     dict(tile_n=64, kv_stages=4),
     dict(tile_n=80, kv_stages=3),
@@ -31,14 +31,18 @@ VARIANTS = [
     dict(q_stages=2, scheduler="lpt"),
     dict(scheduler="static"),
     dict(scheduler="lpt"),
+    dict(scheduler="single_lpt"),
     dict(rescale_threshold=0.0),
     dict(rescale_threshold=4.0),
     dict(rescale_threshold=12.0),
-    dict(softmax_overlap=False),
+    dict(softmax_overlap=False, pv_operand="ss"),
     dict(pv_operand="ss"),
     dict(pv_operand="ss", softmax_overlap=False, tile_n=96),
     dict(pack_gqa=False),
 ]
+# head dim 64 (below): flash-attn-4's 192 x 128 tile, which the register model admits there
+VARIANTS_D64 = [dict(tile_m=192), dict(tile_m=192, scheduler="single_lpt"),
+                dict(tile_m=192, q_stages=2, scheduler="static")]
 
 
 def _config(variant):
@@ -66,6 +70,22 @@ CASES = shard([
 def test_knob_value(variant, dtype, causal, s):
     cfg = _config(VARIANTS[variant])
     prob = AttentionProblem(2, s, s, 8, 2, 128, dtype, causal=causal, return_lse=(s == 1000))
+    assert feasible(cfg, prob) == [], cfg.label()
+    failures = run_and_check(cfg, prob)
+    assert not failures, f"{prob.label()} {cfg.label()}: {failures}"
+
+
+CASES_D64 = shard([
+    pytest.param(i, dtype, causal, id=f"{_config(v).label().replace(' ', ',')}-d64-{dtype}-{'causal' if causal else 'full'}")
+    for (i, v), dtype, causal in itertools.product(enumerate(VARIANTS_D64), ("fp16", "bf16"), (False, True))
+])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,dtype,causal", CASES_D64)
+def test_knob_value_head_dim_64(variant, dtype, causal):
+    cfg = _config(VARIANTS_D64[variant])
+    prob = AttentionProblem(2, 1000, 1000, 8, 2, 64, dtype, causal=causal, return_lse=True)
     assert feasible(cfg, prob) == [], cfg.label()
     failures = run_and_check(cfg, prob)
     assert not failures, f"{prob.label()} {cfg.label()}: {failures}"

@@ -1,0 +1,76 @@
+"""Compile the sm90 kernel over the register-relevant knobs, ignoring the register model, and record
+what ptxas reports (registers, spills, serialised wgmma). The feasibility model's register rule is
+fitted to this table (kernels/sm90/register_table.json) and tests/test_sm90_model.py holds it to it.
+
+    python benchmarks/sm90_register_sweep.py --jobs 15 --out kernels/sm90/register_table.json
+
+No GPU is needed (the H200 machine's 16 cores make it a two-minute job; 2 cores take ~30 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import time
+
+TILE_M = (64, 128, 192)
+TILE_N = (64, 80, 96, 112, 128, 144, 160, 176, 192)
+HEAD_DIMS = (64, 128)
+OVERLAP = (True, False)
+PV_OPERAND = ("rs", "ss")
+# the problem variants that change the consumer's registers: the mask code and the LSE write
+MASKS = (("full", False, False), ("causal_lse", True, True))
+
+
+def cases():
+    for tm, tn, d, ov, pv, (mask, causal, lse) in itertools.product(
+            TILE_M, TILE_N, HEAD_DIMS, OVERLAP, PV_OPERAND, MASKS):
+        yield dict(tile_m=tm, tile_n=tn, head_dim=d, softmax_overlap=ov, pv_operand=pv, mask=mask,
+                   causal=causal, return_lse=lse)
+
+
+def compile_case(case: dict) -> dict:
+    from fa4.kernels import AttentionProblem, Config
+    from fa4.kernels.sm90 import build, smem_bytes, SMEM_LIMIT_BYTES
+    problem = AttentionProblem(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8,
+                               head_dim=case["head_dim"], dtype="fp16", causal=case["causal"],
+                               return_lse=case["return_lse"])
+    config = Config.make("sm90", tile_m=case["tile_m"], tile_n=case["tile_n"], kv_stages=2, q_stages=1,
+                         softmax_overlap=case["softmax_overlap"], pv_operand=case["pv_operand"],
+                         scheduler="lpt", pack_gqa=True)
+    row = dict(case)
+    if smem_bytes(config, problem) > SMEM_LIMIT_BYTES:
+        row["outcome"] = "smem"
+        return row
+    t0 = time.perf_counter()
+    report = build.compile_report(config, problem)
+    row.update(outcome="ok" if report.get("ok") else "error", seconds=round(time.perf_counter() - t0, 1),
+               registers=report.get("registers"), spill_bytes=(report.get("spill_stores") or 0)
+               + (report.get("spill_loads") or 0), wgmma_serialized=report.get("wgmma_serialized"),
+               error=report.get("error"))
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=max(1, mp.cpu_count() - 1))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    todo = list(cases())
+    with mp.get_context("spawn").Pool(args.jobs) as pool:
+        rows = list(pool.imap_unordered(compile_case, todo))
+    rows.sort(key=lambda r: (r["tile_m"], r["tile_n"], r["head_dim"], r["mask"], r["pv_operand"],
+                             not r["softmax_overlap"]))
+    with open(args.out, "w") as f:
+        json.dump({"command": "python benchmarks/sm90_register_sweep.py --jobs "
+                   f"{args.jobs} --out {args.out}", "rows": rows}, f, indent=0, sort_keys=True)
+    bad = [r for r in rows if r["outcome"] == "ok" and (r["spill_bytes"] or r["wgmma_serialized"])]
+    print(f"{len(rows)} cases: {sum(r['outcome'] == 'ok' for r in rows)} compiled, "
+          f"{sum(r['outcome'] == 'smem' for r in rows)} over shared memory, "
+          f"{sum(r['outcome'] == 'error' for r in rows)} errors, {len(bad)} spill or serialise")
+
+
+if __name__ == "__main__":
+    main()
