@@ -35,15 +35,13 @@ import torch
 
 from fa4 import checks, fallback as _fallback
 from fa4 import kernels
+from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
 
 ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
 FALLBACKS = ("error", "sdpa")
 
-# Compute capability -> kernel family. sm_90a code runs on 9.0 only and sm_100a code on 10.0 only
-# (arch-specific features: a B300, 10.3, needs sm_103a), so no other capability maps to a family.
-CAPABILITY_ARCH = {(9, 0): "sm90", (10, 0): "sm100"}
 UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
                            "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
                            "was available to run it"}
@@ -187,7 +185,7 @@ def _device_facts(device: torch.device) -> tuple[str | None, str, tuple[int, int
     facts = _STATE.devices.get(index)
     if facts is None:
         capability = tuple(torch.cuda.get_device_capability(index))
-        facts = (CAPABILITY_ARCH.get(capability), torch.cuda.get_device_name(index), capability)
+        facts = (arch_of_capability(capability), torch.cuda.get_device_name(index), capability)
         _STATE.devices[index] = facts
     return facts
 
@@ -334,7 +332,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
         if arch is None and not device_problems:
             reasons.append(
                 f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
-                f"they exist for Hopper (9.0, sm_90a) and Blackwell (10.0, sm_100a)")
+                f"they exist for {describe_capabilities()}")
     notes: list[str] = []
     if arch in UNTESTED_ARCHS:
         notes.append(UNTESTED_ARCHS[arch])

@@ -12,8 +12,8 @@ Output file (JSON, default `results/bench.json`; `--csv` writes the rows as CSV 
 
 One row per (shape, variant):
     shape       the shape key (`fa4tune.search.shape_key`), problem: AttentionProblem fields
-    variant     "tuned" | "default" | "sdpa_flash" | "sdpa_cudnn" | "flash_attn_4"
-    outcome     "ok" or the failure class (as in a search trial; "missing" for a tuned row with no
+    variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`)
+    outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
                 usable database entry)
     us, tflops  GPU time and rate (null unless ok)
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
@@ -31,6 +31,7 @@ from typing import Optional
 
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.search import Progress, kernel_api, kernel_fingerprint, shape_key, versions
+from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
 from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
 
@@ -46,7 +47,7 @@ def default_bench_path() -> Path:
 
 
 def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[str] = None,
-              timing: TimingSettings = TimingSettings(), peers=("sdpa_flash", "sdpa_cudnn", "flash_attn_4"),
+              timing: TimingSettings = TimingSettings(), peers=PEER_NAMES,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None) -> dict:

@@ -14,10 +14,10 @@ from typing import Optional
 
 import click
 
+from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import L2_STATES
 
 DEFAULT_SHAPE = {"batch": 1, "heads": 32, "gqa": 4, "head_dim": 128, "seqlen": 1024, "dtype": "fp16"}
-PEERS = ("sdpa_flash", "sdpa_cudnn", "flash_attn_4")
 
 
 @click.group()
@@ -82,18 +82,16 @@ def detect_gpus() -> list[dict]:
             for i in range(torch.cuda.device_count())]
 
 
-def arch_of(cc: tuple[int, int]) -> Optional[str]:
-    return {9: "sm90", 10: "sm100"}.get(cc[0])
-
-
 def _resolve_arch(arch: str, gpus: list[dict], need_gpu: bool) -> str:
     if arch != "auto":
         return arch
     if gpus:
-        found = arch_of(tuple(gpus[0]["cc"]))
+        from fa4.arch import arch_of_capability, describe_capabilities
+
+        found = arch_of_capability(gpus[0]["cc"])
         if found is None:
-            raise click.ClickException(f"GPU {gpus[0]['name']} (sm_{gpus[0]['cc'][0]}{gpus[0]['cc'][1]}) is "
-                                       "neither Hopper (sm90) nor Blackwell (sm100)")
+            raise click.ClickException(f"GPU {gpus[0]['name']} (compute capability {gpus[0]['cc'][0]}."
+                                       f"{gpus[0]['cc'][1]}) runs no fa4 kernel: {describe_capabilities()}")
         return found
     if need_gpu:
         raise click.ClickException("no CUDA GPU found")
@@ -195,7 +193,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask,
     settings = search_mod.SearchSettings(
         trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
-        timing=TimingSettings(l2=l2), peers=PEERS if peers else (), storage=storage, study_name=study,
+        timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
         db_path=db_path, record_db=not no_db, space_path=space_path)
     _echo_err(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
               f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
@@ -218,7 +216,6 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(summaries, indent=2, sort_keys=True))
         return
-    from fa4tune.worker import OUTCOMES
 
     rows = []
     for s in summaries:
@@ -342,7 +339,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, 
     _echo_err(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s)")
     try:
         doc = run_bench(arch, problems, db_path=db_path, timing=TimingSettings(l2=l2),
-                        peers=PEERS if peers else (), gpus=[gpus[0]["index"]], processes=jobs)
+                        peers=PEER_NAMES if peers else (), gpus=[gpus[0]["index"]], processes=jobs)
     except PoolError as exc:
         raise click.ClickException(str(exc)) from exc
     path = out_path or default_bench_path()

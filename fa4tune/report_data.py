@@ -21,12 +21,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
 
-# The failure classes a trial can end in (the search writes one of these to user_attrs["outcome"]).
-# "interrupted": the harness died while the trial ran (swept on the next run).
-OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch", "interrupted")
+from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES
+from fa4tune.peers import PEER_NAMES as PEERS
+
 # Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
 # the heuristic default configuration, the rest are the peers timed in the same run.
-PEERS = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
 IMPLS = ("tuned", "default") + PEERS
 BASELINES = ("default",) + PEERS  # what "tuned" is compared against
 

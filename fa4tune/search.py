@@ -74,9 +74,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from fa4.kernels import AttentionProblem, Config
+from fa4tune.peers import PEER_NAMES
 from fa4tune.space import SearchSpace, load_space
 from fa4tune.timing import TimingSettings
-from fa4tune.worker import DEFAULT_EVALUATOR, OUTCOMES, PoolError, WorkerPool, short_error
+from fa4tune.outcomes import FAILED, OUTCOMES
+from fa4tune.worker import DEFAULT_EVALUATOR, PoolError, WorkerPool, short_error
 
 SAMPLERS = ("tpe", "grid", "random")
 HEARTBEAT_ATTR = "fa4tune:heartbeat"
@@ -85,7 +87,6 @@ RUN_ATTR_PREFIX = "fa4tune:run:"
 HEARTBEAT_INTERVAL_S = 10.0
 STALE_AFTER_S = 60.0
 MAX_CONSECUTIVE_REPEATS = 200
-FAILED = tuple(o for o in OUTCOMES if o != "ok")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ class SearchSettings:
     processes: Optional[int] = None            # worker processes in all (compile in parallel)
     timing: TimingSettings = field(default_factory=TimingSettings)
     validate: bool = True
-    peers: tuple = ("sdpa_flash", "sdpa_cudnn", "flash_attn_4")
+    peers: tuple = PEER_NAMES
     storage: Optional[str] = None
     study_name: Optional[str] = None
     db_path: Optional[str] = None              # None: $FA4_CONFIG_DB or the packaged database

@@ -13,14 +13,8 @@ crosses a process boundary. Identical compile keys are compiled once: a worker c
 kernels by `fa4.kernels.compile_key`, and the pool sends a task whose key a worker already holds to
 that worker.
 
-Outcomes of a trial (the `outcome` user attribute in the optuna storage):
-    ok             validated and timed
-    compile_error  compilation raised (or the compiler process died)
-    launch_error   the launch raised and the CUDA context is still healthy afterwards
-    fault          the CUDA context is poisoned afterwards, or the worker died during the GPU phase
-    timeout        compile phase over `compile_timeout_s`, or GPU phase over `trial_timeout_s`
-    mismatch       wrong output (rtol = atol = 1e-2 against SDPA and against the fp32 reference)
-    infeasible     decided by the parent before any worker sees the trial
+Outcomes of a trial: `fa4tune.outcomes` (a worker reports ok or one of its WORKER_FAILURES; the
+parent decides "infeasible" before any worker sees a trial).
 
 Test-only fault injection (read here, in the worker, and nowhere else): the environment variable
 `FA4TUNE_INJECT_FAULT` holds rules separated by ";", each `<outcome>@<knob>=<value>[,<knob>=<value>]`
@@ -48,12 +42,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 from typing import Any, Optional
 
-OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch")
+from fa4tune.outcomes import WORKER_FAILURES
+
 INJECT_ENV = "FA4TUNE_INJECT_FAULT"
 DEFAULT_EVALUATOR = "fa4tune.worker:KernelEvaluator"
-_INJECTABLE = ("compile_error", "launch_error", "fault", "timeout", "mismatch")
-_DSL_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a"}
-RTOL = ATOL = 1e-2
+_INJECTABLE = WORKER_FAILURES
 
 
 class InjectedFault(RuntimeError):
@@ -169,18 +162,14 @@ class KernelEvaluator:
         if key not in self._inputs:
             import torch
 
-            from fa4tune.peers import make_inputs, reference_fp32, sdpa_reference, softmax_scale
+            from fa4.reference import Expected, random_inputs, softmax_scale
 
             self._inputs.clear()  # one problem at a time: keep the GPU memory of one set
             scale = softmax_scale(problem.head_dim)
-            q, k, v = make_inputs(problem)
-            ref, ref_lse = reference_fp32(q, k, v, problem.causal, scale)
-            same_precision = sdpa_reference(q, k, v, problem.causal, scale).float()
-            # SDPA gives NaN for a query row that sees no key (causal, seqlen_q > seqlen_k); the
-            # flash convention (and the fp32 reference) is 0 there
-            same_precision = torch.where(torch.isnan(same_precision), ref, same_precision)
+            q, k, v = random_inputs(problem)
+            expected = Expected.of(q, k, v, problem.causal, scale)
             torch.cuda.synchronize()
-            self._inputs[key] = (q, k, v, ref, ref_lse, same_precision, scale)
+            self._inputs[key] = (q, k, v, expected, scale)
         return self._inputs[key]
 
     def run_trial(self, kernel, config, problem, timing, validate: bool, perturb: bool) -> dict:
@@ -188,7 +177,9 @@ class KernelEvaluator:
 
         from fa4tune.timing import time_cuda, tflops
 
-        q, k, v, ref, ref_lse, same_precision, scale = self._cached_inputs(problem)
+        from fa4.reference import compare
+
+        q, k, v, expected, scale = self._cached_inputs(problem)
         out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
         lse = (torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
                           device=q.device, dtype=torch.float32) if problem.return_lse else None)
@@ -198,8 +189,8 @@ class KernelEvaluator:
             out.add_(1.0)
         result: dict = {}
         if validate:
-            check = compare(out, lse, ref, ref_lse, same_precision)
-            result.update(check)
+            check = compare(out, lse, expected)
+            result.update({k: v for k, v in check.items() if k not in ("passed", "failures")})
             if not check["passed"]:
                 result["outcome"] = "mismatch"
                 return result
@@ -215,7 +206,7 @@ class KernelEvaluator:
         from fa4tune.peers import peer_available, peer_call
         from fa4tune.timing import time_cuda, tflops
 
-        q, k, v, ref, _, _, scale = self._cached_inputs(problem)
+        q, k, v, expected, scale = self._cached_inputs(problem)
         out: dict = {}
         for name in names:
             why_not = peer_available(name)
@@ -226,7 +217,7 @@ class KernelEvaluator:
                 call, notes = peer_call(name, q, k, v, problem.causal, scale)
                 got = call()
                 torch.cuda.synchronize()
-                max_err = float((got.float() - ref).abs().max())
+                max_err = float((got.float() - expected.out_fp32).abs().max())
                 measured = time_cuda(call, timing)
                 out[name] = {"us": round(measured.us, 3),
                              "tflops": round(tflops(problem.flops(), measured.us), 2),
@@ -258,43 +249,6 @@ class KernelEvaluator:
             return torch.ones(1, device="cuda").add_(1).item() == 2.0
         except Exception:
             return False
-
-
-def compare(out, lse, ref, ref_lse, same_precision) -> dict:
-    """Validation of one output: both comparisons at rtol = atol = 1e-2, finite values required."""
-    import torch
-
-    outf = out.float()
-    finite = bool(torch.isfinite(outf).all())
-    err32 = (outf - ref).abs()
-    err_sdpa = (outf - same_precision).abs()
-    ok32 = finite and bool(torch.allclose(outf, ref, rtol=RTOL, atol=ATOL))
-    ok_sdpa = finite and bool(torch.allclose(outf, same_precision, rtol=RTOL, atol=ATOL))
-    result = {"max_err": _finite_or_none(err32.max()), "max_err_sdpa": _finite_or_none(err_sdpa.max())}
-    errors = []
-    if not finite:
-        errors.append("output has NaN/Inf (or was not written)")
-    if finite and not ok32:
-        errors.append(f"differs from the fp32 reference: max abs error {result['max_err']:.4g}")
-    if finite and not ok_sdpa:
-        errors.append(f"differs from SDPA: max abs error {result['max_err_sdpa']:.4g}")
-    if lse is not None:
-        both_inf = torch.isneginf(ref_lse) & torch.isneginf(lse)
-        lse_err = torch.where(both_inf, torch.zeros_like(lse), (lse - ref_lse).abs())
-        result["max_err_lse"] = _finite_or_none(lse_err.max())
-        if not bool(torch.allclose(torch.where(both_inf, ref_lse.new_zeros(()), lse),
-                                   torch.where(both_inf, ref_lse.new_zeros(()), ref_lse),
-                                   rtol=RTOL, atol=ATOL)):
-            errors.append(f"lse differs from the fp32 reference: max abs error {result['max_err_lse']}")
-    result["passed"] = not errors
-    if errors:
-        result["error"] = "; ".join(errors)
-    return result
-
-
-def _finite_or_none(x) -> Optional[float]:
-    value = float(x)
-    return round(value, 6) if value == value and abs(value) != float("inf") else None
 
 
 def device_info() -> dict:
@@ -371,8 +325,10 @@ def worker_main(conn, spec: dict) -> None:
     """Entry point of a worker process (spawned; imports nothing heavy before the GPU is chosen)."""
     if spec.get("gpu_index") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu_index"])
-    if spec["mode"] == "cpu" and spec.get("arch") in _DSL_ARCH:
-        os.environ.setdefault("CUTE_DSL_ARCH", _DSL_ARCH[spec["arch"]])
+    from fa4.arch import DSL_TARGET  # after the GPU is chosen: it imports torch
+
+    if spec["mode"] == "cpu" and spec.get("arch") in DSL_TARGET:
+        os.environ.setdefault("CUTE_DSL_ARCH", DSL_TARGET[spec["arch"]])
     try:
         rules = parse_injections(os.environ.get(INJECT_ENV))
         evaluator = load_evaluator(spec["evaluator"], spec["mode"])

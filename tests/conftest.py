@@ -1,7 +1,7 @@
 """Marker handling: GPU tests run only where the GPU they need is present.
 
 `gpu`   needs a CUDA GPU our runnable kernel supports (Hopper, sm_90).
-`sm100` needs a Blackwell GPU (compute capability 10.x); nothing here has one.
+`sm100` needs a Blackwell GPU our sm100 kernel runs on (compute capability 10.0, `fa4.arch`).
 Detection touches CUDA only when such a test was collected, so CPU collection never needs it.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 
 import pytest
+
+from fa4.arch import arch_of_capability
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
     cc = _compute_capability()
     for item in wants_gpu:
         if item.get_closest_marker("sm100"):
-            if cc is None or cc[0] != 10:
+            if cc is None or arch_of_capability(cc) != "sm100":
                 item.add_marker(pytest.mark.skip(reason=f"needs a Blackwell GPU (sm_100); found {cc}"))
         elif cc is None:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is available"))
-        elif cc != (9, 0):
+        elif arch_of_capability(cc) != "sm90":
             item.add_marker(pytest.mark.skip(reason=f"needs a Hopper GPU (sm_90); found sm_{cc[0]}{cc[1]}"))

@@ -24,7 +24,8 @@ from fa4.kernels import AttentionProblem, Config, knobs_for
 from fa4tune import search as search_mod
 from fa4tune.search import (Progress, SearchSettings, open_storage, parse_shape, run_search, shape_key,
                             sweep_interrupted)
-from fa4tune.worker import INJECT_ENV, OUTCOMES, WorkerPool
+from fa4tune.outcomes import OUTCOMES
+from fa4tune.worker import INJECT_ENV, WorkerPool
 
 TESTS = Path(__file__).resolve().parent
 MISSION = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)
