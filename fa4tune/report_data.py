@@ -23,6 +23,7 @@ import optuna
 
 from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES
 from fa4tune.peers import PEER_NAMES as PEERS
+from fa4tune.storage import find_storages, open_for_reading
 
 # Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
 # the heuristic default configuration, the rest are the peers timed in the same run.
@@ -31,78 +32,11 @@ BASELINES = ("default",) + PEERS  # what "tuned" is compared against
 
 DEFAULT_DATABASE = "best_configs.json"
 DEFAULT_BENCH = "bench.json"
-STORAGE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".log", ".journal", ".jsonl")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-# --------------------------------------------------------------------------------------------------
-# inputs
-# --------------------------------------------------------------------------------------------------
-
-def _is_sqlite_file(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-    except OSError:
-        return False
-
-
-def _is_journal_file(path: Path) -> bool:
-    """An optuna journal is one JSON object per line, each with an "op_code"."""
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-    except OSError:
-        return False
-    try:
-        record = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and "op_code" in record
-
-
-def storage_kind(spec: str) -> str:
-    """"url" (an SQLAlchemy URL such as sqlite:///x.db), "sqlite" (a database file) or "journal".
-
-    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is neither.
-    """
-    if "://" in spec:
-        return "url"
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"optuna storage {spec} does not exist")
-    if _is_sqlite_file(path):
-        return "sqlite"
-    if _is_journal_file(path) or path.stat().st_size == 0:
-        return "journal"
-    raise ValueError(f"{spec} is neither an SQLite database nor an optuna journal file")
-
-
-def open_storage(spec: str) -> optuna.storages.BaseStorage:
-    """Open an optuna storage from a URL or a path to an SQLite or journal file, detected by content."""
-    kind = storage_kind(spec)
-    if kind == "url":
-        return optuna.storages.RDBStorage(spec)
-    if kind == "sqlite":
-        return optuna.storages.RDBStorage(f"sqlite:///{Path(spec).resolve()}")
-    backend = optuna.storages.journal.JournalFileBackend(str(spec))
-    return optuna.storages.journal.JournalStorage(backend)
-
-
-def find_storages(results_dir: Path) -> list[Path]:
-    """The optuna storages directly in a results folder, recognised by their content, sorted by name."""
-    found = []
-    if not results_dir.is_dir():
-        return found
-    for path in sorted(results_dir.iterdir()):
-        if not path.is_file() or path.stat().st_size == 0:
-            continue
-        if path.name in (DEFAULT_DATABASE, DEFAULT_BENCH) or path.suffix in (".html", ".png", ".py"):
-            continue
-        if _is_sqlite_file(path) or _is_journal_file(path):
-            found.append(path)
-    return found
-
+# ------------------------------------------------------------------------------------------------
+# inputs (the storage is only read: `fa4tune.storage.open_for_reading` creates nothing)
+# ------------------------------------------------------------------------------------------------
 
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
     with warnings.catch_warnings():
@@ -736,7 +670,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
         try:
-            found = load_studies(open_storage(spec))
+            found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
             missing.append(f"optuna storage {spec}: could not be read ({type(exc).__name__}: {exc})")
             continue

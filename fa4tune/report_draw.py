@@ -426,18 +426,11 @@ def render_html(data: ReportData) -> tuple[str, list[str]]:
 
 
 def write_report(data: ReportData, out: str | Path) -> BuiltReport:
-    """Write the report atomically (temp file + rename): a reader never sees half a file."""
-    out = Path(out)
+    """Write the report atomically (temp file + rename, mode 0644): a reader never sees half a file."""
+    from fa4.files import atomic_write
+
     doc, ids = render_html(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(doc)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    out = atomic_write(out, doc)
     return BuiltReport(out, ids, out.stat().st_size)
 
 

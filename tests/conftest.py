@@ -8,10 +8,18 @@ Detection touches CUDA only when such a test was collected, so CPU collection ne
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 import pytest
 
 from fa4.arch import arch_of_capability
+
+
+# a test never reads or writes the developer's own results directory (fa4tune.paths): the runtime
+# would otherwise pick up a tuned database from ~/.cache/fa4tune, and the harness write into it
+os.environ["FA4TUNE_HOME"] = tempfile.mkdtemp(prefix="fa4tune-test-home-")
+os.environ.pop("FA4_CONFIG_DB", None)
 
 
 @functools.lru_cache(maxsize=1)
