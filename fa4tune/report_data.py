@@ -69,6 +69,36 @@ def problem_flops(problem: Mapping[str, Any]) -> int | None:
 
 _PROBLEM_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal",
                    "return_lse")
+_INT_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
+# what a malformed input raises when it is read; such an input is skipped with a note, never fatal
+MALFORMED = (TypeError, ValueError, KeyError, AttributeError)
+
+
+def checked_problem(value: Any) -> dict:
+    """The problem fields of a study, bench row or database entry; ValueError when they do not make an
+    AttentionProblem (a missing field, a number given as text, ...)."""
+    from fa4.kernels import AttentionProblem
+
+    if not isinstance(value, Mapping):
+        raise ValueError(f"problem is a {type(value).__name__}, not a mapping")
+    bad = [k for k in _INT_FIELDS if not isinstance(value.get(k), int) or isinstance(value.get(k), bool)]
+    if bad:
+        raise ValueError(f"problem fields {', '.join(bad)} are not whole numbers")
+    try:
+        AttentionProblem(**{k: value[k] for k in value if k in _PROBLEM_FIELDS})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"problem {dict(value)}: {exc}") from exc
+    return dict(value)
+
+
+def _mapping_attr(attrs: Mapping, name: str) -> dict:
+    """A study attribute that must be a mapping when present; ValueError when it is something else."""
+    value = attrs.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"study attribute {name!r} is a {type(value).__name__}, not a mapping")
+    return dict(value)
 
 
 def tflops_of(problem: Mapping[str, Any], us: float | None) -> float | None:
@@ -261,9 +291,12 @@ def knob_importance(study: optuna.Study, knob_names: Sequence[str],
 
 def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] | None = None,
                     min_importance_trials: int = 8) -> StudyInfo:
+    """What the report shows of one study; ValueError (see `MALFORMED`) when its attributes are not what
+    the search writes (`fa4tune.study`)."""
     attrs = study.user_attrs
     arch = str(attrs.get("arch") or "unknown")
-    problem = dict(attrs.get("problem") or {})
+    problem = checked_problem(attrs["problem"]) if attrs.get("problem") is not None else {}
+    device, versions, timing, peers = (_mapping_attr(attrs, n) for n in ("device", "versions", "timing", "peers"))
     trials = measured_trials(study)
     outcomes: dict[str, int] = {}
     for t in trials:
@@ -297,10 +330,10 @@ def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] 
     return StudyInfo(
         name=study.study_name, arch=arch, problem=problem,
         label=problem_label(problem) if problem else study.study_name,
-        device=dict(attrs.get("device") or {}), versions=dict(attrs.get("versions") or {}),
-        timing=dict(attrs.get("timing") or {}), kernel_fingerprint=recorded_fp,
-        fingerprint_state=fingerprint_state(recorded_fp, current_fp),
-        peers=dict(attrs.get("peers") or {}),
+        device=device, versions=versions, timing=timing,
+        kernel_fingerprint=recorded_fp if isinstance(recorded_fp, str) else None,
+        fingerprint_state=fingerprint_state(recorded_fp if isinstance(recorded_fp, str) else None, current_fp),
+        peers=peers,
         default_us=default_us if default_us is not None else default_trial_us,
         knob_names=knob_names, n_trials=len(trials), outcomes=outcomes, best=best, history=history,
         importance=importance, importance_note=note, ok_study=good if len(good.trials) else None)
@@ -338,8 +371,10 @@ def _impl_entry(us: Any, tflops: Any, problem: Mapping, error: Any = None) -> di
     return {"us": us, "tflops": _finite(tflops) or tflops_of(problem, us)}
 
 
-def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None) -> list[ShapeRow]:
+def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
+                    notes: list[str] | None = None) -> list[ShapeRow]:
     """Group bench records (one per problem x implementation) into one row per (arch, device, problem).
+    A record whose problem is malformed is skipped, with a line in `notes`.
 
     A record names its implementation "variant" (fa4tune bench) or "impl", its result "outcome" or
     "status"; arch and device come from the record or else from the run (`run`: the file's top level).
@@ -347,9 +382,14 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None) -> l
     run = run or {}
     rows: dict[tuple, ShapeRow] = {}
     for rec in records:
-        problem = dict(rec.get("problem") or {})
         impl = str(_first(rec, "variant", "impl", default=""))
-        if not problem or not impl:
+        if not rec.get("problem") or not impl:
+            continue
+        try:
+            problem = checked_problem(rec["problem"])
+        except ValueError as exc:
+            if notes is not None:
+                notes.append(f"bench row {rec.get('shape', '?')} {impl}: skipped ({exc})")
             continue
         arch = str(_first(rec, "arch", default=run.get("arch")) or "unknown")
         dev = device_name(_first(rec, "device", default=run.get("device")))
@@ -516,30 +556,46 @@ def _bucket_label(entry: Mapping) -> str:
     return " ".join(parts)
 
 
-def best_config_rows(db: Any, fingerprints: Mapping[str, str | None]) -> list[BestConfigRow]:
-    """Rows of the best-config database, read tolerantly (a list, or {"entries": [...]})."""
+def best_config_rows(db: Any, fingerprints: Mapping[str, str | None],
+                     notes: list[str] | None = None) -> list[BestConfigRow]:
+    """Rows of the best-config database, read tolerantly (a list, or {"entries": [...]}); an entry that
+    is malformed (its config not a mapping, ...) is skipped, with a line in `notes`."""
     entries = db.get("entries", []) if isinstance(db, Mapping) else db
     if not isinstance(entries, list):
         raise ValueError("the database holds no list of entries")
     rows = []
-    for e in entries:
-        if not isinstance(e, Mapping):
+    for index, e in enumerate(entries):
+        try:
+            row = _best_config_row(e, fingerprints)
+        except MALFORMED as exc:
+            if notes is not None:
+                key = e.get("key") if isinstance(e, Mapping) else None
+                notes.append(f"best-config entry {key or index}: skipped ({type(exc).__name__}: {exc})")
             continue
-        arch = str(_first(e, "arch", default="unknown"))
-        fp = _first(e, "kernel_fingerprint", "fingerprint")
-        speedup = _first(e, "speedup", "speedups", default={})
-        rows.append(BestConfigRow(
-            arch=arch, device=device_name(_first(e, "device")), shape=_bucket_label(e),
-            tuned_on=problem_label(e["problem"]) if isinstance(e.get("problem"), Mapping) else "",
-            config=dict(_first(e, "config", "knobs", default={})), us=_finite(_first(e, "us", "time_us")),
-            tflops=_finite(e.get("tflops")),
-            speedup={str(k): float(v) for k, v in (speedup.items() if isinstance(speedup, Mapping) else [])
-                     if _finite(v) is not None},
-            max_err=(float(e["max_err"]) if isinstance(e.get("max_err"), (int, float)) else None),
-            kernel_fingerprint=fp, fingerprint_state=fingerprint_state(fp, fingerprints.get(arch)),
-            versions=dict(_first(e, "versions", default={})), date=str(_first(e, "date", default="")),
-            study=str(_first(e, "study", default="")), trial=_first(e, "trial", default="")))
+        rows.append(row)
     return sorted(rows, key=lambda r: (r.arch, r.device, r.shape))
+
+
+def _best_config_row(e: Any, fingerprints: Mapping[str, str | None]) -> BestConfigRow:
+    if not isinstance(e, Mapping):
+        raise ValueError(f"an entry is a {type(e).__name__}, not a mapping")
+    config = _first(e, "config", "knobs", default={})
+    if not isinstance(config, Mapping):
+        raise ValueError(f"its config is a {type(config).__name__}, not a mapping of knob values")
+    arch = str(_first(e, "arch", default="unknown"))
+    fp = _first(e, "kernel_fingerprint", "fingerprint")
+    speedup = _first(e, "speedup", "speedups", default={})
+    return BestConfigRow(
+        arch=arch, device=device_name(_first(e, "device")), shape=_bucket_label(e),
+        tuned_on=problem_label(e["problem"]) if isinstance(e.get("problem"), Mapping) else "",
+        config=dict(config), us=_finite(_first(e, "us", "time_us")),
+        tflops=_finite(e.get("tflops")),
+        speedup={str(k): float(v) for k, v in (speedup.items() if isinstance(speedup, Mapping) else [])
+                 if _finite(v) is not None},
+        max_err=(float(e["max_err"]) if isinstance(e.get("max_err"), (int, float)) else None),
+        kernel_fingerprint=fp, fingerprint_state=fingerprint_state(fp, fingerprints.get(arch)),
+        versions=dict(_first(e, "versions", default={})), date=str(_first(e, "date", default="")),
+        study=str(_first(e, "study", default="")), trial=_first(e, "trial", default=""))
 
 
 def bench_records(data: Any) -> list[Mapping]:
@@ -687,7 +743,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
             db = _read_json(db_path)
             entries = db.get("entries", []) if isinstance(db, Mapping) else db
             archs |= {str(e.get("arch")) for e in entries if isinstance(e, Mapping) and e.get("arch")}
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
             missing.append(f"best-config database {db_path}: could not be read ({exc})")
             db = None
     else:
@@ -714,19 +770,25 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         archs.add(str(bench_data["arch"]))
 
     fingerprints = current_fingerprints(a for a in archs if a != "unknown")
-    studies = sorted((summarize_study(s, fingerprints, min_importance_trials) for s in raw_studies),
+    summaries = []
+    for raw in raw_studies:
+        try:
+            summaries.append(summarize_study(raw, fingerprints, min_importance_trials))
+        except MALFORMED as exc:  # one malformed study must not take the report down
+            missing.append(f"study {raw.study_name}: skipped ({type(exc).__name__}: {exc})")
+    studies = sorted(summaries,
                      key=lambda s: _row_sort_key(ShapeRow(s.arch, device_name(s.device), s.problem, "", "",
                                                           {})) + (s.name,))
     best_rows: list[BestConfigRow] = []
     if db is not None:
         try:
-            best_rows = best_config_rows(db, fingerprints)
+            best_rows = best_config_rows(db, fingerprints, notes=missing)
             sources[f"best-config database {db_path}"] = f"{len(best_rows)} entries"
         except ValueError as exc:
             missing.append(f"best-config database {db_path}: {exc}")
 
     run = bench_data if isinstance(bench_data, Mapping) else {}
-    shape_rows = merge_rows(rows_from_bench(records, run), rows_from_studies(studies))
+    shape_rows = merge_rows(rows_from_bench(records, run, notes=missing), rows_from_studies(studies))
 
     timing_set = {describe_timing(s.timing) for s in studies}
     if bench_data is not None:
