@@ -187,12 +187,29 @@ def summary_lines(results: list[dict]) -> list[str]:
 
 def compact(result: dict) -> dict:
     """The result without what each compile report repeats (its config and problem are the entry's and
-    the run's), so a whole space's results stay small enough to keep in the repository."""
+    the run's), so a whole space's results stay small enough to keep in the repository, and with the
+    checkout's own location cut from the compiler's messages (committed files carry no machine paths)."""
     entries = []
     for entry in result["compiled"]:
         report = {k: v for k, v in (entry.get("report") or {}).items() if k not in ("config", "problem")}
-        entries.append({**entry, "report": report})
+        entries.append(_relative({**entry, "report": report}))
     return {**result, "compiled": entries}
+
+
+def _relative(value):
+    """Strings with this checkout's absolute location removed (the DSL names source files by it)."""
+    from pathlib import Path
+
+    import fa4
+
+    root = str(Path(fa4.__file__).resolve().parent.parent) + "/"
+    if isinstance(value, str):
+        return value.replace(root, "")
+    if isinstance(value, dict):
+        return {k: _relative(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v) for v in value]
+    return value
 
 
 def write_json(results: list[dict], path: str) -> None:

@@ -38,6 +38,21 @@ DEFAULT_BENCH = "bench.json"
 # inputs (the storage is only read: `fa4tune.storage.open_for_reading` creates nothing)
 # ------------------------------------------------------------------------------------------------
 
+def shown(path: str | Path) -> str:
+    """A path as the report prints it: relative to the working directory when it lies below it, else
+    its last two parts. A report is committed and shared: it must not carry a machine's absolute paths."""
+    text = str(path)
+    if "://" in text:  # a storage URL: its scheme and the file name only
+        return text.split("://", 1)[0] + "://…/" + Path(text.split("://", 1)[1]).name
+    p = Path(text)
+    if not p.is_absolute():
+        return text
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path("…", *p.parts[-2:]))
+
+
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -722,15 +737,15 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
     specs = [storage] if storage else [str(p) for p in find_storages(results_dir)]
     raw_studies: list[optuna.Study] = []
     if not specs:
-        missing.append(f"optuna storage: none found in {results_dir}/ (give --storage); "
+        missing.append(f"optuna storage: none found in {shown(results_dir)}/ (give --storage); "
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
         try:
             found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
-            missing.append(f"optuna storage {spec}: could not be read ({type(exc).__name__}: {exc})")
+            missing.append(f"optuna storage {shown(spec)}: could not be read ({type(exc).__name__}: {exc})")
             continue
-        sources[f"optuna storage {spec}"] = f"{len(found)} studies"
+        sources[f"optuna storage {shown(spec)}"] = f"{len(found)} studies"
         raw_studies += found
     raw_studies, superseded = current_and_superseded(raw_studies)
     archs = {str(s.user_attrs.get("arch")) for s in raw_studies if s.user_attrs.get("arch")}
@@ -744,10 +759,10 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
             entries = db.get("entries", []) if isinstance(db, Mapping) else db
             archs |= {str(e.get("arch")) for e in entries if isinstance(e, Mapping) and e.get("arch")}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
-            missing.append(f"best-config database {db_path}: could not be read ({exc})")
+            missing.append(f"best-config database {shown(db_path)}: could not be read ({exc})")
             db = None
     else:
-        missing.append(f"best-config database {db_path}: not found; no table of best configurations")
+        missing.append(f"best-config database {shown(db_path)}: not found; no table of best configurations")
 
     # bench
     bench_path = Path(bench) if bench else results_dir / DEFAULT_BENCH
@@ -757,13 +772,13 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         try:
             bench_data = _read_json(bench_path)
             records = bench_records(bench_data)
-            sources[f"bench {bench_path}"] = f"{len(records)} rows" + (
+            sources[f"bench {shown(bench_path)}"] = f"{len(records)} rows" + (
                 f", run {bench_data['date']}" if isinstance(bench_data, Mapping) and bench_data.get("date")
                 else "")
         except (OSError, ValueError) as exc:
-            missing.append(f"bench results {bench_path}: could not be read ({exc})")
+            missing.append(f"bench results {shown(bench_path)}: could not be read ({exc})")
     else:
-        missing.append(f"bench results {bench_path}: not found; the per-shape comparison uses the "
+        missing.append(f"bench results {shown(bench_path)}: not found; the per-shape comparison uses the "
                        "times measured during the searches")
     archs |= {str(r.get("arch")) for r in records if r.get("arch")}
     if isinstance(bench_data, Mapping) and bench_data.get("arch"):
@@ -783,9 +798,9 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
     if db is not None:
         try:
             best_rows = best_config_rows(db, fingerprints, notes=missing)
-            sources[f"best-config database {db_path}"] = f"{len(best_rows)} entries"
+            sources[f"best-config database {shown(db_path)}"] = f"{len(best_rows)} entries"
         except ValueError as exc:
-            missing.append(f"best-config database {db_path}: {exc}")
+            missing.append(f"best-config database {shown(db_path)}: {exc}")
 
     run = bench_data if isinstance(bench_data, Mapping) else {}
     shape_rows = merge_rows(rows_from_bench(records, run, notes=missing), rows_from_studies(studies))

@@ -99,3 +99,17 @@ def test_compact_drops_only_what_repeats():
     assert small["compiled"][0]["report"] == {"registers": 128}
     assert small["compiled"][0]["config"] == {"tile_n": 64} and small["arch"] == "sm100"
     assert result["compiled"][0]["report"]["config"] == {"tile_n": 64}  # the input is left alone
+
+
+def test_compact_cuts_the_checkout_location_from_compiler_messages():
+    from pathlib import Path
+
+    import fa4
+    from fa4tune.compile_space import compact
+
+    root = Path(fa4.__file__).resolve().parent.parent
+    result = {"compiled": [{"outcome": "ok", "warnings": [f"{root}/kernels/sm90/kernel.py:138: spill"],
+                            "report": {"remarks": [f"loc('{root}/kernels/sm90/kernel.py')"]}}]}
+    entry = compact(result)["compiled"][0]
+    assert entry["warnings"] == ["kernels/sm90/kernel.py:138: spill"]
+    assert entry["report"]["remarks"] == ["loc('kernels/sm90/kernel.py')"]

@@ -125,3 +125,15 @@ def test_bar_labels_stand_above_their_own_bar(tmp_path):
     fig = comparison_figure(collect(tmp_path / "results").shape_rows)
     bars = [t for t in fig.data if t.type == "bar"]
     assert bars and all(t.textangle == -90 and t.textposition == "outside" for t in bars)
+
+
+def test_the_report_carries_no_absolute_paths(tmp_path):
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    out, data_json = tmp_path / "r.html", tmp_path / "r.json"
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                 "--data-json", str(data_json), "--bench", str(tmp_path / "none.json")])
+    assert result.exit_code == 0, result.output
+    for text in (out.read_text(encoding="utf-8"), data_json.read_text()):
+        assert str(tmp_path) not in text
+        assert "results/studies.journal" in text   # still says which input it read
