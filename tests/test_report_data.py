@@ -320,7 +320,7 @@ def test_collect_reports_unreadable_inputs(tmp_path):
     journal.write_text('{"op_code": 99}\n')
     data = rd.collect(tmp_path)
     assert any("best-config database" in m and "could not be read" in m for m in data.missing)
-    assert data.sources[f"bench {tmp_path / 'bench.json'}"] == "0 rows"
+    assert data.sources[f"bench {rd.shown(tmp_path / 'bench.json')}"] == "0 rows"
 
 
 def test_collect_end_to_end(synthetic, monkeypatch):
