@@ -8,7 +8,7 @@ Reading must not write: `open_for_reading` opens an SQLite file read-only and on
 optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given).
 
 Trials and studies are addressed through the storage's public API (`get_study_id_from_name`,
-`get_trial_id_from_study_id_trial_number`), never through `study._storage` or `trial._trial_id`.
+`get_trial_id_from_study_id_trial_number`), never through private attributes of a study or a trial.
 """
 
 from __future__ import annotations
