@@ -43,7 +43,7 @@ from fa4tune.record import record_best
 from fa4tune.shapes import shape_key
 from fa4tune.space import SearchSpace, load_space
 from fa4tune.storage import open_storage
-from fa4tune.study import (SAMPLERS, open_study, search_distributions, summarize, write_study_attrs)
+from fa4tune.study import SAMPLERS, make_sampler, open_study, search_distributions, summarize, write_study_attrs
 from fa4tune.timing import TimingSettings
 from fa4tune.trial_loop import TrialLoop
 from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
@@ -123,15 +123,17 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
     fingerprint = kernel_fingerprint(arch, settings.kernel_api)
     default = kernels.default_config(arch, problem)
     distributions = search_distributions(space, default)
+    choices = {k: list(d.choices) for k, d in distributions.items()}
     study = open_study(storage, study_name or shape_key(arch, problem), arch, problem, space, fingerprint,
-                       settings, distributions, progress, pool.device.get("name"))
+                       lambda: make_sampler(settings.sampler, settings.seed, choices, settings.trials),
+                       progress, pool.device.get("name"))
     name = study.study_name
     owner = liveness.this_process()
     swept = liveness.sweep_interrupted(storage, study, me=owner)
     liveness.register_run(storage, study, owner)
     if swept:
         progress.message(f"study {name}: marked {len(swept)} interrupted trial(s) failed: {swept}")
-    write_study_attrs(study, arch, problem, pool.device, fingerprint, settings, space)
+    write_study_attrs(study, arch, problem, pool.device, fingerprint, settings.timing, space)
     # seed with the heuristic default, so a search is never worse than it
     if not any(t.user_attrs.get("is_default") for t in study.get_trials(deepcopy=False)
                if t.state != TrialState.FAIL):

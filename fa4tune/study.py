@@ -45,16 +45,14 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Callable, Optional
 
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import versions
 from fa4tune.outcomes import OUTCOMES
 from fa4tune.progress import Progress
 from fa4tune.space import SearchSpace
-
-if TYPE_CHECKING:
-    from fa4tune.search import SearchSettings
+from fa4tune.timing import TimingSettings
 
 SAMPLERS = ("tpe", "grid", "random")
 
@@ -85,19 +83,17 @@ def make_sampler(name: str, seed: int, space: dict, trials: int):
 
 
 def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: SearchSpace,
-               fingerprint: str, settings: "SearchSettings", distributions: dict, progress: Progress,
+               fingerprint: str, new_sampler: Callable[[], Any], progress: Progress,
                device_name: Optional[str] = None):
     """The study to continue for this problem: `name`, or `name~n` when the stored one describes
-    another kernel, space or device (see above)."""
+    another kernel, space or device (see above). `new_sampler()` makes the study's sampler."""
     import optuna
 
     space_fp = space.fingerprint()
     base, n = name, 1
     previous = None
     while True:
-        sampler = make_sampler(settings.sampler, settings.seed, {k: list(d.choices) for k, d in distributions.items()},
-                               settings.trials)
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+        study = optuna.create_study(study_name=name, storage=storage, sampler=new_sampler(),
                                     direction="minimize", load_if_exists=True)
         attrs = study.user_attrs
         stored_device = (attrs.get("device") or {}).get("name")
@@ -119,14 +115,15 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
     return study
 
 
-def write_study_attrs(study, arch, problem, device, fingerprint, settings, space: SearchSpace) -> None:
+def write_study_attrs(study, arch: str, problem: AttentionProblem, device: dict, fingerprint: str,
+                      timing: TimingSettings, space: SearchSpace) -> None:
     """The facts every reader of the study needs, written (again) by every run."""
     study.set_user_attr("arch", arch)
     study.set_user_attr("problem", problem.to_dict())
     study.set_user_attr("device", device)
     study.set_user_attr("versions", versions())
     study.set_user_attr("kernel_fingerprint", fingerprint)
-    study.set_user_attr("timing", settings.timing.describe())
+    study.set_user_attr("timing", timing.describe())
     study.set_user_attr("space", space.to_dict())
     study.set_user_attr("space_fingerprint", space.fingerprint())
     if "default_us" not in study.user_attrs:
