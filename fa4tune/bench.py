@@ -38,7 +38,7 @@ from fa4tune.progress import Progress
 from fa4tune.shapes import shape_key
 from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
-from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 BENCH_SCHEMA = 1
 CSV_FIELDS = ("shape", "variant", "outcome", "us", "tflops", "speedup_of_tuned", "lookup", "db_key",

@@ -290,7 +290,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     from fa4tune import search as search_mod
     from fa4tune.space import SpaceError, load_space
     from fa4tune.timing import TimingSettings
-    from fa4tune.worker import PoolError
+    from fa4tune.pool import PoolError
 
     problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
     if compile_only:
@@ -413,7 +413,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     from fa4tune.bench import run_bench, write_bench
     from fa4tune.shapes import parse_shape
     from fa4tune.timing import TimingSettings
-    from fa4tune.worker import PoolError
+    from fa4tune.pool import PoolError
 
     problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
     if shapes:

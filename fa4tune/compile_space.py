@@ -30,7 +30,7 @@ from fa4tune.environment import kernel_api
 from fa4tune.outcomes import OK
 from fa4tune.progress import Progress
 from fa4tune.space import SearchSpace
-from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 EXIT_OK = 0
 EXIT_COMPILE_PROBLEMS = 1

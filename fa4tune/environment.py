@@ -30,7 +30,7 @@ def kernel_api(name: str = "fa4.kernels"):
 
 def kernel_fingerprint(arch: str, api: str = "fa4.kernels") -> str:
     """The kernel source fingerprint of a family, or "unavailable (why)" when it cannot be imported."""
-    from fa4tune.worker import short_error
+    from fa4tune.outcomes import short_error
 
     try:
         return kernel_api(api).source_fingerprint(arch)

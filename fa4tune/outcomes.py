@@ -26,3 +26,14 @@ OUTCOMES = (OK, INFEASIBLE) + WORKER_FAILURES
 # every outcome a stored trial can carry
 ALL_OUTCOMES = OUTCOMES + (INTERRUPTED,)
 FAILED = tuple(o for o in OUTCOMES if o != OK)
+
+
+def short_error(exc: BaseException | str, limit: int = 400) -> str:
+    """The reason recorded with a failed outcome: one line, at most `limit` characters."""
+    text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    if not lines:
+        return str(text)[:limit]
+    # DSL and CUDA errors put the useful line last, Python puts it first: keep both ends
+    joined = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return joined[:limit]

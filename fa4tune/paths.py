@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fa4.database import HOME_ENV_VAR as HOME_ENV, user_path, user_results_dir
+from fa4.database import user_path, user_results_dir
 
 STORAGE_NAME = "studies.journal"
 BENCH_NAME = "bench.json"

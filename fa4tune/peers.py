@@ -25,7 +25,6 @@ PEER_NAMES = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
 
 def _sdpa_call(q, k, v, causal: bool, scale: float, expand_kv: bool):
     """A closure computing SDPA on our layout; the K/V expansion (if asked) happens once, here."""
-    import torch
     import torch.nn.functional as F
 
     group = q.shape[2] // k.shape[2]

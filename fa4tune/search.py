@@ -7,7 +7,7 @@ Where each step lives:
     fa4tune.study        a study's lifecycle and what is stored in it (the storage schema)
     fa4tune.liveness     owners and heartbeats: which running trials a killed search left behind
     fa4tune.trial_loop   ask, screen, submit, tell
-    fa4tune.worker       the worker processes: compile, validate, time
+    fa4tune.pool         the worker processes (fa4tune.worker) and what they run (fa4tune.evaluator)
     fa4tune.progress     progress on stderr
     fa4tune.record       the database write
     fa4tune.compile_space  the part that needs no GPU (`fa4tune compile-space`, `search --compile-only`)
@@ -46,7 +46,7 @@ from fa4tune.storage import open_storage
 from fa4tune.study import SAMPLERS, make_sampler, open_study, search_distributions, summarize, write_study_attrs
 from fa4tune.timing import TimingSettings
 from fa4tune.trial_loop import TrialLoop
-from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 
 @dataclass

@@ -30,7 +30,8 @@ from fa4tune.environment import utc_now
 from fa4tune.outcomes import INFEASIBLE, INTERRUPTED, OK
 from fa4tune.progress import Progress
 from fa4tune.study import best_ok_trial, finish_trial, outcome_counts, params_key
-from fa4tune.worker import WorkerPool, short_error
+from fa4tune.outcomes import short_error
+from fa4tune.pool import WorkerPool
 
 # a sampler that proposes only configurations already seen this many times in a row has converged
 MAX_CONSECUTIVE_REPEATS = 200

@@ -111,7 +111,9 @@ def test_bench_does_not_import_private_names():
 
 
 @pytest.mark.parametrize("module", ["search", "trial_loop", "study", "storage", "liveness", "progress", "shapes",
-                                    "record", "compile_space", "environment", "paths", "outcomes"])
+                                    "record", "compile_space", "environment", "paths", "outcomes", "worker",
+                                    "pool", "evaluator"])
 def test_search_modules_stay_focused(module):
+    # search.py once held all of these in 823 lines; a module that grows back past this holds two jobs
     lines = (REPO / "fa4tune" / f"{module}.py").read_text().count("\n")
-    assert lines < 300, f"fa4tune/{module}.py has {lines} lines: two responsibilities?"
+    assert lines < 350, f"fa4tune/{module}.py has {lines} lines: two responsibilities?"

@@ -28,7 +28,8 @@ from fa4tune.progress import Progress
 from fa4tune.search import SearchSettings, run_search
 from fa4tune.shapes import parse_shape, shape_key
 from fa4tune.storage import open_storage
-from fa4tune.worker import INJECT_ENV, WorkerPool
+from fa4tune.pool import WorkerPool
+from fa4tune.worker import INJECT_ENV
 
 TESTS = Path(__file__).resolve().parent
 MISSION = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)

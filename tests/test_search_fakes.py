@@ -138,7 +138,7 @@ class SdpaKernel:
 
 
 def _real_evaluator_base():
-    from fa4tune.worker import KernelEvaluator
+    from fa4tune.evaluator import KernelEvaluator
 
     return KernelEvaluator
 

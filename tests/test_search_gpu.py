@@ -38,7 +38,8 @@ def test_graph_replay_timing_of_sdpa():
 
 
 def test_fault_hang_and_mismatch_in_real_gpu_workers(monkeypatch):
-    from fa4tune.worker import INJECT_ENV, WorkerPool
+    from fa4tune.pool import WorkerPool
+    from fa4tune.worker import INJECT_ENV
 
     monkeypatch.setenv(INJECT_ENV, "fault@tile_n=80;timeout@tile_n=96;mismatch@tile_n=144")
     timing = TimingSettings().to_dict()

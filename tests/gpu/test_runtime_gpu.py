@@ -14,10 +14,9 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fa4
-from fa4 import database, fallback, kernels, runtime
+from fa4 import database, kernels, runtime
 from fa4.kernels import Config
 from fa4.reference import attention_fp32 as reference_fp32, check
 
