@@ -21,7 +21,7 @@ import click
 @click.option("--storage", default=None,
               help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
                    "[default: every one found in the results folder, e.g. studies.journal]")
-@click.option("--database", default=None, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--db", "--database", "database", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="best-config database [default: RESULTS/best_configs.json]")
 @click.option("--bench", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="bench results [default: RESULTS/bench.json]")

@@ -208,3 +208,26 @@ def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, 
     [summary] = json.loads(result.stdout)
     assert summary["default_us"] is None and summary["best"] is not None   # others still worked
     assert result.exit_code == 1 and "default configuration did not run correctly" in result.stderr
+
+
+def test_help_version_and_verbosity(fake_compiles):
+    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"]):
+        result = invoke(*args)
+        assert result.exit_code == 0 and "Usage:" in result.stdout, args
+    version = invoke("--version")
+    assert version.exit_code == 0 and "fa4tune, version" in version.stdout
+    # the same option names everywhere
+    for command in ("search", "compile-space", "bench"):
+        text = invoke(command, "-h").stdout
+        for option in ("--heads", "--gqa", "--heads-kv", "--causal", "--no-causal", "--both", "--arch", "--jobs",
+                       "--format", "--lse"):
+            assert option in text, (command, option)
+    for command in ("search", "bench", "best", "report"):
+        assert "--db" in invoke(command, "-h").stdout, command
+    normal = invoke("compile-space", "--causal", "--limit", "2")
+    quiet = invoke("-q", "compile-space", "--causal", "--limit", "2")
+    verbose = invoke("-v", "compile-space", "--causal", "--limit", "2")
+    assert "fa4tune compile-space:" in normal.stderr and "fa4tune compile-space:" not in quiet.stderr
+    assert "exit status" in quiet.stderr                        # the summary is the result, not progress
+    assert verbose.stderr.count("compiled 1/2") == 1 and "compiled 1/2" not in normal.stderr
+    assert invoke("-q", "-v", "best").exit_code == 2
