@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import math
 import os
@@ -46,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from fa4.files import atomic_write
+from fa4.files import atomic_write, exclusive_lock
 
 SCHEMA_VERSION = 1
 ENV_VAR = "FA4_CONFIG_DB"
@@ -360,10 +359,5 @@ def _parse(data: Any, path: Path) -> dict[str, Entry]:
 @contextlib.contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".lock")
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    with exclusive_lock(path.with_name(path.name + ".lock")):
+        yield

@@ -26,7 +26,6 @@ timeout sleeps forever holding the GPU lock, mismatch perturbs the output before
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 import traceback
@@ -98,15 +97,14 @@ def injected_outcome(rules, config: dict) -> Optional[str]:
 
 @contextlib.contextmanager
 def gpu_lock(path: Optional[str]):
+    """The GPU phase of a trial holds its GPU's lock (None: no GPU, no lock)."""
     if path is None:
         yield
         return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    from fa4.files import exclusive_lock  # here, not at import: a worker imports torch only once its GPU is chosen
+
+    with exclusive_lock(path):
+        yield
 
 
 class _CompileFailure:
