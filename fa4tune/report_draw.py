@@ -24,21 +24,22 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from .outcomes import ALL_OUTCOMES
+from .peers import PEER_TITLES
 from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, describe_timing
 
 IMPL_COLORS = {
     "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
     "sdpa_flash": "#9467bd",
 }
-IMPL_NAMES = {
-    "tuned": "fa4tune tuned", "default": "fa4tune default config", "flash_attn_4": "flash-attn-4",
-    "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash (FA2)",
-}
+IMPL_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config", **PEER_TITLES}
 OUTCOME_COLORS = {
     "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
     "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "interrupted": "#17becf",
     "unrecorded": "#c7c7c7",
 }
+assert set(IMPL_COLORS) == set(IMPL_NAMES) == set(IMPLS), "an implementation without a color or a title"
+assert set(ALL_OUTCOMES) <= set(OUTCOME_COLORS), "an outcome without a color"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 # Bar labels of grouped bars stand upright above their own bar: read horizontally, "1.05×" is wider than
 # a bar once five implementations share a shape, and neighbouring labels run into each other.
