@@ -138,15 +138,11 @@ def search_distributions(space: SearchSpace, config: Config) -> dict:
     out = {}
     for name, choices in space.choices:
         value = getattr(config, name)
-        values = list(choices) if _among(value, choices) else list(choices) + [value]
+        # a Config's values and the space's choices are both canonical: plain membership
+        values = list(choices) if value in choices else list(choices) + [value]
         out[name] = optuna.distributions.CategoricalDistribution(values)
     return out
 
-
-def _among(value, choices) -> bool:
-    # a Config holds canonical types (a float knob's 8 is 8.0), so type and value must both match;
-    # the type also keeps True from matching 1
-    return any(type(c) is type(value) and c == value for c in choices)
 
 
 def finish_trial(study, trial, result: dict, is_default: bool) -> None:
