@@ -3,6 +3,11 @@
 The harness (`fa4tune search`) writes it; the runtime (`fa4.attention`) reads it. It lives here, in the
 runtime package, because reading it must not need the harness.
 
+Where: the package ships one as package data (`packaged_path()`, read-only, a copy of the repository's
+`results/best_configs.json`); a search writes the user's own in the results directory (`user_path()`,
+`$FA4TUNE_HOME` or `~/.cache/fa4tune`); `$FA4_CONFIG_DB` names another. `default_path()` is what the
+runtime reads.
+
 File format (schema 1), JSON with sorted keys and two-space indentation:
 
     {"schema": 1,

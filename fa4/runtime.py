@@ -113,7 +113,8 @@ def _forget_signatures() -> None:
 
 def use_config_db(path: str | os.PathLike | None) -> None:
     """Use another best-config database file for the rest of the process (None: the default, i.e.
-    `$FA4_CONFIG_DB` when set, else the database shipped with the package). Forgets cached choices."""
+    `fa4.database.default_path()`: `$FA4_CONFIG_DB`, else the user's tuned database, else the packaged
+    one). Forgets cached choices."""
     with _STATE.lock:
         _STATE.db_path = None if path is None else os.fspath(path)
         _STATE.db = None

@@ -1,7 +1,7 @@
 """What the HTML report shows, computed as plain structures (no plotting here).
 
 Three inputs, each optional: the optuna storage of the searches, the best-config database
-(`results/best_configs.json`) and the bench results (`results/bench.json`). A missing or unreadable input
+(`best_configs.json`) and the bench results (`bench.json`), all in one results folder by default. A missing or unreadable input
 becomes a line in `ReportData.missing` and an empty section, never an exception: a report of what exists
 is more useful than no report.
 
