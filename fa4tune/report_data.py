@@ -1,9 +1,10 @@
 """What the HTML report shows, computed as plain structures (no plotting here).
 
 Three inputs, each optional: the optuna storage of the searches, the best-config database
-(`best_configs.json`) and the bench results (`bench.json`), all in one results folder by default. A missing or unreadable input
-becomes a line in `ReportData.missing` and an empty section, never an exception: a report of what exists
-is more useful than no report.
+(`best_configs.json`) and the bench results (`bench.json`), by default all in one results folder. A
+missing or unreadable input becomes a line in `ReportData.missing` and an empty section, and a malformed
+study, database entry or bench row is skipped with such a line: never an exception, since a report of
+what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`).
 
 `report_draw` turns a `ReportData` into figures and one HTML file. Everything that decides a number
 (speedups, failure counts, staleness, knob importance) lives here, so it is unit-tested without a browser.
