@@ -36,6 +36,7 @@ from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, versions
 from fa4tune.progress import Progress
 from fa4tune.shapes import shape_key
+from fa4tune.outcomes import MISSING
 from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
 from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
@@ -71,7 +72,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                 variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
                                  {"lookup": lookup.kind, "db_key": lookup.entry.key}))
             else:
-                rows.append({**base, "variant": "tuned", "outcome": "missing", "lookup": lookup.kind,
+                rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
                              "error": "no usable database entry"
                                       + (f" ({len(lookup.stale)} stale)" if lookup.stale else "")})
             variants.append(("default", kernels.default_config(arch, problem), {}))

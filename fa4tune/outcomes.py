@@ -12,6 +12,7 @@ report counts them in this order.
     timeout        compile phase over its limit, or GPU phase over its limit (the worker is killed)
     mismatch       wrong output (`fa4.reference.compare`: rtol = atol = 1e-2 against SDPA and fp32)
     interrupted    the harness died while the trial ran (swept on the next run; never measured)
+    missing        a bench row of the tuned configuration when the database has no usable entry
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 OK = "ok"
 INFEASIBLE = "infeasible"
 INTERRUPTED = "interrupted"
+MISSING = "missing"
 # what a worker can report for a configuration it was given
 WORKER_FAILURES = ("compile_error", "launch_error", "fault", "timeout", "mismatch")
 # the outcomes of a measured trial (infeasible counts: it is recorded, with its reasons)
