@@ -73,9 +73,8 @@ class KernelEvaluator:
     def run_trial(self, kernel, config, problem, timing, validate: bool, perturb: bool) -> dict:
         import torch
 
-        from fa4tune.timing import time_cuda, tflops
-
         from fa4.reference import compare
+        from fa4tune.timing import time_cuda, tflops
 
         q, k, v, expected, scale = self._cached_inputs(problem)
         out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
@@ -88,7 +87,8 @@ class KernelEvaluator:
         result: dict = {}
         if validate:
             check = compare(out, lse, expected)
-            result.update({k: v for k, v in check.items() if k not in ("passed", "failures")})
+            # what a trial records: the errors and the failure text, not the verdict's own fields
+            result.update({name: value for name, value in check.items() if name not in ("passed", "failures")})
             if not check["passed"]:
                 result["outcome"] = "mismatch"
                 return result
