@@ -11,7 +11,7 @@ SHAPES="s1024-full s1024-causal s4096-full s4096-causal bf16-s8192-full bf16-s81
 timeout 240 python3 -m fa4tune.cli bench --shapes "$SHAPES" --db results/best_configs.json \
     --out "$OUT/bench.json" --csv "$OUT/bench.csv" 2>&1 | grep -v -i "warning\|exe_args" | tail -n 50
 for arch in sm90 sm100; do
-  timeout 100 python3 -m fa4tune.cli compile-space --arch $arch --limit ${COMPILE_LIMIT:-160} --jobs 16 \
+  timeout 100 python3 -m fa4tune.cli compile-space --arch $arch --no-causal --limit ${COMPILE_LIMIT:-160} --jobs 16 \
       --out "$OUT/compile_space_$arch.json" > "$OUT/compile_space_$arch.txt" 2>&1
   echo "compile-space $arch exit $?"; tail -n 2 "$OUT/compile_space_$arch.txt"
 done

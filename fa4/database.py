@@ -3,6 +3,11 @@
 The harness (`fa4tune search`) writes it; the runtime (`fa4.attention`) reads it. It lives here, in the
 runtime package, because reading it must not need the harness.
 
+Where: the package ships one as package data (`packaged_path()`, read-only, a copy of the repository's
+`results/best_configs.json`); a search writes the user's own in the results directory (`user_path()`,
+`$FA4TUNE_HOME` or `~/.cache/fa4tune`); `$FA4_CONFIG_DB` names another. `default_path()` is what the
+runtime reads.
+
 File format (schema 1), JSON with sorted keys and two-space indentation:
 
     {"schema": 1,
@@ -37,23 +42,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from fa4.files import atomic_write, exclusive_lock
+
 SCHEMA_VERSION = 1
 ENV_VAR = "FA4_CONFIG_DB"
+HOME_ENV_VAR = "FA4TUNE_HOME"
 DEFAULT_FILENAME = "best_configs.json"
 
 __all__ = [
     "SCHEMA_VERSION", "ENV_VAR", "DatabaseError", "Entry", "Lookup", "BestConfigDB",
-    "bucket", "entry_key", "default_path", "record", "stale_entries", "utc_now",
+    "bucket", "entry_key", "default_path", "packaged_path", "user_path", "user_results_dir", "record",
+    "stale_entries", "utc_now",
 ]
 
 
@@ -192,14 +199,35 @@ class Lookup:
     distance: float = 0.0
 
 
+def packaged_path() -> Path:
+    """The database shipped with the package (package data, read-only at run time). It is a copy of the
+    repository's reviewed `results/best_configs.json` (README, "Refresh the packaged database")."""
+    return Path(__file__).resolve().parent / "data" / DEFAULT_FILENAME
+
+
+def user_results_dir() -> Path:
+    """The per-user folder where the harness writes what a run produces: `$FA4TUNE_HOME`, else
+    `$XDG_CACHE_HOME/fa4tune`, else `~/.cache/fa4tune` (never inside the installed package)."""
+    home = os.environ.get(HOME_ENV_VAR)
+    if home:
+        return Path(home).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "fa4tune"
+
+
+def user_path() -> Path:
+    """The database `fa4tune search` records into by default."""
+    return user_results_dir() / DEFAULT_FILENAME
+
+
 def default_path() -> Path:
-    """`$FA4_CONFIG_DB` when set, else the best_configs.json shipped in the `fa4.results` package."""
+    """The database the runtime reads: `$FA4_CONFIG_DB` when set, else the user's own (`user_path`, which
+    a search starts as a copy of the packaged one) when it exists, else the packaged one."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    import fa4.results  # the package directory (editable installs: the repository's results/)
-
-    return Path(fa4.results.__file__).resolve().parent / DEFAULT_FILENAME
+    mine = user_path()
+    return mine if mine.is_file() else packaged_path()
 
 
 def _log2_distance(a: Entry, sq_b: int, sk_b: int, work_b: int) -> float:
@@ -292,7 +320,7 @@ class BestConfigDB:
         """Write the whole database atomically (temp file + rename) under the lock."""
         p = Path(path) if path is not None else (self.path or default_path())
         with _locked(p):
-            _atomic_write(p, self.to_json())
+            atomic_write(p, self.to_json())
         return p
 
 
@@ -304,7 +332,7 @@ def record(entry: Entry, path: str | os.PathLike | None = None) -> bool:
         db = BestConfigDB.load(p)
         changed = db.merge(entry)
         if changed:
-            _atomic_write(p, db.to_json())
+            atomic_write(p, db.to_json())
     return changed
 
 
@@ -336,24 +364,5 @@ def _parse(data: Any, path: Path) -> dict[str, Entry]:
 @contextlib.contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".lock")
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with exclusive_lock(path.with_name(path.name + ".lock")):
+        yield

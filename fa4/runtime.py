@@ -34,16 +34,14 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import checks, fallback as _fallback
-from fa4 import kernels
+from fa4 import config_text, kernels
+from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
 
 ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
 FALLBACKS = ("error", "sdpa")
 
-# Compute capability -> kernel family. sm_90a code runs on 9.0 only and sm_100a code on 10.0 only
-# (arch-specific features: a B300, 10.3, needs sm_103a), so no other capability maps to a family.
-CAPABILITY_ARCH = {(9, 0): "sm90", (10, 0): "sm100"}
 UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
                            "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
                            "was available to run it"}
@@ -115,7 +113,8 @@ def _forget_signatures() -> None:
 
 def use_config_db(path: str | os.PathLike | None) -> None:
     """Use another best-config database file for the rest of the process (None: the default, i.e.
-    `$FA4_CONFIG_DB` when set, else the database shipped with the package). Forgets cached choices."""
+    `fa4.database.default_path()`: `$FA4_CONFIG_DB`, else the user's tuned database, else the packaged
+    one). Forgets cached choices."""
     with _STATE.lock:
         _STATE.db_path = None if path is None else os.fspath(path)
         _STATE.db = None
@@ -187,7 +186,7 @@ def _device_facts(device: torch.device) -> tuple[str | None, str, tuple[int, int
     facts = _STATE.devices.get(index)
     if facts is None:
         capability = tuple(torch.cuda.get_device_capability(index))
-        facts = (CAPABILITY_ARCH.get(capability), torch.cuda.get_device_name(index), capability)
+        facts = (arch_of_capability(capability), torch.cuda.get_device_name(index), capability)
         _STATE.devices[index] = facts
     return facts
 
@@ -263,8 +262,9 @@ class _Plan:
 
 
 def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
-    """A `Config` from the config= argument: a Config, or a mapping of knob values (the knobs it does
-    not name keep the heuristic default's values)."""
+    """A `Config` from the config= argument: a Config; a mapping of knob values (the knobs it does not
+    name keep the heuristic default's values; a value may be written as a label prints it, "off"); or
+    a label string as `Config.label()` prints it (`fa4.config_text`)."""
     if isinstance(config, Config):
         if config.arch != arch:
             raise InvalidInputError(
@@ -273,14 +273,20 @@ def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
     if isinstance(config, str):
         if config.startswith(_PARTIAL + ";"):  # a mapping that crossed the custom op as a string
             return _coerce_config(_knobs_from_str(config), arch, problem)
+        if config_text.looks_like_label(config):
+            try:
+                values = config_text.parse_label(config)
+            except ValueError as exc:
+                raise InvalidInputError(f"config= {exc}") from exc
+            return _coerce_config(values, arch, problem)
         return _config_from_str(config, arch)
     if isinstance(config, Mapping):
         try:
-            return kernels.default_config(arch, problem).replace(**dict(config))
-        except ValueError as exc:
+            return config_text.with_values(kernels.default_config(arch, problem), config)
+        except (ValueError, KeyError) as exc:
             raise InvalidInputError(f"config= {dict(config)}: {exc}") from exc
-    raise InvalidInputError(f"config= must be a fa4.kernels.Config or a dict of knob values, got "
-                            f"{type(config).__name__}")
+    raise InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
+                            f"string, got {type(config).__name__}")
 
 
 _PARTIAL = "*"  # arch field of a config string holding knob overrides of the heuristic default
@@ -334,7 +340,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
         if arch is None and not device_problems:
             reasons.append(
                 f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
-                f"they exist for Hopper (9.0, sm_90a) and Blackwell (10.0, sm_100a)")
+                f"they exist for {describe_capabilities()}")
     notes: list[str] = []
     if arch in UNTESTED_ARCHS:
         notes.append(UNTESTED_ARCHS[arch])
@@ -732,11 +738,16 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
     """The torch.compile path: the custom op `fa4::attention` (registered by fa4.ops)."""
+    if isinstance(config, str) and config_text.looks_like_label(config):
+        try:
+            config = config_text.parse_label(config)   # crosses the op as a mapping of texts
+        except ValueError as exc:
+            raise InvalidInputError(f"config= {exc}") from exc
     if isinstance(config, (Config, Mapping)):
         config = config_to_str(config)
     elif config is not None:
-        raise InvalidInputError(f"config= must be a fa4.kernels.Config or a dict of knob values, got "
-                                f"{type(config).__name__}")
+        raise InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
+                                f"string, got {type(config).__name__}")
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                                        allow_untested_sm100)
     return (out, lse) if return_lse else out
@@ -761,11 +772,42 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     """Which configuration `attention` would run on these inputs and why; compiles and launches nothing.
 
     The arguments are those of `attention`; `arch` ("sm90", "sm100") and `device_name` (as torch names
-    the GPU, e.g. "NVIDIA H200") ask about another GPU, and accept CPU or meta tensors. Raises what
-    `attention` would raise for the same inputs (pointer alignment aside: it is checked per call).
+    the GPU, e.g. "NVIDIA H200") ask about another GPU. Inputs that are not on a CUDA device (CPU or meta
+    tensors) are explained for the GPU of this machine if it has one our kernels run on, else for the
+    architecture and device the tuned database was measured on; the explanation says which it assumed
+    and how to name another. Raises what `attention` would raise for the same inputs (pointer alignment
+    aside: it is checked per call).
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
+    assumed = None
+    if arch is None and checks.device_reasons(checks.inspect_inputs(q, k, v)):
+        arch, device_name, assumed = _assumed_target(device_name)
     plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
                  arch=arch, device_name=device_name)
+    if assumed:
+        plan.explanation.notes.insert(0, assumed)
     return plan.explanation
+
+
+def _assumed_target(device_name: str | None) -> tuple[str, str, str]:
+    """(arch, device name, a note saying so) to explain inputs that are on no GPU."""
+    how = "name another with fa4.explain(..., arch='sm90' or 'sm100', device_name='NVIDIA H200')"
+    if torch.cuda.is_available():
+        capability = tuple(torch.cuda.get_device_capability())
+        arch = arch_of_capability(capability)
+        if arch is not None:
+            name = device_name or torch.cuda.get_device_name()
+            return arch, name, (f"the inputs are on no GPU: explained for this machine's {name} ({arch}); "
+                                f"{how}")
+    db = _database()
+    tuned = sorted({(e.arch, e.device) for e in db.entries}) if db is not None else []
+    if device_name is not None:
+        arch = next((a for a, d in tuned if d == device_name), tuned[0][0] if tuned else kernels.ARCHS[0])
+        where = f"{arch} on {device_name}"
+    else:
+        arch, device_name = tuned[0] if tuned else (kernels.ARCHS[0], "unknown device")
+        where = f"{arch} on {device_name}, where the tuned database was measured"
+    return arch, device_name, (f"the inputs are on no GPU and this machine has none our kernels run on: "
+                               f"explained for {where}; {how}. fa4.attention itself runs only on CUDA "
+                               "tensors (or with fallback='sdpa')")

@@ -4,7 +4,8 @@ Every number comes from the same worker processes and the same timing method (`f
 one run, and every configuration of ours is validated before it is timed. This is how performance is
 reported everywhere (README, report).
 
-Output file (JSON, default `results/bench.json`; `--csv` writes the rows as CSV too):
+Output file (JSON, default `bench.json` in the results directory, `fa4tune.paths`; `--csv` writes the
+rows as CSV too):
 
     {"schema": 1, "date", "arch", "device" {"name", "sm_count", "driver", "cc"}, "versions",
      "kernel_fingerprint", "timing" {"method", "launches_per_graph", "replays", "l2"},
@@ -12,8 +13,8 @@ Output file (JSON, default `results/bench.json`; `--csv` writes the rows as CSV 
 
 One row per (shape, variant):
     shape       the shape key (`fa4tune.search.shape_key`), problem: AttentionProblem fields
-    variant     "tuned" | "default" | "sdpa_flash" | "sdpa_cudnn" | "flash_attn_4"
-    outcome     "ok" or the failure class (as in a search trial; "missing" for a tuned row with no
+    variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`)
+    outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
                 usable database entry)
     us, tflops  GPU time and rate (null unless ok)
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
@@ -25,33 +26,33 @@ One row per (shape, variant):
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Optional
 
+from fa4.files import atomic_write
 from fa4.kernels import AttentionProblem, Config
-from fa4tune.search import Progress, kernel_api, kernel_fingerprint, shape_key, versions
+from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, versions
+from fa4tune.progress import Progress
+from fa4tune.shapes import shape_key
+from fa4tune.outcomes import MISSING
+from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
-from fa4tune.worker import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 BENCH_SCHEMA = 1
 CSV_FIELDS = ("shape", "variant", "outcome", "us", "tflops", "speedup_of_tuned", "lookup", "db_key",
               "max_err", "config", "error")
 
 
-def default_bench_path() -> Path:
-    from fa4tune.search import default_results_dir
-
-    return default_results_dir() / "bench.json"
-
-
 def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[str] = None,
-              timing: TimingSettings = TimingSettings(), peers=("sdpa_flash", "sdpa_cudnn", "flash_attn_4"),
+              timing: TimingSettings = TimingSettings(), peers=PEER_NAMES,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None) -> dict:
     """Measure every variant of every problem; returns the document described above."""
-    from fa4.database import BestConfigDB, utc_now
+    from fa4.database import BestConfigDB
 
     progress = progress or Progress()
     kernels = kernel_api(api)
@@ -71,7 +72,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                 variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
                                  {"lookup": lookup.kind, "db_key": lookup.entry.key}))
             else:
-                rows.append({**base, "variant": "tuned", "outcome": "missing", "lookup": lookup.kind,
+                rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
                              "error": "no usable database entry"
                                       + (f" ({len(lookup.stale)} stale)" if lookup.stale else "")})
             variants.append(("default", kernels.default_config(arch, problem), {}))
@@ -102,7 +103,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                     rows.append({**row, "outcome": result["outcome"], "us": result.get("us"),
                                  "tflops": result.get("tflops"), "max_err": result.get("max_err"),
                                  "error": result.get("error")})
-                progress.message(f"bench {row['shape']} {row['variant']}: {result.get('outcome')}")
+                progress.detail(f"bench {row['shape']} {row['variant']}: {result.get('outcome')}")
     order = {"tuned": 0, "default": 1, **{p: 2 + i for i, p in enumerate(peers)}}
     rows.sort(key=lambda r: ([shape_key(arch, p) for p in problems].index(r["shape"]), order.get(r["variant"], 99)))
     _speedups(rows)
@@ -121,14 +122,14 @@ def _speedups(rows: list[dict]) -> None:
 
 
 def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    """The document as JSON (sorted keys), and its rows as CSV when asked; both written atomically."""
+    atomic_write(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if csv_path is not None:
-        with open(csv_path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            for row in doc["rows"]:
-                out = {k: row.get(k) for k in CSV_FIELDS}
-                out["config"] = Config.from_dict(doc["arch"], row["config"]).label() if row.get("config") else ""
-                writer.writerow(out)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for row in doc["rows"]:
+            out = {k: row.get(k) for k in CSV_FIELDS}
+            out["config"] = Config.from_dict(doc["arch"], row["config"]).label() if row.get("config") else ""
+            writer.writerow(out)
+        atomic_write(csv_path, text.getvalue())

@@ -1,35 +1,68 @@
-"""The `fa4tune` command line: a thin layer over fa4tune.search, fa4tune.bench and fa4.database.
+"""The `fa4tune` command line: a thin layer over fa4tune.search, fa4tune.compile_space, fa4tune.bench,
+fa4tune.report and fa4.database.
 
-Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr. Shape
-options come from one decorator, `shape_options`, shared by every command that takes a shape.
+Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr (`-q` silences
+progress, `-v` adds a line per item). Options mean the same in every command: the shape options come
+from one decorator, `shape_options`, and `--arch`, `--db`, `--jobs`, `--format` from their own.
+Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else ~/.cache/fa4tune)
+unless an option names a file.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-from typing import Optional
+from dataclasses import dataclass
 
 import click
 
+from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import L2_STATES
 
 DEFAULT_SHAPE = {"batch": 1, "heads": 32, "gqa": 4, "head_dim": 128, "seqlen": 1024, "dtype": "fp16"}
-PEERS = ("sdpa_flash", "sdpa_cudnn", "flash_attn_4")
 
 
-@click.group()
-def main() -> None:
+@dataclass
+class Verbosity:
+    quiet: bool = False
+    verbose: bool = False
+
+    def progress(self):
+        from fa4tune.progress import Progress
+
+        return Progress(quiet=self.quiet, verbose=self.verbose)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fa4tune", prog_name="fa4tune")
+@click.option("-q", "--quiet", is_flag=True, help="no progress on stderr (results and errors only)")
+@click.option("-v", "--verbose", is_flag=True, help="a progress line per item (compiled configuration, bench row)")
+@click.pass_context
+def main(ctx, quiet: bool, verbose: bool) -> None:
     """Tune, record and compare our FA4-style attention kernels."""
+    if quiet and verbose:
+        raise click.UsageError("give -q or -v, not both")
+    ctx.obj = Verbosity(quiet, verbose)
+
+
+def _verbosity() -> Verbosity:
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_object(Verbosity) if ctx is not None else None
+    return obj or Verbosity()
+
+
+def _echo_err(text: str) -> None:
+    if not _verbosity().quiet:
+        click.echo(text, err=True)
 
 
 # ------------------------------------------------------------------------------------------------
 # shared options
 
 def shape_options(fn):
-    """--batch --heads --heads-kv/--gqa --head-dim --seqlen --seqlen-k --dtype --causal/--no-causal/--both."""
+    """--batch --heads --heads-kv/--gqa --head-dim --seqlen --seqlen-k --dtype --lse
+    --causal/--no-causal/--both (both by default, in every command)."""
     options = [
         click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_SHAPE["batch"], show_default=True),
         click.option("--heads", type=click.IntRange(min=1), default=DEFAULT_SHAPE["heads"], show_default=True,
@@ -43,6 +76,7 @@ def shape_options(fn):
                      help="query length (and key length unless --seqlen-k)"),
         click.option("--seqlen-k", type=click.IntRange(min=1), default=None, help="key length [default: --seqlen]"),
         click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default=DEFAULT_SHAPE["dtype"], show_default=True),
+        click.option("--lse", is_flag=True, help="the variant that also returns the log-sum-exp"),
         click.option("--causal", "mask", flag_value="causal", help="causal only"),
         click.option("--no-causal", "mask", flag_value="full", help="non-causal only"),
         click.option("--both", "mask", flag_value="both", default=True, help="both (default)"),
@@ -52,7 +86,35 @@ def shape_options(fn):
     return fn
 
 
-def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask):
+def _check_arch(ctx, param, value: str) -> str:
+    # validated when used, not declared as a Choice: the list lives in fa4.kernels, and importing it
+    # (torch) on every `fa4tune --help` would make the help slow
+    from fa4.kernels import ARCHS
+
+    if value != "auto" and value not in ARCHS:
+        raise click.BadParameter(f"{value!r} is not one of auto, {', '.join(ARCHS)}")
+    return value
+
+
+def arch_option(fn):
+    return click.option("--arch", default="auto", show_default=True, callback=_check_arch,
+                        metavar="auto|sm90|sm100",
+                        help="kernel family; auto: the GPU's (sm90 on a machine without one, for the commands "
+                             "that need no GPU)")(fn)
+
+
+def db_option(fn):
+    return click.option("--db", "db_path", default=None,
+                        help="best-config database [default: $FA4_CONFIG_DB, else the results directory's "
+                             "best_configs.json, started from the packaged one]")(fn)
+
+
+def format_option(fn):
+    return click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                        show_default=True)(fn)
+
+
+def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask):
     from fa4.kernels import AttentionProblem
 
     if gqa is not None and heads_kv is not None:
@@ -64,7 +126,7 @@ def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
         heads_kv = heads // ratio
     masks = {"causal": [True], "full": [False], "both": [False, True]}[mask or "both"]
     try:
-        return [AttentionProblem(batch, seqlen, seqlen_k or seqlen, heads, heads_kv, head_dim, dtype, causal)
+        return [AttentionProblem(batch, seqlen, seqlen_k or seqlen, heads, heads_kv, head_dim, dtype, causal, lse)
                 for causal in masks]
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -82,26 +144,28 @@ def detect_gpus() -> list[dict]:
             for i in range(torch.cuda.device_count())]
 
 
-def arch_of(cc: tuple[int, int]) -> Optional[str]:
-    return {9: "sm90", 10: "sm100"}.get(cc[0])
-
-
 def _resolve_arch(arch: str, gpus: list[dict], need_gpu: bool) -> str:
     if arch != "auto":
         return arch
     if gpus:
-        found = arch_of(tuple(gpus[0]["cc"]))
+        from fa4.arch import arch_of_capability, describe_capabilities
+
+        found = arch_of_capability(gpus[0]["cc"])
         if found is None:
-            raise click.ClickException(f"GPU {gpus[0]['name']} (sm_{gpus[0]['cc'][0]}{gpus[0]['cc'][1]}) is "
-                                       "neither Hopper (sm90) nor Blackwell (sm100)")
+            raise click.ClickException(f"GPU {gpus[0]['name']} (compute capability {gpus[0]['cc'][0]}."
+                                       f"{gpus[0]['cc'][1]}) runs no fa4 kernel: {describe_capabilities()}")
         return found
     if need_gpu:
         raise click.ClickException("no CUDA GPU found")
     return "sm90"
 
 
-def _echo_err(text: str) -> None:
-    click.echo(text, err=True)
+def _describe_problems(problems) -> str:
+    p0 = problems[0]
+    masks = " and ".join("causal" if p.causal else "non-causal" for p in problems)
+    return (f"batch {p0.batch}, {p0.heads_q} query heads, {p0.heads_kv} KV heads (gqa {p0.gqa_ratio}), "
+            f"head dim {p0.head_dim}, seqlen_q {p0.seqlen_q}, seqlen_k {p0.seqlen_k}, {p0.dtype}, {masks}"
+            + (", with LSE" if p0.return_lse else ""))
 
 
 def _table(title: str, columns: list[str], rows: list[list]) -> None:
@@ -121,87 +185,141 @@ def _fmt(x, digits=2):
     return None if x is None else f"{x:.{digits}f}"
 
 
+def _label(arch: str, config: dict) -> str:
+    from fa4.kernels import Config
+
+    return Config.from_dict(arch, config).label()
+
+
+# ------------------------------------------------------------------------------------------------
+# compile-space (and search --compile-only, the same code path)
+
+def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt, out_path,
+                       compile_timeout) -> None:
+    from fa4tune import compile_space
+    from fa4tune.space import SpaceError, load_space
+
+    try:
+        space = load_space(arch, space_path)
+        shard_index, shard_count = (int(x) for x in shard.split("/"))
+        if not 0 <= shard_index < shard_count:
+            raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
+    except (ValueError, SpaceError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    jobs = jobs or os.cpu_count() or 2
+    _echo_err(f"fa4tune compile-space: {arch}, {_describe_problems(problems)}; {space.size} configurations "
+              f"({space.source or 'all declared choices'}), compiling "
+              f"{'every feasible one' if not limit else f'up to {limit} feasible ones'} per problem "
+              f"with {jobs} processes")
+    results = compile_space.run(arch, problems, space, limit or 10**9, seed=seed, processes=jobs,
+                                shard=(shard_index, shard_count), compile_timeout_s=compile_timeout,
+                                progress=_verbosity().progress())
+    if out_path:
+        compile_space.write_json(results, out_path)
+    if fmt == "json":
+        click.echo(json.dumps(results, indent=1, sort_keys=True))
+    else:
+        compile_space.print_tables(results)
+    for line in compile_space.summary_lines(results):
+        click.echo(line, err=True)
+    sys.exit(compile_space.exit_status(results))
+
+
+@main.command("compile-space")
+@shape_options
+@arch_option
+@click.option("--space", "space_path", default=None, help="search-space TOML [default: search_spaces/<arch>.toml]")
+@click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
+              help="compile at most this many feasible configurations per problem (0: all; the default first)")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="compile processes [default: all cores]")
+@click.option("--seed", type=int, default=0, show_default=True, help="which sample --limit takes")
+@click.option("--shard", default="0/1", show_default=True,
+              help="i/n: compile only the i-th of n interleaved parts of the feasible configurations, "
+                   "so a whole space fits several time-limited runs")
+@click.option("--compile-timeout", type=float, default=300.0, show_default=True, help="seconds per compile")
+@format_option
+@click.option("--out", "out_path", default=None, help="also write the results as JSON (a list, one per problem)")
+def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, arch,
+                          space_path, limit, jobs, seed, shard, compile_timeout, fmt, out_path):
+    """Compile a search space on CPU: feasibility, registers, spills, shared memory, PTX (no GPU needed).
+
+    Exit status: 0 clean; 1 a configuration the model accepts failed the compile check; 4 the default
+    configuration is infeasible (flags add up); 2 a usage error."""
+    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
+    _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt, out_path, compile_timeout)
+
+
 # ------------------------------------------------------------------------------------------------
 # search
 
 @main.command()
 @shape_options
-@click.option("--arch", type=click.Choice(["auto", "sm90", "sm100"]), default="auto", show_default=True,
-              help="kernel family; auto: from the GPU (sm90 with --compile-only on a machine without one)")
+@arch_option
 @click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True,
               help="configurations per study that pass the feasibility model (infeasible ones are "
-                   "recorded but not counted); a re-run resumes up to this many")
+                   "recorded but not counted); a re-run resumes up to this many. With --compile-only: "
+                   "how many feasible configurations to compile per problem")
 @click.option("--sampler", type=click.Choice(["tpe", "grid", "random"]), default="tpe", show_default=True)
 @click.option("--timeout", type=float, default=None, help="wall-clock budget per study, seconds")
 @click.option("--trial-timeout", type=float, default=20.0, show_default=True,
               help="GPU phase of one trial, seconds; a hung worker is killed and replaced")
-@click.option("--compile-timeout", type=float, default=300.0, show_default=True)
+@click.option("--compile-timeout", type=float, default=300.0, show_default=True, help="seconds per compile")
 @click.option("--storage", default=None, help="optuna storage: journal file or sqlite:/// URL "
-                                               "[default: results/studies.journal]")
+                                               "[default: the results directory's studies.journal]")
 @click.option("--study", default=None, help="study name [default: the shape key]")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="GPUs to use, one worker group per GPU")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="worker processes in all (they compile in parallel) [default: cores - 2, at most 12]")
+              help="worker processes in all (they compile in parallel) [default: cores - 2, at most 12; "
+                   "with --compile-only: all cores]")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--db", "db_path", default=None, help="best-config database [default: $FA4_CONFIG_DB or the packaged one]")
+@format_option
+@db_option
 @click.option("--no-db", is_flag=True, help="do not record the best configuration")
 @click.option("--space", "space_path", default=None, help="search-space TOML [default: search_spaces/<arch>.toml]")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
-@click.option("--compile-only", is_flag=True, help="no GPU: check feasibility of the whole space and compile "
-                                                  "up to --trials feasible configurations on CPU")
-def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, arch, trials, sampler, timeout,
-           trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db, space_path,
-           l2, peers, compile_only):
+@click.option("--compile-only", is_flag=True,
+              help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
+def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, arch, trials, sampler,
+           timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
+           space_path, l2, peers, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
+    from fa4tune import paths
     from fa4tune import search as search_mod
     from fa4tune.space import SpaceError, load_space
     from fa4tune.timing import TimingSettings
-    from fa4tune.worker import PoolError
+    from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask)
-    gpus = [] if compile_only else detect_gpus()
-    if not compile_only and not gpus:
-        _echo_err("fa4tune search: no CUDA GPU found. A search validates and times kernels on a GPU.\n"
-                  "  --compile-only checks the search space and compiles it on CPU (no GPU needed).")
+    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    if compile_only:
+        arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
+        _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
+    gpus = detect_gpus()
+    if not gpus:
+        click.echo("fa4tune search: no CUDA GPU found. A search validates and times kernels on a GPU.\n"
+                   "  --compile-only (or fa4tune compile-space) checks the search space and compiles it on "
+                   "CPU (no GPU needed).", err=True)
         sys.exit(2)
-    arch = _resolve_arch(arch, gpus, need_gpu=not compile_only)
-    p0 = problems[0]
-    masks = " and ".join("causal" if p.causal else "non-causal" for p in problems)
-    where = f"detected: {gpus[0]['name']}" if gpus else "no GPU"
-    _echo_err(f"fa4tune search: arch {arch} ({where}); batch {p0.batch}, {p0.heads_q} query heads, "
-              f"{p0.heads_kv} KV heads (gqa {p0.gqa_ratio}), head dim {p0.head_dim}, seqlen_q {p0.seqlen_q}, "
-              f"seqlen_k {p0.seqlen_k}, {p0.dtype}, {masks}")
+    arch = _resolve_arch(arch, gpus, need_gpu=True)
+    _echo_err(f"fa4tune search: arch {arch} (detected: {gpus[0]['name']}); {_describe_problems(problems)}")
     try:
-        space = load_space(arch, space_path)
+        load_space(arch, space_path)
     except SpaceError as exc:
         raise click.ClickException(str(exc)) from exc
-    progress = search_mod.Progress()
-    if compile_only:
-        _echo_err(f"compile-only: {space.size} configurations in the space ({space.source or 'all declared choices'}); "
-                  f"compiling up to {trials} feasible ones with {jobs or 2} processes")
-        reports = [search_mod.compile_space(arch, p, space, trials, seed=seed, processes=jobs or 2,
-                                            compile_timeout_s=compile_timeout, progress=progress)
-                   for p in problems]
-        _print_compile_only(reports, fmt)
-        # a feasible configuration that fails to compile, spills or serialises its wgmma: the
-        # feasibility model let through what it should have rejected
-        failed = sum(1 for r in reports for c in r["compiled"] if c["outcome"] != "ok" or c.get("warnings"))
-        sys.exit(1 if failed or not all(r["default_feasible"] for r in reports) else 0)
     if workers > len(gpus):
         raise click.ClickException(f"--workers {workers} but only {len(gpus)} GPU(s) are visible")
     settings = search_mod.SearchSettings(
         trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
-        timing=TimingSettings(l2=l2), peers=PEERS if peers else (), storage=storage, study_name=study,
+        timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
         db_path=db_path, record_db=not no_db, space_path=space_path)
     _echo_err(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
               f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
-              f"{storage or search_mod.default_storage_path()}")
+              f"{storage or paths.storage_path()}")
     try:
-        summaries = search_mod.run_search(arch, problems, settings, progress)
+        summaries = search_mod.run_search(arch, problems, settings, _verbosity().progress())
     except (PoolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
@@ -209,7 +327,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask,
     if broken_default:
         # the runtime falls back to the default for untuned shapes: a default that does not
         # validate is a kernel bug, whatever the search found
-        _echo_err(f"the default configuration did not run correctly in: {', '.join(broken_default)}")
+        click.echo(f"the default configuration did not run correctly in: {', '.join(broken_default)}", err=True)
     if broken_default or not all(s["best"] for s in summaries):
         sys.exit(1)
 
@@ -218,8 +336,6 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(summaries, indent=2, sort_keys=True))
         return
-    from fa4tune.worker import OUTCOMES
-
     rows = []
     for s in summaries:
         best = s["best"] or {}
@@ -233,48 +349,27 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
                               "peers us", "speedup of best over", "wall s"], rows)
     for s in summaries:
         if s["best"]:
-            from fa4.kernels import Config
-
-            label = Config.from_dict(s["arch"], s["best"]["config"]).label()
-            click.echo(f"{s['study']}: best trial {s['best']['trial']}: {label}")
-
-
-def _print_compile_only(reports: list[dict], fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(reports, indent=2, sort_keys=True))
-        return
-    for r in reports:
-        from fa4.kernels import AttentionProblem, Config
-
-        title = f"{AttentionProblem(**r['problem']).label()}: {r['feasible']} of {r['space_size']} feasible"
-        _table(title + " - why the rest is not", ["reason", "configurations"],
-               [[reason, n] for reason, n in r["infeasible_reasons"].items()] or [["(none)", 0]])
-        rows = []
-        for c in r["compiled"]:
-            rep = c.get("report") if isinstance(c.get("report"), dict) else {}
-            rows.append([("default " if c["is_default"] else "") + Config.from_dict(r["arch"], c["config"]).label(),
-                         c["outcome"], _fmt(c.get("compile_s")),
-                         ", ".join(f"{k}={v}" for k, v in rep.items())[:80] if rep else (c.get("report") or ""),
-                         "; ".join(filter(None, [c.get("error")] + c.get("warnings", []))) or None])
-        _table("compiled", ["configuration", "outcome", "compile s", "report", "error"], rows)
+            # a label pastes back: fa4.attention(..., config="<label>")
+            click.echo(f"{s['study']}: best trial {s['best']['trial']}: {_label(s['arch'], s['best']['config'])}")
 
 
 # ------------------------------------------------------------------------------------------------
 # best
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--db", "db_path", default=None, help="database file [default: $FA4_CONFIG_DB or the packaged one]")
+@format_option
+@db_option
 def best(fmt, db_path):
     """List the best-config database, with a stale column (kernel fingerprint changed)."""
     from fa4.database import BestConfigDB, DatabaseError
-    from fa4tune.search import kernel_fingerprint
+    from fa4tune import environment
 
     try:
         db = BestConfigDB.load(db_path)
     except DatabaseError as exc:
         raise click.ClickException(str(exc)) from exc
-    current = {arch: kernel_fingerprint(arch) for arch in {e.arch for e in db.entries}}
+    _echo_err(f"fa4tune best: {db.path}")
+    current = {arch: environment.kernel_fingerprint(arch) for arch in {e.arch for e in db.entries}}
     out = []
     for e in db.entries:
         fp = current.get(e.arch, "")
@@ -283,12 +378,10 @@ def best(fmt, db_path):
     if fmt == "json":
         click.echo(json.dumps(out, indent=2, sort_keys=True))
         return
-    from fa4.kernels import Config
-
     rows = []
     for d in out:
         speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
-        rows.append([d["key"], Config.from_dict(d["arch"], d["config"]).label(), _fmt(d["us"]),
+        rows.append([d["key"], _label(d["arch"], d["config"]), _fmt(d["us"]),
                      _fmt(d["tflops"], 1), speed, _fmt(d["max_err"], 4),
                      {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
                      d["date"]])
@@ -303,24 +396,26 @@ def best(fmt, db_path):
 @shape_options
 @click.option("--shapes", default=None,
               help="space/comma separated shape keys, e.g. 'sq1024-gqa4-causal s4096-bf16-full' "
-                   "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full; the rest from the shape options)")
-@click.option("--arch", type=click.Choice(["auto", "sm90", "sm100"]), default="auto", show_default=True)
-@click.option("--db", "db_path", default=None, help="best-config database [default: $FA4_CONFIG_DB or the packaged one]")
-@click.option("--out", "out_path", default=None, help="JSON output [default: results/bench.json]")
+                   "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full lse; the rest from the shape options)")
+@arch_option
+@db_option
+@click.option("--out", "out_path", default=None, help="JSON output [default: the results directory's bench.json]")
 @click.option("--csv", "csv_path", default=None, help="also write the rows as CSV")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--jobs", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True)
-@click.option("--peers/--no-peers", default=True, show_default=True)
-def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, shapes, arch, db_path, out_path,
-          csv_path, fmt, jobs, l2, peers):
-    """Tuned vs default vs peers, same timing, for a list of shapes; writes results/bench.json."""
-    from fa4tune.bench import default_bench_path, run_bench, write_bench
-    from fa4tune.search import parse_shape
+@format_option
+@click.option("--jobs", type=click.IntRange(min=1), default=4, show_default=True,
+              help="worker processes in all (they compile in parallel)")
+@click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
+@click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
+def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes, arch, db_path,
+          out_path, csv_path, fmt, jobs, l2, peers):
+    """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
+    from fa4tune import paths
+    from fa4tune.bench import run_bench, write_bench
+    from fa4tune.shapes import parse_shape
     from fa4tune.timing import TimingSettings
-    from fa4tune.worker import PoolError
+    from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask)
+    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
     if shapes:
         base = problems[0].to_dict()
         parsed = []
@@ -336,32 +431,31 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, mask, 
         problems = parsed
     gpus = detect_gpus()
     if not gpus:
-        _echo_err("fa4tune bench: no CUDA GPU found; a benchmark needs one.")
+        click.echo("fa4tune bench: no CUDA GPU found; a benchmark needs one.", err=True)
         sys.exit(2)
     arch = _resolve_arch(arch, gpus, need_gpu=True)
     _echo_err(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s)")
     try:
         doc = run_bench(arch, problems, db_path=db_path, timing=TimingSettings(l2=l2),
-                        peers=PEERS if peers else (), gpus=[gpus[0]["index"]], processes=jobs)
+                        peers=PEER_NAMES if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
+                        progress=_verbosity().progress())
     except PoolError as exc:
         raise click.ClickException(str(exc)) from exc
-    path = out_path or default_bench_path()
+    path = out_path or paths.bench_path()
     write_bench(doc, path, csv_path)
     _echo_err(f"wrote {path}" + (f" and {csv_path}" if csv_path else ""))
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     _table(f"fa4tune bench on {doc['device'].get('name')} (timing: {doc['timing']})",
-           ["shape", "variant", "outcome", "us", "TFLOP/s", "tuned faster by", "lookup", "error"],
+           ["shape", "variant", "outcome", "us", "TFLOP/s", "tuned faster by", "lookup", "error", "configuration"],
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
-             (r["error"] or "")[:60] or None] for r in doc["rows"]])
+             r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
 
 
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
 main.add_command(report_command)
-from fa4tune.compile_space import compile_space_command  # noqa: E402
-main.add_command(compile_space_command)
 
 if __name__ == "__main__":
     main()

@@ -1,10 +1,16 @@
-"""`fa4tune compile-space`: compile a whole search space without a GPU and hold the model to it.
+"""Compile a search space without a GPU and hold the feasibility model to it: the one code path behind
+`fa4tune compile-space` and `fa4tune search --compile-only` (the same function, `run`).
 
-Every configuration of the space is first put to `fa4.kernels.feasible`; the rejected ones are counted
-by reason. Every feasible one is compiled for its architecture on CPU worker processes (the search's
-own pool, in "cpu" mode) and its compile report is checked: no register spills, no wgmma serialised
-for lack of registers, PTX with the architecture's MMA and TMA instructions, and shared memory equal to
-the feasibility model's figure. Any disagreement is a failure: exit status 1.
+For each problem (both causal modes unless one is named), every configuration of the space is first
+put to the kernel's `feasible`; the rejected ones are counted by reason. Then the feasible ones (all, or
+up to `limit`: the default configuration first, then a seeded sample; `shard` i/n keeps every n-th) of
+every problem are compiled in one pool of CPU worker processes, and each compile report is checked: no
+register spills, no wgmma serialised for lack of registers, PTX with the architecture's MMA and TMA
+instructions, and shared memory equal to the model's figure. Any disagreement is a problem.
+
+Exit status (flags, added): 0 all clean; 1 a feasible configuration failed to compile or its report
+disagrees with the model; 4 the heuristic default configuration is infeasible for a problem.
+(2 is a usage error, as for every command.)
 
 On 2 cores a whole space takes hours; the H200 machine's 16 cores (no GPU needed) or more serve.
 """
@@ -12,10 +18,23 @@ On 2 cores a whole space takes hours; the H200 machine's 16 cores (no GPU needed
 from __future__ import annotations
 
 import json
-import os
+import random
+import re
 import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
 
-import click
+from fa4.kernels import AttentionProblem, Config
+from fa4tune.environment import kernel_api
+from fa4tune.outcomes import OK
+from fa4tune.progress import Progress
+from fa4tune.space import SearchSpace
+from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
+
+EXIT_OK = 0
+EXIT_COMPILE_PROBLEMS = 1
+EXIT_DEFAULT_INFEASIBLE = 4
 
 # the `ptx_markers` (as each family's compile report names them) a right compile must show
 REQUIRED_PTX = {
@@ -24,9 +43,9 @@ REQUIRED_PTX = {
 }
 
 
-def check_report(arch: str, model_smem: int, entry: dict) -> list[str]:
+def check_report(arch: str, model_smem: Optional[int], entry: dict) -> list[str]:
     """What is wrong with one compiled configuration (empty: nothing)."""
-    if entry.get("outcome") != "ok":
+    if entry.get("outcome") != OK:
         return [f"{entry.get('outcome')}: {entry.get('error', '')}".strip()]
     report = entry.get("report") or {}
     problems = list(entry.get("warnings", []))
@@ -39,99 +58,190 @@ def check_report(arch: str, model_smem: int, entry: dict) -> list[str]:
     return problems
 
 
-@click.command("compile-space")
-@click.option("--arch", type=click.Choice(["sm90", "sm100"]), default="sm90", show_default=True)
-@click.option("--space", "space_path", default=None, help="search-space TOML [default: search_spaces/<arch>.toml]")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--heads", default="32/8", show_default=True, help="query/KV heads (the ratio matters with pack_gqa)")
-@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--seqlen", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
-@click.option("--causal/--no-causal", default=False, show_default=True)
-@click.option("--lse/--no-lse", default=False, show_default=True, help="compile the variant that writes LSE")
-@click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
-              help="compile at most this many feasible configurations (0: all; the default config first)")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="processes [default: all cores]")
-@click.option("--seed", type=int, default=0, show_default=True, help="which sample --limit takes")
-@click.option("--shard", default="0/1", show_default=True,
-              help="i/n: compile only the i-th of n interleaved parts of the feasible configurations, "
-                   "so a whole space fits several time-limited runs")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--out", "out_path", default=None, help="also write the full JSON here")
-def compile_space_command(arch, space_path, batch, heads, head_dim, seqlen, dtype, causal, lse, limit, jobs,
-                          seed, shard, fmt, out_path):
-    """Compile a search space on CPU: feasibility, registers, spills, shared memory, PTX."""
-    from fa4.kernels import AttentionProblem, Config, family
-    from fa4tune.search import Progress, compile_space
-    from fa4tune.space import SpaceError, load_space
+def reason_class(reason: str) -> str:
+    """Group reasons that differ only in numbers ("needs 240000 B" ~ "needs 250000 B")."""
+    return re.sub(r"\d[\d,_.]*", "N", reason)
 
-    try:
-        heads_q, heads_kv = (int(x) for x in heads.split("/"))
-        shard_index, shard_count = (int(x) for x in shard.split("/"))
-        if not 0 <= shard_index < shard_count:
-            raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
-        problem = AttentionProblem(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype, causal, lse)
-        space = load_space(arch, space_path)
-    except (ValueError, SpaceError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    jobs = jobs or os.cpu_count() or 2
-    click.echo(f"fa4tune compile-space: {arch}, {problem.label()}, {space.size} configurations "
-               f"({space.source or 'all declared choices'}), {jobs} processes", err=True)
-    result = compile_space(arch, problem, space, limit or 10**9, seed=seed, processes=jobs,
-                           progress=Progress(), shard=(shard_index, shard_count))
-    resources = family(arch).resources
-    failures = 0
-    for entry in result["compiled"]:
-        config = Config.from_dict(arch, entry["config"])
-        entry["model_smem_bytes"] = resources(config, problem)["smem_bytes"]
-        entry["problems"] = check_report(arch, entry["model_smem_bytes"], entry)
-        failures += bool(entry["problems"])
-    result["failures"] = failures
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(compact(result), f, indent=1, sort_keys=True)
-    if fmt == "json":
-        click.echo(json.dumps(result, indent=1, sort_keys=True))
-    else:
-        _print_tables(arch, result)
-    click.echo(f"{result['space_size']} configurations: {result['infeasible']} rejected by the model, "
-               f"{result['feasible']} feasible, {len(result['compiled'])} compiled (shard {shard}), "
-               f"{failures} with problems", err=True)
-    sys.exit(1 if failures or not result["default_feasible"] else 0)
+
+@dataclass
+class _Plan:
+    """One problem's share of a run: the feasibility census and the configurations to compile."""
+
+    problem: AttentionProblem
+    default: Config
+    total: int = 0
+    feasible: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    picked: list = field(default_factory=list)
+
+
+def plan(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, kernels, seed: int = 0,
+         shard: tuple[int, int] = (0, 1)) -> _Plan:
+    """Feasibility of every configuration, and up to `limit` feasible ones of distinct compile keys to
+    compile: the default first (shard 0 has it), then a seeded sample of this shard's part."""
+    shard_index, shard_count = shard
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard {shard_index}/{shard_count}: the index must be in [0, count)")
+    result = _Plan(problem, kernels.default_config(arch, problem))
+    feasible_configs: list[Config] = []
+    for config in space.configs():
+        result.total += 1
+        reasons = kernels.feasible(config, problem)
+        for r in reasons:
+            result.reasons[reason_class(r)] += 1
+        if not reasons:
+            feasible_configs.append(config)
+    result.feasible = len(feasible_configs)
+    rng = random.Random(seed)
+    mine = [c for c in feasible_configs[shard_index::shard_count] if c != result.default]
+    candidates = ([result.default] if shard_index == 0 else []) + rng.sample(mine, len(mine))
+    keys = set()
+    for config in candidates:
+        if len(result.picked) >= limit:
+            break
+        if kernels.feasible(config, problem):
+            continue
+        key = kernels.compile_key(config, problem)
+        if key not in keys:
+            keys.add(key)
+            result.picked.append(config)
+    return result
+
+
+def _model_smem(kernels, arch: str, config: Config, problem: AttentionProblem) -> Optional[int]:
+    return kernels.family(arch).resources(config, problem)["smem_bytes"]
+
+
+def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: int, *, seed: int = 0,
+        processes: int = 2, shard: tuple[int, int] = (0, 1), evaluator: str = DEFAULT_EVALUATOR,
+        compile_timeout_s: float = 300.0, progress: Optional[Progress] = None,
+        api: str = "fa4.kernels") -> list[dict]:
+    """One result per problem: {"arch", "problem", "space_size", "feasible", "infeasible",
+    "infeasible_reasons", "default", "default_feasible", "shard", "compiled": [entry], "failures"};
+    an entry: {"config", "is_default", "outcome", "compile_s", "report", "error", "warnings",
+    "model_smem_bytes", "problems"}."""
+    progress = progress or Progress()
+    kernels = kernel_api(api)
+    plans = [plan(arch, p, space, limit, kernels, seed, shard) for p in problems]
+    compiled: list[list[dict]] = [[] for _ in plans]
+    total = sum(len(p.picked) for p in plans)
+    if total:
+        with WorkerPool(max(1, min(processes, total)), [None], evaluator=evaluator, mode="cpu",
+                        arch=arch, compile_timeout_s=compile_timeout_s) as pool:
+            tasks = {}
+            for index, p in enumerate(plans):
+                for config in p.picked:
+                    payload = {"arch": arch, "config": config.to_dict(), "problem": p.problem.to_dict()}
+                    tasks[pool.submit("report", payload)] = (index, config)
+            done = 0
+            while tasks:
+                for task_id, result in pool.poll(timeout=1.0):
+                    index, config = tasks.pop(task_id)
+                    done += 1
+                    p = plans[index]
+                    entry = {"config": config.to_dict(), "is_default": config == p.default, **result}
+                    entry["model_smem_bytes"] = _model_smem(kernels, arch, config, p.problem)
+                    entry["problems"] = check_report(arch, entry["model_smem_bytes"], entry)
+                    compiled[index].append(entry)
+                    progress.detail(f"compiled {done}/{total}: {'ok' if not entry['problems'] else 'PROBLEM'} "
+                                    f"{result.get('compile_s', '?')} s {p.problem.label()} {config.label()}")
+                    progress.count(done, total, f"compiled ({len(plans)} problem(s))")
+    return [{"arch": arch, "problem": p.problem.to_dict(), "space_size": p.total, "feasible": p.feasible,
+             "infeasible": p.total - p.feasible, "infeasible_reasons": dict(p.reasons.most_common()),
+             "default": p.default.to_dict(), "default_feasible": not kernels.feasible(p.default, p.problem),
+             "shard": list(shard), "compiled": entries, "failures": sum(bool(e["problems"]) for e in entries)}
+            for p, entries in zip(plans, compiled)]
+
+
+def exit_status(results: list[dict]) -> int:
+    status = EXIT_OK
+    if any(r["failures"] for r in results):
+        status |= EXIT_COMPILE_PROBLEMS
+    if not all(r["default_feasible"] for r in results):
+        status |= EXIT_DEFAULT_INFEASIBLE
+    return status
+
+
+def summary_lines(results: list[dict]) -> list[str]:
+    """What a run ends with on stderr: per problem the census, then what failed and the exit status."""
+    lines = []
+    for r in results:
+        label = AttentionProblem(**r["problem"]).label()
+        shard = "/".join(str(x) for x in r["shard"])
+        lines.append(f"{label}: {r['space_size']} configurations, {r['infeasible']} rejected by the model, "
+                     f"{r['feasible']} feasible, {len(r['compiled'])} compiled (shard {shard}), "
+                     f"{r['failures']} with problems")
+        for entry in r["compiled"]:
+            if entry["problems"]:
+                config = Config.from_dict(r["arch"], entry["config"]).label()
+                lines.append(f"  PROBLEM {config}: {'; '.join(entry['problems'])}")
+        if not r["default_feasible"]:
+            lines.append(f"  the default configuration is infeasible for {label}")
+    status = exit_status(results)
+    what = [w for flag, w in ((EXIT_COMPILE_PROBLEMS, "configurations the model accepts failed the compile check"),
+                              (EXIT_DEFAULT_INFEASIBLE, "the default configuration is infeasible"))
+            if status & flag]
+    lines.append(f"exit status {status}: " + ("; ".join(what) if what else "every compiled configuration is clean"))
+    return lines
 
 
 def compact(result: dict) -> dict:
     """The result without what each compile report repeats (its config and problem are the entry's and
-    the run's), so a whole space's results stay small enough to keep in the repository."""
+    the run's), so a whole space's results stay small enough to keep in the repository, and with the
+    checkout's own location cut from the compiler's messages (committed files carry no machine paths)."""
     entries = []
     for entry in result["compiled"]:
         report = {k: v for k, v in (entry.get("report") or {}).items() if k not in ("config", "problem")}
-        entries.append({**entry, "report": report})
+        entries.append(_relative({**entry, "report": report}))
     return {**result, "compiled": entries}
 
 
-def _print_tables(arch: str, result: dict) -> None:
+def _relative(value):
+    """Strings with this checkout's absolute location removed (the DSL names source files by it)."""
+    from pathlib import Path
+
+    import fa4
+
+    root = str(Path(fa4.__file__).resolve().parent.parent) + "/"
+    if isinstance(value, str):
+        return value.replace(root, "")
+    if isinstance(value, dict):
+        return {k: _relative(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v) for v in value]
+    return value
+
+
+def write_json(results: list[dict], path: str) -> None:
+    from fa4.files import atomic_write
+
+    atomic_write(path, json.dumps([compact(r) for r in results], indent=1, sort_keys=True) + "\n")
+
+
+def print_tables(results: list[dict], stream=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fa4.kernels import Config
-
-    console = Console(file=sys.stdout, width=200)
-    why = Table(title="rejected before compiling, by reason")
-    why.add_column("reason")
-    why.add_column("configurations", justify="right")
-    for reason, n in result["infeasible_reasons"].items():
-        why.add_row(reason, str(n))
-    console.print(why)
-    table = Table(title=f"compiled for {arch} ({len(result['compiled'])})")
-    for column in ("configuration", "registers", "spills (st/ld)", "smem B", "model B", "seconds", "problems"):
-        table.add_column(column)
-    for entry in sorted(result["compiled"], key=lambda e: bool(e["problems"])):
-        report = entry.get("report") or {}
-        label = ("default " if entry["is_default"] else "") + Config.from_dict(arch, entry["config"]).label()
-        table.add_row(label, str(report.get("registers", "-")),
-                      f"{report.get('spill_stores', '-')}/{report.get('spill_loads', '-')}",
-                      str(report.get("smem_bytes", "-")), str(entry["model_smem_bytes"]),
-                      str(report.get("compile_seconds", entry.get("compile_s", "-"))),
-                      "; ".join(entry["problems"]) or "ok")
-    console.print(table)
+    console = Console(file=stream or sys.stdout, width=200)
+    for r in results:
+        label = AttentionProblem(**r["problem"]).label()
+        why = Table(title=f"{label}: {r['feasible']} of {r['space_size']} feasible; rejected before compiling, "
+                          "by reason")
+        why.add_column("reason")
+        why.add_column("configurations", justify="right")
+        for reason, n in r["infeasible_reasons"].items():
+            why.add_row(reason, str(n))
+        console.print(why)
+        table = Table(title=f"{label}: compiled for {r['arch']} ({len(r['compiled'])})")
+        for column in ("configuration", "registers", "spills (st/ld)", "smem B", "model B", "seconds", "problems"):
+            table.add_column(column)
+        for entry in sorted(r["compiled"], key=lambda e: bool(e["problems"])):
+            report = entry.get("report") if isinstance(entry.get("report"), dict) else {}
+            config = ("default " if entry["is_default"] else "") + Config.from_dict(r["arch"], entry["config"]).label()
+            spills = (f"{report.get('spill_stores', '-')}/{report.get('spill_loads', '-')}"
+                      if "spill_stores" in report else str(report.get("spills", "-")))
+            table.add_row(config, str(report.get("registers", "-")), spills, str(report.get("smem_bytes", "-")),
+                          str(entry["model_smem_bytes"]),
+                          str(report.get("compile_seconds", entry.get("compile_s", "-"))),
+                          "; ".join(entry["problems"]) or "ok")
+        console.print(table)

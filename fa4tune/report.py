@@ -14,20 +14,14 @@ from pathlib import Path
 import click
 
 
-def default_results_dir() -> Path:
-    """The repository's results/ (the `fa4.results` package folder), wherever the command runs from."""
-    import fa4.results
-
-    return Path(fa4.results.__file__).resolve().parent
-
-
 @click.command("report")
 @click.option("--results", "results_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="folder holding the inputs [default: the repository's results/]")
+              help="folder holding the inputs [default: the results directory, $FA4TUNE_HOME or "
+                   "~/.cache/fa4tune; the committed report: --results results]")
 @click.option("--storage", default=None,
               help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
                    "[default: every one found in the results folder, e.g. studies.journal]")
-@click.option("--database", default=None, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--db", "--database", "database", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="best-config database [default: RESULTS/best_configs.json]")
 @click.option("--bench", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="bench results [default: RESULTS/bench.json]")
@@ -43,6 +37,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
                    data_json: Path | None) -> None:
     """Build one self-contained HTML report (works offline) of the searches, the best-config database
     and the bench results. Missing inputs become a note in the report, not an error."""
+    from fa4.files import atomic_write
     from fa4tune.report_data import collect
     from fa4tune.report_draw import render_in_chromium, rendered_plot_count, write_report
 
@@ -51,9 +46,11 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
             width, height = (int(v) for v in screenshot_size.lower().split("x"))
         except ValueError:
             raise click.BadParameter("expected WIDTHxHEIGHT, e.g. 1400x1800", param_hint="--screenshot-size")
+    from fa4tune.paths import results_dir as default_results_dir
+
     results_dir = results_dir if results_dir is not None else default_results_dir()
     out = out if out is not None else results_dir / "report.html"
-    click.echo(f"reading {results_dir}/ ...", err=True)
+    click.echo(f"reading {results_dir}/ ...", err=True)  # (only read: nothing is created there)
     data = collect(results_dir, storage=storage, database=database, bench=bench)
     for line in data.missing:
         click.echo(f"missing: {line}", err=True)
@@ -62,8 +59,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
                f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
     click.echo(str(built.path))
     if data_json is not None:
-        data_json.parent.mkdir(parents=True, exist_ok=True)
-        data_json.write_text(json.dumps(data.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        atomic_write(data_json, json.dumps(data.to_dict(), indent=2, sort_keys=True) + "\n")
         click.echo(str(data_json))
     if screenshot is None:
         return

@@ -1,9 +1,10 @@
 """What the HTML report shows, computed as plain structures (no plotting here).
 
 Three inputs, each optional: the optuna storage of the searches, the best-config database
-(`results/best_configs.json`) and the bench results (`results/bench.json`). A missing or unreadable input
-becomes a line in `ReportData.missing` and an empty section, never an exception: a report of what exists
-is more useful than no report.
+(`best_configs.json`) and the bench results (`bench.json`), by default all in one results folder. A
+missing or unreadable input becomes a line in `ReportData.missing` and an empty section, and a malformed
+study, database entry or bench row is skipped with such a line: never an exception, since a report of
+what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`).
 
 `report_draw` turns a `ReportData` into figures and one HTML file. Everything that decides a number
 (speedups, failure counts, staleness, knob importance) lives here, so it is unit-tested without a browser.
@@ -21,88 +22,36 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
 
-# The failure classes a trial can end in (the search writes one of these to user_attrs["outcome"]).
-# "interrupted": the harness died while the trial ran (swept on the next run).
-OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "fault", "timeout", "mismatch", "interrupted")
+from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES
+from fa4tune.peers import PEER_NAMES as PEERS
+from fa4tune.storage import find_storages, open_for_reading
+
 # Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
 # the heuristic default configuration, the rest are the peers timed in the same run.
-PEERS = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
 IMPLS = ("tuned", "default") + PEERS
 BASELINES = ("default",) + PEERS  # what "tuned" is compared against
 
 DEFAULT_DATABASE = "best_configs.json"
 DEFAULT_BENCH = "bench.json"
-STORAGE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".log", ".journal", ".jsonl")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-# --------------------------------------------------------------------------------------------------
-# inputs
-# --------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# inputs (the storage is only read: `fa4tune.storage.open_for_reading` creates nothing)
+# ------------------------------------------------------------------------------------------------
 
-def _is_sqlite_file(path: Path) -> bool:
+def shown(path: str | Path) -> str:
+    """A path as the report prints it: relative to the working directory when it lies below it, else
+    its last two parts. A report is committed and shared: it must not carry a machine's absolute paths."""
+    text = str(path)
+    if "://" in text:  # a storage URL: its scheme and the file name only
+        return text.split("://", 1)[0] + "://…/" + Path(text.split("://", 1)[1]).name
+    p = Path(text)
+    if not p.is_absolute():
+        return text
     try:
-        with open(path, "rb") as fh:
-            return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-    except OSError:
-        return False
-
-
-def _is_journal_file(path: Path) -> bool:
-    """An optuna journal is one JSON object per line, each with an "op_code"."""
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-    except OSError:
-        return False
-    try:
-        record = json.loads(first)
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
-        return False
-    return isinstance(record, dict) and "op_code" in record
-
-
-def storage_kind(spec: str) -> str:
-    """"url" (an SQLAlchemy URL such as sqlite:///x.db), "sqlite" (a database file) or "journal".
-
-    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is neither.
-    """
-    if "://" in spec:
-        return "url"
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"optuna storage {spec} does not exist")
-    if _is_sqlite_file(path):
-        return "sqlite"
-    if _is_journal_file(path) or path.stat().st_size == 0:
-        return "journal"
-    raise ValueError(f"{spec} is neither an SQLite database nor an optuna journal file")
-
-
-def open_storage(spec: str) -> optuna.storages.BaseStorage:
-    """Open an optuna storage from a URL or a path to an SQLite or journal file, detected by content."""
-    kind = storage_kind(spec)
-    if kind == "url":
-        return optuna.storages.RDBStorage(spec)
-    if kind == "sqlite":
-        return optuna.storages.RDBStorage(f"sqlite:///{Path(spec).resolve()}")
-    backend = optuna.storages.journal.JournalFileBackend(str(spec))
-    return optuna.storages.journal.JournalStorage(backend)
-
-
-def find_storages(results_dir: Path) -> list[Path]:
-    """The optuna storages directly in a results folder, recognised by their content, sorted by name."""
-    found = []
-    if not results_dir.is_dir():
-        return found
-    for path in sorted(results_dir.iterdir()):
-        if not path.is_file() or path.stat().st_size == 0:
-            continue
-        if path.name in (DEFAULT_DATABASE, DEFAULT_BENCH) or path.suffix in (".html", ".png", ".py"):
-            continue
-        if _is_sqlite_file(path) or _is_journal_file(path):
-            found.append(path)
-    return found
+        return str(Path("…", *p.parts[-2:]))
 
 
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
@@ -136,6 +85,36 @@ def problem_flops(problem: Mapping[str, Any]) -> int | None:
 
 _PROBLEM_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal",
                    "return_lse")
+_INT_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
+# what a malformed input raises when it is read; such an input is skipped with a note, never fatal
+MALFORMED = (TypeError, ValueError, KeyError, AttributeError)
+
+
+def checked_problem(value: Any) -> dict:
+    """The problem fields of a study, bench row or database entry; ValueError when they do not make an
+    AttentionProblem (a missing field, a number given as text, ...)."""
+    from fa4.kernels import AttentionProblem
+
+    if not isinstance(value, Mapping):
+        raise ValueError(f"problem is a {type(value).__name__}, not a mapping")
+    bad = [k for k in _INT_FIELDS if not isinstance(value.get(k), int) or isinstance(value.get(k), bool)]
+    if bad:
+        raise ValueError(f"problem fields {', '.join(bad)} are not whole numbers")
+    try:
+        AttentionProblem(**{k: value[k] for k in value if k in _PROBLEM_FIELDS})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"problem {dict(value)}: {exc}") from exc
+    return dict(value)
+
+
+def _mapping_attr(attrs: Mapping, name: str) -> dict:
+    """A study attribute that must be a mapping when present; ValueError when it is something else."""
+    value = attrs.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"study attribute {name!r} is a {type(value).__name__}, not a mapping")
+    return dict(value)
 
 
 def tflops_of(problem: Mapping[str, Any], us: float | None) -> float | None:
@@ -328,9 +307,12 @@ def knob_importance(study: optuna.Study, knob_names: Sequence[str],
 
 def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] | None = None,
                     min_importance_trials: int = 8) -> StudyInfo:
+    """What the report shows of one study; ValueError (see `MALFORMED`) when its attributes are not what
+    the search writes (`fa4tune.study`)."""
     attrs = study.user_attrs
     arch = str(attrs.get("arch") or "unknown")
-    problem = dict(attrs.get("problem") or {})
+    problem = checked_problem(attrs["problem"]) if attrs.get("problem") is not None else {}
+    device, versions, timing, peers = (_mapping_attr(attrs, n) for n in ("device", "versions", "timing", "peers"))
     trials = measured_trials(study)
     outcomes: dict[str, int] = {}
     for t in trials:
@@ -364,10 +346,10 @@ def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] 
     return StudyInfo(
         name=study.study_name, arch=arch, problem=problem,
         label=problem_label(problem) if problem else study.study_name,
-        device=dict(attrs.get("device") or {}), versions=dict(attrs.get("versions") or {}),
-        timing=dict(attrs.get("timing") or {}), kernel_fingerprint=recorded_fp,
-        fingerprint_state=fingerprint_state(recorded_fp, current_fp),
-        peers=dict(attrs.get("peers") or {}),
+        device=device, versions=versions, timing=timing,
+        kernel_fingerprint=recorded_fp if isinstance(recorded_fp, str) else None,
+        fingerprint_state=fingerprint_state(recorded_fp if isinstance(recorded_fp, str) else None, current_fp),
+        peers=peers,
         default_us=default_us if default_us is not None else default_trial_us,
         knob_names=knob_names, n_trials=len(trials), outcomes=outcomes, best=best, history=history,
         importance=importance, importance_note=note, ok_study=good if len(good.trials) else None)
@@ -405,8 +387,10 @@ def _impl_entry(us: Any, tflops: Any, problem: Mapping, error: Any = None) -> di
     return {"us": us, "tflops": _finite(tflops) or tflops_of(problem, us)}
 
 
-def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None) -> list[ShapeRow]:
+def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
+                    notes: list[str] | None = None) -> list[ShapeRow]:
     """Group bench records (one per problem x implementation) into one row per (arch, device, problem).
+    A record whose problem is malformed is skipped, with a line in `notes`.
 
     A record names its implementation "variant" (fa4tune bench) or "impl", its result "outcome" or
     "status"; arch and device come from the record or else from the run (`run`: the file's top level).
@@ -414,9 +398,14 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None) -> l
     run = run or {}
     rows: dict[tuple, ShapeRow] = {}
     for rec in records:
-        problem = dict(rec.get("problem") or {})
         impl = str(_first(rec, "variant", "impl", default=""))
-        if not problem or not impl:
+        if not rec.get("problem") or not impl:
+            continue
+        try:
+            problem = checked_problem(rec["problem"])
+        except ValueError as exc:
+            if notes is not None:
+                notes.append(f"bench row {rec.get('shape', '?')} {impl}: skipped ({exc})")
             continue
         arch = str(_first(rec, "arch", default=run.get("arch")) or "unknown")
         dev = device_name(_first(rec, "device", default=run.get("device")))
@@ -583,30 +572,46 @@ def _bucket_label(entry: Mapping) -> str:
     return " ".join(parts)
 
 
-def best_config_rows(db: Any, fingerprints: Mapping[str, str | None]) -> list[BestConfigRow]:
-    """Rows of the best-config database, read tolerantly (a list, or {"entries": [...]})."""
+def best_config_rows(db: Any, fingerprints: Mapping[str, str | None],
+                     notes: list[str] | None = None) -> list[BestConfigRow]:
+    """Rows of the best-config database, read tolerantly (a list, or {"entries": [...]}); an entry that
+    is malformed (its config not a mapping, ...) is skipped, with a line in `notes`."""
     entries = db.get("entries", []) if isinstance(db, Mapping) else db
     if not isinstance(entries, list):
         raise ValueError("the database holds no list of entries")
     rows = []
-    for e in entries:
-        if not isinstance(e, Mapping):
+    for index, e in enumerate(entries):
+        try:
+            row = _best_config_row(e, fingerprints)
+        except MALFORMED as exc:
+            if notes is not None:
+                key = e.get("key") if isinstance(e, Mapping) else None
+                notes.append(f"best-config entry {key or index}: skipped ({type(exc).__name__}: {exc})")
             continue
-        arch = str(_first(e, "arch", default="unknown"))
-        fp = _first(e, "kernel_fingerprint", "fingerprint")
-        speedup = _first(e, "speedup", "speedups", default={})
-        rows.append(BestConfigRow(
-            arch=arch, device=device_name(_first(e, "device")), shape=_bucket_label(e),
-            tuned_on=problem_label(e["problem"]) if isinstance(e.get("problem"), Mapping) else "",
-            config=dict(_first(e, "config", "knobs", default={})), us=_finite(_first(e, "us", "time_us")),
-            tflops=_finite(e.get("tflops")),
-            speedup={str(k): float(v) for k, v in (speedup.items() if isinstance(speedup, Mapping) else [])
-                     if _finite(v) is not None},
-            max_err=(float(e["max_err"]) if isinstance(e.get("max_err"), (int, float)) else None),
-            kernel_fingerprint=fp, fingerprint_state=fingerprint_state(fp, fingerprints.get(arch)),
-            versions=dict(_first(e, "versions", default={})), date=str(_first(e, "date", default="")),
-            study=str(_first(e, "study", default="")), trial=_first(e, "trial", default="")))
+        rows.append(row)
     return sorted(rows, key=lambda r: (r.arch, r.device, r.shape))
+
+
+def _best_config_row(e: Any, fingerprints: Mapping[str, str | None]) -> BestConfigRow:
+    if not isinstance(e, Mapping):
+        raise ValueError(f"an entry is a {type(e).__name__}, not a mapping")
+    config = _first(e, "config", "knobs", default={})
+    if not isinstance(config, Mapping):
+        raise ValueError(f"its config is a {type(config).__name__}, not a mapping of knob values")
+    arch = str(_first(e, "arch", default="unknown"))
+    fp = _first(e, "kernel_fingerprint", "fingerprint")
+    speedup = _first(e, "speedup", "speedups", default={})
+    return BestConfigRow(
+        arch=arch, device=device_name(_first(e, "device")), shape=_bucket_label(e),
+        tuned_on=problem_label(e["problem"]) if isinstance(e.get("problem"), Mapping) else "",
+        config=dict(config), us=_finite(_first(e, "us", "time_us")),
+        tflops=_finite(e.get("tflops")),
+        speedup={str(k): float(v) for k, v in (speedup.items() if isinstance(speedup, Mapping) else [])
+                 if _finite(v) is not None},
+        max_err=(float(e["max_err"]) if isinstance(e.get("max_err"), (int, float)) else None),
+        kernel_fingerprint=fp, fingerprint_state=fingerprint_state(fp, fingerprints.get(arch)),
+        versions=dict(_first(e, "versions", default={})), date=str(_first(e, "date", default="")),
+        study=str(_first(e, "study", default="")), trial=_first(e, "trial", default=""))
 
 
 def bench_records(data: Any) -> list[Mapping]:
@@ -733,15 +738,15 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
     specs = [storage] if storage else [str(p) for p in find_storages(results_dir)]
     raw_studies: list[optuna.Study] = []
     if not specs:
-        missing.append(f"optuna storage: none found in {results_dir}/ (give --storage); "
+        missing.append(f"optuna storage: none found in {shown(results_dir)}/ (give --storage); "
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
         try:
-            found = load_studies(open_storage(spec))
+            found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
-            missing.append(f"optuna storage {spec}: could not be read ({type(exc).__name__}: {exc})")
+            missing.append(f"optuna storage {shown(spec)}: could not be read ({type(exc).__name__}: {exc})")
             continue
-        sources[f"optuna storage {spec}"] = f"{len(found)} studies"
+        sources[f"optuna storage {shown(spec)}"] = f"{len(found)} studies"
         raw_studies += found
     raw_studies, superseded = current_and_superseded(raw_studies)
     archs = {str(s.user_attrs.get("arch")) for s in raw_studies if s.user_attrs.get("arch")}
@@ -754,11 +759,11 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
             db = _read_json(db_path)
             entries = db.get("entries", []) if isinstance(db, Mapping) else db
             archs |= {str(e.get("arch")) for e in entries if isinstance(e, Mapping) and e.get("arch")}
-        except (OSError, ValueError, AttributeError) as exc:
-            missing.append(f"best-config database {db_path}: could not be read ({exc})")
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            missing.append(f"best-config database {shown(db_path)}: could not be read ({exc})")
             db = None
     else:
-        missing.append(f"best-config database {db_path}: not found; no table of best configurations")
+        missing.append(f"best-config database {shown(db_path)}: not found; no table of best configurations")
 
     # bench
     bench_path = Path(bench) if bench else results_dir / DEFAULT_BENCH
@@ -768,32 +773,38 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         try:
             bench_data = _read_json(bench_path)
             records = bench_records(bench_data)
-            sources[f"bench {bench_path}"] = f"{len(records)} rows" + (
+            sources[f"bench {shown(bench_path)}"] = f"{len(records)} rows" + (
                 f", run {bench_data['date']}" if isinstance(bench_data, Mapping) and bench_data.get("date")
                 else "")
         except (OSError, ValueError) as exc:
-            missing.append(f"bench results {bench_path}: could not be read ({exc})")
+            missing.append(f"bench results {shown(bench_path)}: could not be read ({exc})")
     else:
-        missing.append(f"bench results {bench_path}: not found; the per-shape comparison uses the "
+        missing.append(f"bench results {shown(bench_path)}: not found; the per-shape comparison uses the "
                        "times measured during the searches")
     archs |= {str(r.get("arch")) for r in records if r.get("arch")}
     if isinstance(bench_data, Mapping) and bench_data.get("arch"):
         archs.add(str(bench_data["arch"]))
 
     fingerprints = current_fingerprints(a for a in archs if a != "unknown")
-    studies = sorted((summarize_study(s, fingerprints, min_importance_trials) for s in raw_studies),
+    summaries = []
+    for raw in raw_studies:
+        try:
+            summaries.append(summarize_study(raw, fingerprints, min_importance_trials))
+        except MALFORMED as exc:  # one malformed study must not take the report down
+            missing.append(f"study {raw.study_name}: skipped ({type(exc).__name__}: {exc})")
+    studies = sorted(summaries,
                      key=lambda s: _row_sort_key(ShapeRow(s.arch, device_name(s.device), s.problem, "", "",
                                                           {})) + (s.name,))
     best_rows: list[BestConfigRow] = []
     if db is not None:
         try:
-            best_rows = best_config_rows(db, fingerprints)
-            sources[f"best-config database {db_path}"] = f"{len(best_rows)} entries"
+            best_rows = best_config_rows(db, fingerprints, notes=missing)
+            sources[f"best-config database {shown(db_path)}"] = f"{len(best_rows)} entries"
         except ValueError as exc:
-            missing.append(f"best-config database {db_path}: {exc}")
+            missing.append(f"best-config database {shown(db_path)}: {exc}")
 
     run = bench_data if isinstance(bench_data, Mapping) else {}
-    shape_rows = merge_rows(rows_from_bench(records, run), rows_from_studies(studies))
+    shape_rows = merge_rows(rows_from_bench(records, run, notes=missing), rows_from_studies(studies))
 
     timing_set = {describe_timing(s.timing) for s in studies}
     if bench_data is not None:

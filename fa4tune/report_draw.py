@@ -24,22 +24,26 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from .outcomes import ALL_OUTCOMES
+from .peers import PEER_TITLES
 from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, describe_timing
 
 IMPL_COLORS = {
     "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
     "sdpa_flash": "#9467bd",
 }
-IMPL_NAMES = {
-    "tuned": "fa4tune tuned", "default": "fa4tune default config", "flash_attn_4": "flash-attn-4",
-    "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash (FA2)",
-}
+IMPL_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config", **PEER_TITLES}
 OUTCOME_COLORS = {
     "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
     "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "interrupted": "#17becf",
     "unrecorded": "#c7c7c7",
 }
+assert set(IMPL_COLORS) == set(IMPL_NAMES) == set(IMPLS), "an implementation without a color or a title"
+assert set(ALL_OUTCOMES) <= set(OUTCOME_COLORS), "an outcome without a color"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+# Bar labels of grouped bars stand upright above their own bar: read horizontally, "1.05×" is wider than
+# a bar once five implementations share a shape, and neighbouring labels run into each other.
+BAR_LABEL = {"textangle": -90, "textfont": {"size": 10}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -68,12 +72,12 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
             s = r.speedup.get(impl)
             labels.append("tuned" if impl == "tuned" and "us" in r.impls.get("tuned", {})
                           else (f"{s:.2f}×" if s is not None else ""))
-        common = dict(name=IMPL_NAMES.get(impl, impl), marker_color=IMPL_COLORS.get(impl), legendgroup=impl)
-        fig.add_trace(go.Bar(x=names, y=us, text=labels, textposition="outside", cliponaxis=False,
+        common = dict(name=IMPL_NAMES.get(impl, impl), marker_color=IMPL_COLORS.get(impl), legendgroup=impl,
+                      textposition="outside", cliponaxis=False, **BAR_LABEL)
+        fig.add_trace(go.Bar(x=names, y=us, text=labels,
                              hovertemplate="%{x}<br>%{y:.2f} µs<extra>" + IMPL_NAMES.get(impl, impl)
                              + "</extra>", **common), row=1, col=1)
         fig.add_trace(go.Bar(x=names, y=tf, showlegend=False, texttemplate="%{y:.0f}",
-                             textposition="outside", cliponaxis=False,
                              hovertemplate="%{x}<br>%{y:.0f} TFLOP/s<extra>" + IMPL_NAMES.get(impl, impl)
                              + "</extra>", **common), row=2, col=1)
     times = [us for r in rows for e in r.impls.values() for us in [e.get("us")] if us]
@@ -426,18 +430,11 @@ def render_html(data: ReportData) -> tuple[str, list[str]]:
 
 
 def write_report(data: ReportData, out: str | Path) -> BuiltReport:
-    """Write the report atomically (temp file + rename): a reader never sees half a file."""
-    out = Path(out)
+    """Write the report atomically (temp file + rename, mode 0644): a reader never sees half a file."""
+    from fa4.files import atomic_write
+
     doc, ids = render_html(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(doc)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    out = atomic_write(out, doc)
     return BuiltReport(out, ids, out.stat().st_size)
 
 

@@ -11,9 +11,19 @@ value. Format (every part optional; a knob not mentioned keeps all its declared 
     pack_gqa = true                     # a scalar: the knob is fixed to that value
     kv_stages = { choices = [2, 3] }    # the same as a list
 
+    [exclude]
+    tile_n = [176]                      # declared values left out on purpose (say why in description)
+
 Knob names may also appear at the top level instead of under `[knobs]`. An unknown knob, a value that
 is not one of the knob's declared choices, an empty list or a duplicate is a `SpaceError` naming the
 file, the knob and what is allowed.
+
+Every declared value of a packaged space is searched or excluded on purpose: a value that is listed
+under neither (a value added to `knobs.py` after a `[knobs]` list was written) fails
+`tests/test_space.py`, so nothing declared goes unsearched silently. `SearchSpace.unlisted()` names them.
+
+Values are matched as the knob model matches them (`Config`: a float knob's 8 is 8.0, True is not 1),
+through its public API only.
 """
 
 from __future__ import annotations
@@ -27,11 +37,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from fa4.kernels import Config, knobs_for
-from fa4.kernels.knobs import Scalar, _canonical, _in_choices
+from fa4.kernels.knobs import Scalar
 
 __all__ = ["SpaceError", "SearchSpace", "load_space", "space_path", "full_space"]
 
 _META_KEYS = {"arch", "description"}
+_TABLES = {"knobs", "exclude"}
 
 
 class SpaceError(ValueError):
@@ -45,6 +56,7 @@ class SearchSpace:
     arch: str
     choices: tuple[tuple[str, tuple[Scalar, ...]], ...]
     source: Optional[str] = None
+    excluded: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()   # left out on purpose ([exclude])
 
     @property
     def knob_names(self) -> tuple[str, ...]:
@@ -70,8 +82,19 @@ class SearchSpace:
             yield Config(self.arch, tuple(zip(names, values)))
 
     def contains(self, config: Config) -> bool:
-        return config.arch == self.arch and all(
-            _in_choices(value, self.choices_of(name)) for name, value in config.items)
+        # a Config's values and the space's choices are both canonical (`_declared`): plain equality
+        return config.arch == self.arch and all(value in self.choices_of(name) for name, value in config.items)
+
+    def unlisted(self) -> dict[str, list]:
+        """Declared values that are neither searched nor excluded on purpose, per knob."""
+        excluded = dict(self.excluded)
+        out = {}
+        for knob in knobs_for(self.arch):
+            kept = set(self.choices_of(knob.name)) | set(excluded.get(knob.name, ()))
+            missing = [c for c in knob.choices if c not in kept]
+            if missing:
+                out[knob.name] = missing
+        return out
 
     def to_dict(self) -> dict[str, list]:
         return {name: list(values) for name, values in self.choices}
@@ -106,7 +129,43 @@ def load_space(arch: str, path: str | Path | None = None) -> SearchSpace:
         data = tomllib.loads(p.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SpaceError(f"{p}: not a readable TOML file: {exc}") from exc
-    return SearchSpace(arch, _narrow(arch, declared, data, p), str(p))
+    choices = _narrow(arch, declared, data, p)
+    excluded = _exclusions(arch, declared, data, p)
+    for name, values in excluded:
+        remaining = tuple(c for c in dict(choices)[name] if c not in values)
+        if not remaining:
+            raise SpaceError(f"{p}: knob {name!r} has no choices left after [exclude]")
+        choices = tuple((n, remaining if n == name else v) for n, v in choices)
+    return SearchSpace(arch, choices, str(p), excluded)
+
+
+def _declared(arch: str, name: str, value: Any) -> Optional[Scalar]:
+    """The declared choice `value` stands for, or None: the knob model's own rule, asked through `Config`."""
+    try:
+        return getattr(Config.make(arch, **{name: value}), name)
+    except ValueError:
+        return None
+
+
+def _exclusions(arch: str, declared, data: Mapping[str, Any], p: Path):
+    table = data.get("exclude", {})
+    if not isinstance(table, dict):
+        raise SpaceError(f"{p}: [exclude] must be a table of knob = values")
+    by_name = {k.name: k for k in declared}
+    out = []
+    for name, values in table.items():
+        if name not in by_name:
+            raise SpaceError(f"{p}: [exclude] names unknown knob {name!r} for {arch}")
+        values = values if isinstance(values, list) else [values]
+        canonical = []
+        for v in values:
+            c = _declared(arch, name, v)
+            if c is None:
+                raise SpaceError(f"{p}: [exclude] {arch} knob {name}={v!r} is not a declared choice; "
+                                 f"declared: {list(by_name[name].choices)}")
+            canonical.append(c)
+        out.append((name, tuple(canonical)))
+    return tuple(out)
 
 
 def _narrow(arch: str, declared, data: Mapping[str, Any], p: Path):
@@ -117,7 +176,7 @@ def _narrow(arch: str, declared, data: Mapping[str, Any], p: Path):
     table = data.get("knobs", {})
     if not isinstance(table, dict):
         raise SpaceError(f"{p}: [knobs] must be a table of knob = choices")
-    top_level = {k: v for k, v in data.items() if k not in _META_KEYS | {"knobs"}}
+    top_level = {k: v for k, v in data.items() if k not in _META_KEYS | _TABLES}
     for name, value in itertools.chain(table.items(), top_level.items()):
         if name not in by_name:
             known = ", ".join(by_name)
@@ -140,11 +199,11 @@ def _narrow(arch: str, declared, data: Mapping[str, Any], p: Path):
             raise SpaceError(f"{p}: knob {knob.name!r} has no choices left")
         narrowed = []
         for v in values:
-            if not _in_choices(v, knob.choices):
+            c = _declared(arch, knob.name, v)
+            if c is None:
                 raise SpaceError(f"{p}: {arch} knob {knob.name}={v!r} is not a declared choice; "
                                  f"declared: {list(knob.choices)}")
-            c = _canonical(v, knob.choices)
-            if any(_in_choices(c, (seen,)) for seen in narrowed):
+            if c in narrowed:
                 raise SpaceError(f"{p}: knob {knob.name!r} lists {v!r} twice")
             narrowed.append(c)
         out.append((knob.name, tuple(narrowed)))

@@ -1,15 +1,25 @@
 """Marker handling: GPU tests run only where the GPU they need is present.
 
 `gpu`   needs a CUDA GPU our runnable kernel supports (Hopper, sm_90).
-`sm100` needs a Blackwell GPU (compute capability 10.x); nothing here has one.
+`sm100` needs a Blackwell GPU our sm100 kernel runs on (compute capability 10.0, `fa4.arch`).
 Detection touches CUDA only when such a test was collected, so CPU collection never needs it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 import pytest
+
+from fa4.arch import arch_of_capability
+
+
+# a test never reads or writes the developer's own results directory (fa4tune.paths): the runtime
+# would otherwise pick up a tuned database from ~/.cache/fa4tune, and the harness write into it
+os.environ["FA4TUNE_HOME"] = tempfile.mkdtemp(prefix="fa4tune-test-home-")
+os.environ.pop("FA4_CONFIG_DB", None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,9 +41,9 @@ def pytest_collection_modifyitems(config, items):
     cc = _compute_capability()
     for item in wants_gpu:
         if item.get_closest_marker("sm100"):
-            if cc is None or cc[0] != 10:
+            if cc is None or arch_of_capability(cc) != "sm100":
                 item.add_marker(pytest.mark.skip(reason=f"needs a Blackwell GPU (sm_100); found {cc}"))
         elif cc is None:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is available"))
-        elif cc != (9, 0):
+        elif arch_of_capability(cc) != "sm90":
             item.add_marker(pytest.mark.skip(reason=f"needs a Hopper GPU (sm_90); found sm_{cc[0]}{cc[1]}"))

@@ -75,7 +75,9 @@ def test_search_table_and_options(tmp_path, fake_gpu):
     assert not (tmp_path / "db.json").exists()
     import optuna
 
-    study = optuna.load_study(study_name="mine", storage=search_mod.open_storage(tmp_path / "s.journal"))
+    from fa4tune.storage import open_storage
+
+    study = optuna.load_study(study_name="mine", storage=open_storage(tmp_path / "s.journal"))
     assert study.user_attrs["problem"] == AttentionProblem(2, 512, 2048, 16, 16, 64, "bf16", True).to_dict()
     assert study.user_attrs["timing"]["l2"] == "flushed" and "peers" not in study.user_attrs
 
@@ -87,11 +89,17 @@ def test_shape_option_errors():
     assert result.exit_code == 2 and "not both" in result.output
 
 
-def test_compile_only_needs_no_gpu(monkeypatch):
+@pytest.fixture
+def fake_compiles(monkeypatch):
+    from fa4tune import compile_space
+
     monkeypatch.setattr(cli, "detect_gpus", lambda: [])
-    real = search_mod.compile_space
-    monkeypatch.setattr(search_mod, "compile_space",
+    real = compile_space.run
+    monkeypatch.setattr(compile_space, "run",
                         lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes"}))
+
+
+def test_compile_only_needs_no_gpu(fake_compiles):
     result = invoke("search", "--compile-only", "--causal", "--trials", "5", "--format", "json")
     [report] = json.loads(result.stdout)
     size = load_space("sm90").size
@@ -102,11 +110,39 @@ def test_compile_only_needs_no_gpu(monkeypatch):
         fails = c["config"]["pv_operand"] == "ss" and c["config"]["tile_n"] >= 176   # the fake's rule
         assert c["outcome"] == ("compile_error" if fails else "ok")
         assert ("register allocation failed" in c["error"]) if fails else c["report"]["spills"] == 0
-    # a feasible configuration that does not compile means the feasibility model is wrong: exit 1
+        assert bool(c["problems"]) == fails
+    # a feasible configuration that does not compile means the feasibility model is wrong: exit 1,
+    # and the summary on stderr names it
     any_failed = any(c["outcome"] != "ok" for c in report["compiled"])
     assert result.exit_code == (1 if any_failed else 0), result.stderr
+    assert f"exit status {result.exit_code}" in result.stderr.splitlines()[-1]
     table = invoke("search", "--compile-only", "--no-causal", "--trials", "2")
-    assert "why the rest is not" in table.stdout and "shared memory N B exceeds N B" in table.stdout
+    assert "rejected before compiling" in table.stdout and "shared memory N B exceeds N B" in table.stdout
+
+
+def test_compile_only_is_compile_space(fake_compiles):
+    """One code path: the same results, summary and exit status; both causal modes counted."""
+    via_search = invoke("search", "--compile-only", "--trials", "3", "--format", "json")
+    direct = invoke("compile-space", "--limit", "3", "--format", "json")
+    strip = lambda doc: [{**r, "compiled": sorted(json.dumps({k: v for k, v in c.items() if k != "compile_s"},
+                                                               sort_keys=True) for c in r["compiled"])}
+                         for r in json.loads(doc)]
+    assert strip(via_search.stdout) == strip(direct.stdout)
+    assert via_search.exit_code == direct.exit_code
+    reports = json.loads(direct.stdout)
+    assert [r["problem"]["causal"] for r in reports] == [False, True]
+    assert "compiled (2 problem(s)): 6/6" in direct.stderr   # progress counts both modes
+    assert "non-causal and causal" in direct.stderr
+
+
+def test_compile_space_exit_status_says_what_failed():
+    from fa4tune import compile_space
+
+    clean = {"failures": 0, "default_feasible": True}
+    assert compile_space.exit_status([clean]) == 0
+    assert compile_space.exit_status([clean, {**clean, "failures": 2}]) == compile_space.EXIT_COMPILE_PROBLEMS
+    assert compile_space.exit_status([{**clean, "default_feasible": False}]) == compile_space.EXIT_DEFAULT_INFEASIBLE
+    assert compile_space.exit_status([{"failures": 1, "default_feasible": False}]) == 5
 
 
 def _entry(fingerprint: str, sq: int) -> Entry:
@@ -120,7 +156,9 @@ def test_best_lists_the_database_with_a_stale_column(tmp_path, monkeypatch):
     db = tmp_path / "db.json"
     record(_entry("current", 1024), db)
     record(_entry("old", 4096), db)
-    monkeypatch.setattr(search_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "current")
+    from fa4tune import environment
+
+    monkeypatch.setattr(environment, "kernel_fingerprint", lambda arch, api="fa4.kernels": "current")
     rows = json.loads(invoke("best", "--db", str(db), "--format", "json").stdout)
     assert {r["seqlen_q_bucket"]: r["stale"] for r in rows} == {1024: False, 4096: True}
     table = invoke("best", "--db", str(db)).stdout
@@ -172,3 +210,26 @@ def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, 
     [summary] = json.loads(result.stdout)
     assert summary["default_us"] is None and summary["best"] is not None   # others still worked
     assert result.exit_code == 1 and "default configuration did not run correctly" in result.stderr
+
+
+def test_help_version_and_verbosity(fake_compiles):
+    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"]):
+        result = invoke(*args)
+        assert result.exit_code == 0 and "Usage:" in result.stdout, args
+    version = invoke("--version")
+    assert version.exit_code == 0 and "fa4tune, version" in version.stdout
+    # the same option names everywhere
+    for command in ("search", "compile-space", "bench"):
+        text = invoke(command, "-h").stdout
+        for option in ("--heads", "--gqa", "--heads-kv", "--causal", "--no-causal", "--both", "--arch", "--jobs",
+                       "--format", "--lse"):
+            assert option in text, (command, option)
+    for command in ("search", "bench", "best", "report"):
+        assert "--db" in invoke(command, "-h").stdout, command
+    normal = invoke("compile-space", "--causal", "--limit", "2")
+    quiet = invoke("-q", "compile-space", "--causal", "--limit", "2")
+    verbose = invoke("-v", "compile-space", "--causal", "--limit", "2")
+    assert "fa4tune compile-space:" in normal.stderr and "fa4tune compile-space:" not in quiet.stderr
+    assert "exit status" in quiet.stderr                        # the summary is the result, not progress
+    assert verbose.stderr.count("compiled 1/2") == 1 and "compiled 1/2" not in normal.stderr
+    assert invoke("-q", "-v", "best").exit_code == 2

@@ -67,11 +67,11 @@ class _RecordingPool:
 
 def test_shards_split_the_feasible_configurations(monkeypatch):
     """Shards are disjoint and together cover every feasible configuration; shard 0 has the default."""
-    import fa4tune.search as search
     from fa4.kernels import AttentionProblem, default_config
+    from fa4tune import compile_space
     from fa4tune.space import SearchSpace
 
-    monkeypatch.setattr(search, "WorkerPool", _RecordingPool)
+    monkeypatch.setattr(compile_space, "WorkerPool", _RecordingPool)
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
     space = SearchSpace("sm90", (("tile_m", (128,)), ("tile_n", (64, 128, 192)), ("kv_stages", (2, 3)),
                                  ("q_stages", (1,)), ("rescale_threshold", (8.0,)),
@@ -80,10 +80,10 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
     shards = []
     for i in range(3):
         _RecordingPool.submitted = []
-        result = search.compile_space("sm90", problem, space, 10**9, shard=(i, 3))
+        [result] = compile_space.run("sm90", [problem], space, 10**9, shard=(i, 3))
         assert result["shard"] == [i, 3]
         shards.append(set(_RecordingPool.submitted))
-    whole = search.compile_space("sm90", problem, space, 0)
+    [whole] = compile_space.run("sm90", [problem], space, 0)
     default = default_config("sm90", problem)
     assert space.contains(default)
     assert sum(len(s) for s in shards) == len(set().union(*shards)) == whole["feasible"] > 3
@@ -99,3 +99,17 @@ def test_compact_drops_only_what_repeats():
     assert small["compiled"][0]["report"] == {"registers": 128}
     assert small["compiled"][0]["config"] == {"tile_n": 64} and small["arch"] == "sm100"
     assert result["compiled"][0]["report"]["config"] == {"tile_n": 64}  # the input is left alone
+
+
+def test_compact_cuts_the_checkout_location_from_compiler_messages():
+    from pathlib import Path
+
+    import fa4
+    from fa4tune.compile_space import compact
+
+    root = Path(fa4.__file__).resolve().parent.parent
+    result = {"compiled": [{"outcome": "ok", "warnings": [f"{root}/kernels/sm90/kernel.py:138: spill"],
+                            "report": {"remarks": [f"loc('{root}/kernels/sm90/kernel.py')"]}}]}
+    entry = compact(result)["compiled"][0]
+    assert entry["warnings"] == ["kernels/sm90/kernel.py:138: spill"]
+    assert entry["report"]["remarks"] == ["loc('kernels/sm90/kernel.py')"]

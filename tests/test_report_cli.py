@@ -56,3 +56,84 @@ def test_report_command_explicit_inputs_and_missing_ones(tmp_path):
 def test_report_is_registered_in_the_cli():
     cli = pytest.importorskip("fa4tune.cli", reason="fa4tune.cli is not written yet")
     assert cli.main.get_command(None, "report") is report_command
+
+
+def _damage(results):
+    """Inputs the report must survive: a study attribute of the wrong type, a database entry whose
+    config is a number, a bench row whose problem is text."""
+    import optuna
+
+    from fa4tune.storage import open_storage
+
+    storage = open_storage(results / "studies.journal")
+    study = optuna.create_study(study_name="odd", storage=storage)
+    study.set_user_attr("problem", "B1 S1024")
+    study.set_user_attr("device", 7)
+    db = json.loads((results / "best_configs.json").read_text())
+    db["entries"][0]["config"] = 5
+    db["entries"].append("not an entry")
+    (results / "best_configs.json").write_text(json.dumps(db))
+    bench = json.loads((results / "bench.json").read_text())
+    bench["rows"][0]["problem"] = {**bench["rows"][0]["problem"], "head_dim": "128"}
+    (results / "bench.json").write_text(json.dumps(bench))
+
+
+def test_malformed_inputs_are_skipped_with_a_note(tmp_path):
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    _damage(results)
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "study odd: skipped" in result.stderr
+    assert "best-config entry" in result.stderr and "config is a int" in result.stderr
+    assert "bench row" in result.stderr and "head_dim" in result.stderr
+    assert "3 studies" in result.stderr and out.is_file()
+
+
+def test_the_report_writes_nothing_into_what_it_reads(tmp_path):
+    import sqlite3
+
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    unrelated = results / "notes.db"   # an SQLite file that is not an optuna storage
+    with sqlite3.connect(unrelated) as conn:
+        conn.execute("CREATE TABLE notes (text TEXT)")
+    before = {p.name: p.read_bytes() for p in results.iterdir()}
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in results.iterdir()} == before   # nothing changed, nothing added
+    explicit = CliRunner().invoke(report_command, ["--results", str(results), "--storage", str(unrelated),
+                                                   "--out", str(tmp_path / "r2.html")])
+    assert explicit.exit_code == 0 and "without optuna's tables" in explicit.stderr
+    assert unrelated.read_bytes() == before["notes.db"]
+
+
+def test_written_files_are_readable_by_others(tmp_path):
+    write_synthetic_results(tmp_path / "results", n_trials=12)
+    out, data_json = tmp_path / "r.html", tmp_path / "r.json"
+    CliRunner().invoke(report_command, ["--results", str(tmp_path / "results"), "--out", str(out),
+                                        "--data-json", str(data_json)])
+    assert out.stat().st_mode & 0o777 == 0o644 and data_json.stat().st_mode & 0o777 == 0o644
+
+
+def test_bar_labels_stand_above_their_own_bar(tmp_path):
+    from fa4tune.report_data import collect
+    from fa4tune.report_draw import comparison_figure
+
+    write_synthetic_results(tmp_path / "results", n_trials=12)
+    fig = comparison_figure(collect(tmp_path / "results").shape_rows)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert bars and all(t.textangle == -90 and t.textposition == "outside" for t in bars)
+
+
+def test_the_report_carries_no_absolute_paths(tmp_path):
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    out, data_json = tmp_path / "r.html", tmp_path / "r.json"
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                 "--data-json", str(data_json), "--bench", str(tmp_path / "none.json")])
+    assert result.exit_code == 0, result.output
+    for text in (out.read_text(encoding="utf-8"), data_json.read_text()):
+        assert str(tmp_path) not in text
+        assert "results/studies.journal" in text   # still says which input it read

@@ -16,6 +16,7 @@ import pytest
 
 from fa4.kernels import AttentionProblem, Config, knobs_for
 from fa4tune import report_data as rd
+from fa4tune import storage as fa4storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -163,30 +164,30 @@ def synthetic(tmp_path_factory):
 def test_storage_detection(tmp_path, synthetic):
     folder, expected = synthetic
     journal = folder / "studies.journal"
-    assert rd.storage_kind(str(journal)) == "journal"
-    assert rd.find_storages(folder) == [journal]
+    assert fa4storage.storage_kind(str(journal)) == "journal"
+    assert fa4storage.find_storages(folder) == [journal]
     # a study copied into SQLite is found by content, whatever the file is called, and reads the same
     sqlite = tmp_path / "studies.bin"
     name = sorted(expected)[0]
-    optuna.copy_study(from_study_name=name, from_storage=rd.open_storage(str(journal)),
+    optuna.copy_study(from_study_name=name, from_storage=fa4storage.open_for_reading(str(journal)),
                       to_storage=f"sqlite:///{sqlite}")
-    assert rd.storage_kind(str(sqlite)) == "sqlite"
-    (copied,) = rd.load_studies(rd.open_storage(str(sqlite)))
+    assert fa4storage.storage_kind(str(sqlite)) == "sqlite"
+    (copied,) = rd.load_studies(fa4storage.open_for_reading(str(sqlite)))
     assert copied.study_name == name
     assert rd.summarize_study(copied).outcomes == expected[name]["counts"]
-    assert rd.storage_kind(f"sqlite:///{sqlite}") == "url"
+    assert fa4storage.storage_kind(f"sqlite:///{sqlite}") == "url"
     garbage = tmp_path / "notes.txt"
     garbage.write_text("hello\n")
     with pytest.raises(ValueError):
-        rd.storage_kind(str(garbage))
+        fa4storage.storage_kind(str(garbage))
     with pytest.raises(FileNotFoundError):
-        rd.storage_kind(str(tmp_path / "absent.db"))
-    assert rd.find_storages(tmp_path) == [sqlite]
+        fa4storage.storage_kind(str(tmp_path / "absent.db"))
+    assert fa4storage.find_storages(tmp_path) == [sqlite]
 
 
 def test_study_summary_counts_by_outcome_not_state(synthetic):
     folder, expected = synthetic
-    studies = rd.load_studies(rd.open_storage(str(folder / "studies.journal")))
+    studies = rd.load_studies(fa4storage.open_for_reading(str(folder / "studies.journal")))
     for study in studies:
         want = expected[study.study_name]
         info = rd.summarize_study(study, {"sm90": "f" * 16})
@@ -205,7 +206,7 @@ def test_study_summary_counts_by_outcome_not_state(synthetic):
 
 def test_importance_finds_the_knob_that_matters(synthetic):
     folder, expected = synthetic
-    studies = rd.load_studies(rd.open_storage(str(folder / "studies.journal")))
+    studies = rd.load_studies(fa4storage.open_for_reading(str(folder / "studies.journal")))
     for study in studies:
         info = rd.summarize_study(study, {})
         assert info.importance is not None, info.importance_note
@@ -320,7 +321,7 @@ def test_collect_reports_unreadable_inputs(tmp_path):
     journal.write_text('{"op_code": 99}\n')
     data = rd.collect(tmp_path)
     assert any("best-config database" in m and "could not be read" in m for m in data.missing)
-    assert data.sources[f"bench {tmp_path / 'bench.json'}"] == "0 rows"
+    assert data.sources[f"bench {rd.shown(tmp_path / 'bench.json')}"] == "0 rows"
 
 
 def test_collect_end_to_end(synthetic, monkeypatch):
@@ -362,7 +363,7 @@ def test_sm100_data_carries_the_not_run_on_hardware_warning(tmp_path):
 
 def test_superseded_studies_are_left_out(tmp_path):
     write_synthetic_results(tmp_path, n_trials=12)
-    storage = rd.open_storage(str(tmp_path / "studies.journal"))
+    storage = fa4storage.open_storage(str(tmp_path / "studies.journal"))
     info = add_synthetic_study(storage, "sm90", SHAPES[0], 12, seed=99, fingerprint="e" * 16, suffix="~2")
     data = rd.collect(tmp_path)
     names = [s.name for s in data.studies]

@@ -21,10 +21,15 @@ from optuna.trial import TrialState
 import test_search_fakes as fakes
 from fa4.database import BestConfigDB
 from fa4.kernels import AttentionProblem, Config, knobs_for
-from fa4tune import search as search_mod
-from fa4tune.search import (Progress, SearchSettings, open_storage, parse_shape, run_search, shape_key,
-                            sweep_interrupted)
-from fa4tune.worker import INJECT_ENV, OUTCOMES, WorkerPool
+from fa4tune import liveness
+from fa4tune.liveness import sweep_interrupted
+from fa4tune.outcomes import OUTCOMES
+from fa4tune.progress import Progress
+from fa4tune.search import SearchSettings, run_search
+from fa4tune.shapes import parse_shape, shape_key
+from fa4tune.storage import open_storage
+from fa4tune.pool import WorkerPool
+from fa4tune.worker import INJECT_ENV
 
 TESTS = Path(__file__).resolve().parent
 MISSION = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)
@@ -242,25 +247,23 @@ def test_sweep_marks_trials_of_dead_owners_failed(tmp_path):
     dead = study.ask(dist)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    study._storage.set_trial_system_attr(dead._trial_id, search_mod.OWNER_ATTR,
-                                         {"host": os.uname().nodename, "pid": proc.pid, "start": "1"})
+    liveness.claim_trial(storage, study, dead.number, {"host": os.uname().nodename, "pid": proc.pid, "start": "1"})
     mine = study.ask(dist)
-    study._storage.set_trial_system_attr(mine._trial_id, search_mod.OWNER_ATTR, search_mod._owner())
+    liveness.claim_trial(storage, study, mine.number, liveness.this_process())
     remote_fresh = study.ask(dist)
-    study._storage.set_trial_system_attr(remote_fresh._trial_id, search_mod.OWNER_ATTR, {"host": "elsewhere"})
-    study._storage.set_trial_system_attr(remote_fresh._trial_id, search_mod.HEARTBEAT_ATTR, time.time())
+    liveness.claim_trial(storage, study, remote_fresh.number, {"host": "elsewhere"})
     remote_old = study.ask(dist)
-    study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.OWNER_ATTR, {"host": "elsewhere"})
-    study._storage.set_trial_system_attr(remote_old._trial_id, search_mod.HEARTBEAT_ATTR, time.time() - 3600)
+    old_id = liveness.claim_trial(storage, study, remote_old.number, {"host": "elsewhere"})
+    storage.set_trial_system_attr(old_id, liveness.HEARTBEAT_ATTR, time.time() - 3600)
     ownerless = study.ask(dist)   # killed between ask and writing its owner
     other_run = {"host": "elsewhere", "pid": 1, "start": "1"}
-    study._storage.set_study_system_attr(study._study_id, search_mod._run_attr(other_run),
-                                         {"owner": other_run, "beat": time.time()})
-    swept = sweep_interrupted(study)
+    study_id = storage.get_study_id_from_name("s")
+    storage.set_study_system_attr(study_id, liveness.run_attr(other_run), {"owner": other_run, "beat": time.time()})
+    swept = sweep_interrupted(storage, study)
     assert sorted(swept) == sorted([dead.number, remote_old.number])   # another run may own it
-    study._storage.set_study_system_attr(study._study_id, search_mod._run_attr(other_run),
-                                         {"owner": other_run, "beat": time.time() - 3600})
-    assert sweep_interrupted(study) == [ownerless.number]              # no live run is left
+    storage.set_study_system_attr(study_id, liveness.run_attr(other_run),
+                                  {"owner": other_run, "beat": time.time() - 3600})
+    assert sweep_interrupted(storage, study) == [ownerless.number]     # no live run is left
     states = {t.number: (t.state, t.user_attrs.get("outcome")) for t in study.get_trials()}
     assert states[dead.number] == (TrialState.FAIL, "interrupted")
     assert states[mine.number][0] == TrialState.RUNNING and states[remote_fresh.number][0] == TrialState.RUNNING
@@ -270,7 +273,8 @@ _KILL_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
-from fa4tune.search import Progress, SearchSettings, run_search
+from fa4tune.progress import Progress
+from fa4tune.search import SearchSettings, run_search
 if __name__ == "__main__":
     s = SearchSettings(trials={trials}, processes=2, storage={storage!r}, db_path={db!r},
                        evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes")

@@ -40,6 +40,16 @@ def compile_key(config: Config, problem: AttentionProblem) -> tuple:
     return (config.arch, config.codegen_items(), (problem.head_dim, problem.dtype, problem.causal))
 
 
+class _FakeFamily:
+    @staticmethod
+    def resources(config: Config, problem: AttentionProblem) -> dict:
+        return {"smem_bytes": config.tile_m * config.tile_n * 12}
+
+
+def family(arch: str) -> _FakeFamily:
+    return _FakeFamily()
+
+
 def source_fingerprint(arch: str) -> str:
     return os.environ.get(FAKE_FINGERPRINT_ENV, "fake-fingerprint-1")
 
@@ -84,7 +94,8 @@ class FakeEvaluator:
     def compile_report(self, config, problem) -> dict:
         kernel = self.compile(config, problem)
         return {"registers": 168 if kernel.config.tile_m == 128 else 232, "spills": 0,
-                "smem_bytes": kernel.config.tile_m * kernel.config.tile_n * 12}
+                "smem_bytes": kernel.config.tile_m * kernel.config.tile_n * 12,
+                "ptx_markers": {"wgmma": True, "tma_load": True}}
 
     def run_trial(self, kernel, config, problem, timing, validate, perturb) -> dict:
         if perturb:
@@ -127,7 +138,7 @@ class SdpaKernel:
 
 
 def _real_evaluator_base():
-    from fa4tune.worker import KernelEvaluator
+    from fa4tune.evaluator import KernelEvaluator
 
     return KernelEvaluator
 

@@ -186,7 +186,9 @@ def test_sample_smem_model_equals_shared_storage(sample_rows):
 
 def test_compile_attention_refuses_without_blackwell():
     torch = pytest.importorskip("torch")
-    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10:
+    from fa4.arch import arch_of_capability
+
+    if torch.cuda.is_available() and arch_of_capability(torch.cuda.get_device_capability()) == "sm100":
         pytest.skip("a Blackwell GPU is present")
     with pytest.raises(RuntimeError, match="Blackwell"):
         sm100.compile_attention(sm100.default_config(BASE), BASE)

@@ -14,12 +14,11 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fa4.kernels import Config, knob
 from fa4.kernels.sm100 import emulation as emu
-from fa4.kernels.sm100.emulation import (BasisUpdate, RescaleStats, emulate_fa4_forward,
-                                         reference_attention, visible_mask)
+from fa4.kernels.sm100.emulation import BasisUpdate, RescaleStats, emulate_fa4_forward, visible_mask
+from fa4.reference import attention_fp32, check, sdpa_same_precision
 
 THRESHOLDS = knob("sm100", "rescale_threshold").choices
 TILE_NS = knob("sm100", "tile_n").choices
@@ -39,17 +38,11 @@ def _inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, seed=
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _sdpa(q, k, v, causal):
-    mask = visible_mask(q.shape[1], k.shape[1], causal)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask, enable_gqa=True)
-    return out.transpose(1, 2)
-
-
 def _references(q, k, v, causal):
-    # fp32 reference; compared in fp64 so the comparison adds no rounding of its own
-    ref, ref_lse = (t.double() for t in reference_attention(q, k, v, causal=causal))
-    return ref, ref_lse, _sdpa(q, k, v, causal)
+    # the one fp32 reference and same-precision SDPA (`fa4.reference`); compared in fp64 so the
+    # comparison adds no rounding of its own
+    ref, ref_lse = (t.double() for t in attention_fp32(q, k, v, causal))
+    return ref, ref_lse, sdpa_same_precision(q, k, v, causal)
 
 
 def _check(out, lse, q, k, v, causal, refs=None):
@@ -116,12 +109,8 @@ def test_explicit_softmax_scale():
     scale = 0.37
     out, lse = emulate_fa4_forward(q, k, v, Config.make("sm100"), causal=True, softmax_scale=scale,
                                    return_lse=True)
-    ref, ref_lse = reference_attention(q, k, v, causal=True, softmax_scale=scale)
-    mask = visible_mask(200, 260, True)
-    sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          attn_mask=mask, enable_gqa=True, scale=scale).transpose(1, 2)
-    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(out.float(), sdpa.float(), rtol=1e-2, atol=1e-2)
+    ref, ref_lse = attention_fp32(q, k, v, True, scale)
+    assert check(out, lse, q, k, v, True, scale) == []
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-4)
 
 

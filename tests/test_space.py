@@ -90,3 +90,28 @@ def test_fingerprint_changes_with_the_choices():
     a = full_space("sm90")
     b = SearchSpace("sm90", tuple((n, v[:1]) if n == "tile_n" else (n, v) for n, v in a.choices))
     assert a.fingerprint() != b.fingerprint() and a.fingerprint() == full_space("sm90").fingerprint()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_declared_value_is_searched_or_excluded_on_purpose(arch):
+    # a value added to knobs.py must show up here: searched, or named under [exclude] with a reason
+    assert load_space(arch).unlisted() == {}
+
+
+def test_exclude_leaves_values_out_on_purpose(tmp_path):
+    narrowed = load_space("sm90", write(tmp_path, "[knobs]\ntile_n = [64, 128]\n"))
+    assert narrowed.unlisted() == {"tile_n": [80, 96, 112, 144, 160, 176, 192]}   # silently not searched
+    excluded = load_space("sm90", write(tmp_path, "[exclude]\ntile_n = [176, 192]\nrescale_threshold = [0]\n"))
+    assert excluded.choices_of("tile_n") == (64, 80, 96, 112, 128, 144, 160)
+    assert excluded.choices_of("rescale_threshold") == (4.0, 8.0, 12.0)            # 0 means 0.0
+    assert excluded.unlisted() == {} and excluded.size == full_space("sm90").size * 7 // 9 * 3 // 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[exclude]\ntile_q = [1]\n", "unknown knob 'tile_q'"),
+    ("[exclude]\ntile_n = [65]\n", "not a declared choice"),
+    ("[knobs]\npv_operand = ['rs']\n[exclude]\npv_operand = ['rs']\n", "no choices left"),
+])
+def test_exclude_errors(tmp_path, text, message):
+    with pytest.raises(SpaceError, match=message):
+        load_space("sm90", write(tmp_path, text))

@@ -10,7 +10,7 @@ import pytest
 
 from fa4.kernels import AttentionProblem, default_config, feasible
 
-from fa4.kernels.sm90.reference import run_and_check, shard
+from sm90_cases import run_and_check, shard
 
 SEQLENS = [(s, s) for s in (1, 17, 128, 1000, 1024, 2048, 4099)] + [
     (1, 4099), (128, 2048), (1000, 17), (2048, 1024)]

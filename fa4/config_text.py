@@ -1,0 +1,65 @@
+"""Configurations written as text: what `Config.label()` prints can be given back as `config=`.
+
+A label is `name=value` pairs separated by spaces, e.g.
+`tile_m=128 tile_n=80 kv_stages=2 ... softmax_overlap=off ...` (booleans print as on/off, whole floats
+without their ".0"). `fa4.attention(..., config=<label>)` accepts a complete label (exactly that
+configuration) or some of its pairs (those knobs over the heuristic default), and a mapping's values may
+be written the same way: `config={"softmax_overlap": "off"}`. The text of a value is read back by
+printing every declared choice of the knob and matching, so what prints is what parses.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+from fa4.kernels import Config, knob
+
+
+def parse_label(text: str) -> dict[str, str]:
+    """{name: value text} of a label; ValueError for a part that is not name=value."""
+    values: dict[str, str] = {}
+    for part in text.split():
+        name, eq, value = part.partition("=")
+        if not eq or not name or not value:
+            raise ValueError(f"cannot read {part!r} of configuration {text!r}: want name=value pairs")
+        if name in values:
+            raise ValueError(f"configuration {text!r} names {name} twice")
+        values[name] = value
+    return values
+
+
+def looks_like_label(text: str) -> bool:
+    """A label, as opposed to the custom op's "arch;name=repr;..." form."""
+    return ";" not in text and "=" in text
+
+
+@functools.lru_cache(maxsize=None)
+def _choice_texts(arch: str, name: str) -> dict[str, Any]:
+    """{printed text: value} of every declared choice of one knob, as `Config.label` prints it."""
+    texts = {}
+    for choice in knob(arch, name).choices:
+        pairs = parse_label(Config.make(arch, **{name: choice}).label())
+        texts[pairs[name]] = choice
+    return texts
+
+
+def knob_value(arch: str, name: str, value: Any) -> Any:
+    """A knob value as given (a declared choice) or as printed (its label text)."""
+    try:
+        return getattr(Config.make(arch, **{name: value}), name)
+    except ValueError:
+        if not isinstance(value, str):
+            raise
+    texts = _choice_texts(arch, name)
+    if value.strip().lower() in texts:
+        return texts[value.strip().lower()]
+    raise ValueError(f"{arch} knob {name}={value!r} is not one of {list(texts)}")
+
+
+def with_values(base: Config, values: Mapping[str, Any]) -> Config:
+    """`base` with the given knobs replaced, each value a declared choice or its printed text."""
+    unknown = sorted(set(values) - set(base.to_dict()))
+    if unknown:
+        raise ValueError(f"unknown knob(s) for {base.arch}: {', '.join(unknown)}")
+    return base.replace(**{name: knob_value(base.arch, name, v) for name, v in values.items()})

@@ -1,0 +1,211 @@
+"""What "correct" means for our forward: the one fp32 reference and the one comparison rule.
+
+Everything that decides whether an output is right imports this module: the search's workers
+(`fa4tune.worker`), the peers' error figures (`fa4tune.peers`), the SDPA fallback's LSE
+(`fa4.fallback`), the GPU suites and the CPU tests. Two references that disagree would make two
+definitions of "correct"; there is one.
+
+The contract (`docs/design.md`)
+-------------------------------
+- Layout (B, S, H, D); GQA: query head h reads KV head h // (Hq / Hkv).
+- Causal masks are bottom-right aligned: key j is hidden from query i when j > i + Sk - Sq.
+- A query row that sees no key (causal with Sq > Sk: the first Sq - Sk rows) has O = 0 exactly and
+  LSE = -inf. SDPA has no defined answer there (it gives NaN), so SDPA is compared on the other rows
+  only; the fp32 reference follows the rule and is compared everywhere.
+- The output must be finite and within rtol = atol = 1e-2 of both the fp32 reference and
+  `scaled_dot_product_attention` in the inputs' precision; the LSE within the same tolerance of the
+  fp32 LSE on rows that see a key.
+
+Imports torch lazily, so the harness can import it without torch at hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+RTOL = ATOL = 1e-2
+# fp32 scores materialised at once: the reference walks the query rows in chunks of at most this
+_CHUNK_BYTES = 256 << 20
+
+
+def softmax_scale(head_dim: int) -> float:
+    """The default softmax scale, 1 / sqrt(head_dim)."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, device=None):
+    """(Sq, Sk) bool, True where query i sees key j under the bottom-right causal mask."""
+    import torch
+
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """How many query rows see no key; they are always the first ones (O = 0, LSE = -inf there)."""
+    if seqlen_k == 0:
+        return seqlen_q
+    return max(0, seqlen_q - seqlen_k) if causal else 0
+
+
+def rows_with_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None):
+    """(Sq,) bool, True for the query rows that see at least one key."""
+    import torch
+
+    return torch.arange(seqlen_q, device=device) >= rows_without_keys(seqlen_q, seqlen_k, causal)
+
+
+def _expand_kv(x, heads_q: int):
+    """(B, Sk, Hkv, D) -> (B, Hq, Sk, D) fp32, each KV head repeated for its query heads."""
+    return x.float().transpose(1, 2).repeat_interleave(heads_q // x.shape[2], dim=1)
+
+
+def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int):
+    """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) fp32, hidden keys -inf."""
+    import torch
+
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    kf = _expand_kv(k, heads_q)
+    rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * seqlen_k))
+    visible = visible_keys(seqlen_q, seqlen_k, q.device) if causal else None
+    for start in range(0, seqlen_q, rows):
+        stop = min(seqlen_q, start + rows)
+        scores = torch.matmul(q[:, start:stop].float().transpose(1, 2), kf.transpose(-1, -2)) * scale
+        if visible is not None:
+            scores = scores.masked_fill(~visible[start:stop], -math.inf)
+        yield start, stop, scores
+
+
+def lse_fp32(q, k, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES):
+    """log sum_j exp(scale * q_i . k_j) over the visible keys: (B, Hq, Sq) fp32, -inf where none is."""
+    import torch
+
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    scale = softmax_scale(head_dim) if scale is None else float(scale)
+    lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
+    if k.shape[1] == 0 or q.numel() == 0:
+        return lse
+    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes):
+        lse[:, :, start:stop] = torch.logsumexp(scores, dim=-1)
+    return lse
+
+
+def attention_fp32(q, k, v, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES):
+    """The fp32 reference: (O (B, Sq, Hq, D) fp32, LSE (B, Hq, Sq) fp32), rows without a key O = 0,
+    LSE = -inf."""
+    import torch
+
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    scale = softmax_scale(head_dim) if scale is None else float(scale)
+    out = torch.zeros((batch, heads_q, seqlen_q, v.shape[3]), dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
+    if k.shape[1] == 0 or q.numel() == 0:
+        return out.transpose(1, 2).contiguous(), lse
+    vf = _expand_kv(v, heads_q)
+    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes):
+        chunk_lse = torch.logsumexp(scores, dim=-1)
+        empty = torch.isneginf(chunk_lse)
+        p = torch.exp(scores - chunk_lse.masked_fill(empty, 0.0).unsqueeze(-1))
+        out[:, :, start:stop] = torch.matmul(p, vf).masked_fill(empty.unsqueeze(-1), 0.0)
+        lse[:, :, start:stop] = chunk_lse
+    return out.transpose(1, 2).contiguous(), lse
+
+
+def sdpa_same_precision(q, k, v, causal: bool, scale: Optional[float] = None):
+    """`scaled_dot_product_attention` in the inputs' dtype (whatever backend torch picks) with an explicit
+    bottom-right mask, in our layout; rows without a key set to 0 (SDPA leaves them NaN)."""
+    import torch.nn.functional as F
+
+    heads_q = q.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.repeat_interleave(heads_q // k.shape[2], dim=2).transpose(1, 2)
+    vt = v.repeat_interleave(heads_q // v.shape[2], dim=2).transpose(1, 2)
+    mask = visible_keys(q.shape[1], k.shape[1], q.device) if causal else None
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
+    seen = rows_with_keys(q.shape[1], k.shape[1], causal, q.device)
+    return out.masked_fill(~seen.view(1, -1, 1, 1), 0.0)
+
+
+@dataclass
+class Expected:
+    """The answers an output is held to, computed once per set of inputs (the search reuses them)."""
+
+    out_fp32: Any        # (B, Sq, Hq, D) fp32
+    lse_fp32: Any        # (B, Hq, Sq) fp32
+    out_sdpa: Any        # (B, Sq, Hq, D) fp32 of the same-precision SDPA answer
+    seen: Any            # (Sq,) bool: rows that see a key
+
+    @classmethod
+    def of(cls, q, k, v, causal: bool, scale: Optional[float] = None) -> "Expected":
+        out, lse = attention_fp32(q, k, v, causal, scale)
+        sdpa = sdpa_same_precision(q, k, v, causal, scale).float()
+        return cls(out, lse, sdpa, rows_with_keys(q.shape[1], k.shape[1], causal, q.device))
+
+
+def _max_abs(x) -> Optional[float]:
+    """The largest |x| as a rounded float, None for an empty or non-finite tensor."""
+    if x.numel() == 0:
+        return None
+    value = float(x.abs().max())
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def compare(out, lse, expected: Expected, rtol: float = RTOL, atol: float = ATOL) -> dict:
+    """Hold one output (and its LSE, or None) to the rule above.
+
+    Returns {"passed": bool, "failures": [str], "max_err": vs fp32, "max_err_sdpa": vs SDPA on rows that
+    see a key, "max_err_lse" (with an LSE)}, and "error" (the failures joined) when it did not pass.
+    """
+    import torch
+
+    o = out.float()
+    seen = expected.seen
+    failures = []
+    result: dict = {"max_err": _max_abs(o - expected.out_fp32),
+                    "max_err_sdpa": _max_abs(o[:, seen] - expected.out_sdpa[:, seen])}
+    if not bool(torch.isfinite(o).all()):
+        failures.append("output has NaN/Inf (or was not written)")
+    else:
+        if not torch.allclose(o, expected.out_fp32, rtol=rtol, atol=atol):
+            failures.append(f"differs from the fp32 reference: max abs error {result['max_err']:.4g}")
+        if bool(seen.any()) and not torch.allclose(o[:, seen], expected.out_sdpa[:, seen], rtol=rtol, atol=atol):
+            failures.append(f"differs from SDPA: max abs error {result['max_err_sdpa']:.4g}")
+        if bool((~seen).any()) and bool((o[:, ~seen] != 0).any()):
+            failures.append("rows that see no key are not 0")
+    if lse is not None:
+        lse = lse.float()
+        got, want = lse[:, :, seen], expected.lse_fp32[:, :, seen]
+        result["max_err_lse"] = _max_abs(got - want)
+        if bool((~seen).any()) and not bool(torch.isneginf(lse[:, :, ~seen]).all()):
+            failures.append("LSE of rows that see no key is not -inf")
+        if got.numel() and not torch.allclose(got, want, rtol=rtol, atol=atol):
+            failures.append(f"LSE differs from the fp32 reference: max abs error {result['max_err_lse']}")
+    result["passed"] = not failures
+    result["failures"] = failures
+    if failures:
+        result["error"] = "; ".join(failures)
+    return result
+
+
+def check(out, lse, q, k, v, causal: bool, scale: Optional[float] = None) -> list[str]:
+    """The failures of one output against the references of its inputs (empty: correct)."""
+    return compare(out, lse, Expected.of(q, k, v, causal, scale))["failures"]
+
+
+def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: float = 1.0):
+    """Random q, k, v (standard normal; q and k times `logit_scale`) in our layout and the problem's
+    dtype. Drawn on the CPU, so the same seed gives the same values on every device."""
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shape_q = (problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim)
+    shape_kv = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
+    q = torch.randn(shape_q, generator=gen) * logit_scale
+    k = torch.randn(shape_kv, generator=gen) * logit_scale
+    v = torch.randn(shape_kv, generator=gen)
+    return tuple(x.to(device=device, dtype=dtype) for x in (q, k, v))

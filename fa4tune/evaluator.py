@@ -1,0 +1,198 @@
+"""What a worker process runs: the evaluator that compiles a configuration, validates its output and
+times it, and the device facts recorded with every result.
+
+A worker loads its evaluator by "module:attribute" (`load_evaluator`), so tests inject a CPU one
+(tests/test_search_fakes.py); the default is `fa4tune.evaluator:KernelEvaluator`. An evaluator has
+`setup() -> device facts`, `compile_key`, `compile`, `compile_report`, `run_trial`, `time_peers`,
+`trigger_fault` and `healthy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import signal
+from typing import Any, Optional
+
+from fa4tune.outcomes import short_error
+
+
+class KernelEvaluator:
+    """Compiles with `fa4.kernels`, validates against SDPA and fp32, times with `fa4tune.timing`."""
+
+    def __init__(self, mode: str):
+        self.mode = mode  # "gpu": validate and time; "cpu": compile reports only
+        self._inputs: dict = {}
+
+    # -- lifecycle --
+    def setup(self) -> dict:
+        if self.mode != "gpu":
+            return {}
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU is visible to this worker")
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda").add_(1).item()
+        return device_info()
+
+    # -- compile --
+    def compile_key(self, config, problem):
+        from fa4.kernels import compile_key
+
+        return compile_key(config, problem)
+
+    def compile(self, config, problem):
+        from fa4.kernels import compile_attention
+
+        return compile_attention(config, problem)
+
+    def compile_report(self, config, problem) -> dict:
+        from fa4.kernels import compile_report
+
+        return plain(compile_report(config, problem))
+
+    # -- GPU --
+    def _cached_inputs(self, problem):
+        key = problem
+        if key not in self._inputs:
+            import torch
+
+            from fa4.reference import Expected, random_inputs, softmax_scale
+
+            self._inputs.clear()  # one problem at a time: keep the GPU memory of one set
+            scale = softmax_scale(problem.head_dim)
+            q, k, v = random_inputs(problem)
+            expected = Expected.of(q, k, v, problem.causal, scale)
+            torch.cuda.synchronize()
+            self._inputs[key] = (q, k, v, expected, scale)
+        return self._inputs[key]
+
+    def run_trial(self, kernel, config, problem, timing, validate: bool, perturb: bool) -> dict:
+        import torch
+
+        from fa4.reference import compare
+        from fa4tune.timing import time_cuda, tflops
+
+        q, k, v, expected, scale = self._cached_inputs(problem)
+        out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
+        lse = (torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
+                          device=q.device, dtype=torch.float32) if problem.return_lse else None)
+        kernel.run(q, k, v, out, lse, scale)
+        torch.cuda.synchronize()
+        if perturb:
+            out.add_(1.0)
+        result: dict = {}
+        if validate:
+            check = compare(out, lse, expected)
+            # what a trial records: the errors and the failure text, not the verdict's own fields
+            result.update({name: value for name, value in check.items() if name not in ("passed", "failures")})
+            if not check["passed"]:
+                result["outcome"] = "mismatch"
+                return result
+        measured = time_cuda(lambda: kernel.run(q, k, v, out, lse, scale), timing)
+        result.update(outcome="ok", us=round(measured.us, 3),
+                      tflops=round(tflops(problem.flops(), measured.us), 2),
+                      replay_spread=round(measured.spread, 4))
+        return result
+
+    def time_peers(self, problem, timing, names) -> dict:
+        import torch
+
+        from fa4tune.peers import peer_available, peer_call
+        from fa4tune.timing import time_cuda, tflops
+
+        q, k, v, expected, scale = self._cached_inputs(problem)
+        out: dict = {}
+        for name in names:
+            why_not = peer_available(name)
+            if why_not:
+                out[name] = {"error": why_not}
+                continue
+            try:
+                call, notes = peer_call(name, q, k, v, problem.causal, scale)
+                got = call()
+                torch.cuda.synchronize()
+                max_err = float((got.float() - expected.out_fp32).abs().max())
+                measured = time_cuda(call, timing)
+                out[name] = {"us": round(measured.us, 3),
+                             "tflops": round(tflops(problem.flops(), measured.us), 2),
+                             "max_err": round(max_err, 6), **notes}
+            except Exception as exc:  # a peer that cannot run this shape is a result, not a crash
+                out[name] = {"error": short_error(exc)}
+                if not self.healthy():
+                    raise
+        return out
+
+    def trigger_fault(self) -> None:
+        """A real sticky CUDA error (device-side assert from an out-of-bounds index)."""
+        import torch
+
+        if self.mode != "gpu" or not torch.cuda.is_available():
+            os.kill(os.getpid(), signal.SIGSEGV)
+        x = torch.zeros(4, device="cuda")
+        index = torch.tensor([1 << 30], device="cuda")
+        x[index] = 1.0
+        torch.cuda.synchronize()
+
+    def healthy(self) -> bool:
+        if self.mode != "gpu":
+            return True
+        try:
+            import torch
+
+            torch.cuda.synchronize()
+            return torch.ones(1, device="cuda").add_(1).item() == 2.0
+        except Exception:
+            return False
+
+
+def device_info() -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": props.name, "sm_count": props.multi_processor_count,
+            "cc": f"{props.major}.{props.minor}", "driver": _driver_version()}
+
+
+def _driver_version() -> Optional[str]:
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    with contextlib.suppress(Exception):
+        import subprocess
+
+        text = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+        if text:
+            return text.splitlines()[0]
+    return None
+
+
+def plain(obj: Any) -> Any:
+    """A compile report as JSON-able data (dict, dataclass, object with to_dict, or its repr)."""
+    import dataclasses
+
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if dataclasses.is_dataclass(obj):
+        return plain(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict"):
+        return plain(obj.to_dict())
+    return repr(obj)
+
+
+def load_evaluator(path: str, mode: str):
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"evaluator must be 'module:attribute', got {path!r}")
+    return getattr(importlib.import_module(module_name), attr)(mode)

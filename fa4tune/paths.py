@@ -1,0 +1,53 @@
+"""Where a run's outputs go: a results directory the user chooses, never the installed package.
+
+`results_dir()` is `$FA4TUNE_HOME` when set, else `$XDG_CACHE_HOME/fa4tune`, else `~/.cache/fa4tune`
+(the platformdirs user cache on Linux; the runtime reads the database from there too, so it is defined
+beside the database, `fa4.database.user_results_dir`). Inside it, with the same names and schemas as the repository's
+committed `results/`:
+
+    studies.journal     the optuna storage of every search (`fa4tune search --storage`)
+    best_configs.json   the best-config database the search writes (`--db`); created as a copy of the
+                        packaged database (`fa4/data/best_configs.json`), so tuning adds to what ships
+    bench.json          `fa4tune bench` (`--out`)
+    report.html         `fa4tune report` (`--out`)
+
+Every command names its files with options, so `--results DIR` (or FA4TUNE_HOME=DIR) points a whole
+session at one folder, e.g. the repository's `results/` when refreshing the committed artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fa4.database import user_path, user_results_dir
+
+STORAGE_NAME = "studies.journal"
+BENCH_NAME = "bench.json"
+REPORT_NAME = "report.html"
+
+
+def results_dir() -> Path:
+    """The per-user results directory (`fa4.database.user_results_dir`; a command creates it when it
+    writes)."""
+    return user_results_dir()
+
+
+def storage_path() -> Path:
+    return results_dir() / STORAGE_NAME
+
+
+def database_path() -> Path:
+    """The database a search records into by default ($FA4_CONFIG_DB, when set, wins)."""
+    from fa4.database import ENV_VAR
+
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else user_path()
+
+
+def bench_path() -> Path:
+    return results_dir() / BENCH_NAME
+
+
+def report_path() -> Path:
+    return results_dir() / REPORT_NAME

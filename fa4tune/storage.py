@@ -1,0 +1,127 @@
+"""The optuna storage of the searches: opening it to write (the search) or only to read (the report).
+
+One storage holds every study: by default an optuna `JournalStorage` over a `JournalFileBackend` (one
+JSON line per operation, a lock file for several processes), `studies.journal` in the results directory
+(`fa4tune.paths`). A `sqlite:///...` URL selects an `RDBStorage` instead.
+
+Reading must not write: `open_for_reading` opens an SQLite file read-only and only when it already holds
+optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given).
+
+Trials and studies are addressed through the storage's public API (`get_study_id_from_name`,
+`get_trial_id_from_study_id_trial_number`), never through private attributes of a study or a trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import optuna
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# files that sit in a results folder but are never a storage
+_NOT_STORAGE_NAMES = ("best_configs.json", "bench.json")
+_NOT_STORAGE_SUFFIXES = (".html", ".png", ".py", ".csv", ".lock")
+
+
+def open_storage(spec: str | os.PathLike | None = None) -> optuna.storages.BaseStorage:
+    """The storage a search writes: a journal file path (default: the results directory's) or an RDB
+    URL. The journal's folder is created."""
+    from fa4tune.paths import storage_path
+
+    text = str(spec) if spec is not None else str(storage_path())
+    if "://" in text:
+        return optuna.storages.RDBStorage(text)
+    Path(text).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text))
+
+
+def _is_sqlite_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _is_journal_file(path: Path) -> bool:
+    """An optuna journal is one JSON object per line, each with an "op_code"."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline()
+    except OSError:
+        return False
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "op_code" in record
+
+
+def _has_optuna_tables(path: Path) -> bool:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return False
+    return {"studies", "trials", "version_info"} <= names
+
+
+def storage_kind(spec: str) -> str:
+    """"url" (an SQLAlchemy URL such as sqlite:///x.db), "sqlite" (a database file) or "journal".
+
+    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is neither
+    (an SQLite file without optuna's tables is neither).
+    """
+    if "://" in spec:
+        return "url"
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"optuna storage {spec} does not exist")
+    if _is_sqlite_file(path):
+        if not _has_optuna_tables(path):
+            raise ValueError(f"{spec} is an SQLite database without optuna's tables")
+        return "sqlite"
+    if _is_journal_file(path) or path.stat().st_size == 0:
+        return "journal"
+    raise ValueError(f"{spec} is neither an SQLite database nor an optuna journal file")
+
+
+def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
+    """Open a storage named by a URL or by a path to an SQLite or journal file (detected by content)
+    without creating anything in it."""
+    kind = storage_kind(spec)
+    if kind == "url":
+        return optuna.storages.RDBStorage(spec, skip_table_creation=True)
+    if kind == "sqlite":
+        url = f"sqlite:///file:{Path(spec).resolve()}?mode=ro&uri=true"
+        return optuna.storages.RDBStorage(url, skip_table_creation=True)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec)))
+
+
+def find_storages(results_dir: Path) -> list[Path]:
+    """The optuna storages directly in a results folder, recognised by their content, sorted by name."""
+    found = []
+    if not results_dir.is_dir():
+        return found
+    for path in sorted(results_dir.iterdir()):
+        if not path.is_file() or path.stat().st_size == 0:
+            continue
+        if path.name in _NOT_STORAGE_NAMES or path.suffix in _NOT_STORAGE_SUFFIXES:
+            continue
+        if (_is_sqlite_file(path) and _has_optuna_tables(path)) or _is_journal_file(path):
+            found.append(path)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# ids through the public storage API
+
+def study_id(storage: optuna.storages.BaseStorage, study: optuna.Study) -> int:
+    return storage.get_study_id_from_name(study.study_name)
+
+
+def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
+    return storage.get_trial_id_from_study_id_trial_number(study_id(storage, study), number)

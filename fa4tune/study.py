@@ -1,0 +1,226 @@
+"""A study: one per (architecture, problem), its lifecycle, and what is stored in it.
+
+Storage (the report reads exactly this)
+---------------------------------------
+One optuna storage for all studies (`fa4tune.storage`; by default `studies.journal` in the results
+directory, `fa4tune.paths`).
+
+Study name: the shape key, `fa4tune.shapes.shape_key(arch, problem)`, e.g.
+`sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not causal, `-lse` appended when the
+log-sum-exp is returned). When a study of that name was made with another kernel fingerprint,
+another search space or on another device, its trials do not describe the current kernel: the search continues in
+`<name>~2` (then `~3`, ...) and records `"previous_study"`; so does a study timed on another device. The current study of a shape is the one
+with the highest suffix.
+
+Study user_attrs:
+    arch, problem (AttentionProblem fields), device {"name", "sm_count", "driver", "cc"},
+    versions {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}, kernel_fingerprint,
+    timing {"method": "cuda_graph", "launches_per_graph", "replays", "l2": "warm"|"flushed"},
+    peers {peer (`fa4tune.peers.PEER_NAMES`): {"us", "tflops", "max_err"[, "kv_expanded"]}
+           or {"error": str}}   (timed again by every run; "peers_date" says when),
+    default_us (the seeded default configuration, null until it ran ok),
+    space {knob: [choices]}, space_fingerprint, previous_study (only on a "~n" study).
+
+Trials:
+    params: the knob values; optuna CategoricalDistributions whose names are the knob names.
+    user_attrs: outcome (`fa4tune.outcomes`; "interrupted" only on a trial swept after the harness
+      died), us, tflops, compile_s, max_err (vs
+      fp32 reference), max_err_sdpa, error (short text), reasons (list, infeasible only), is_default
+      (bool), and when they apply: gpu_s, compile_cached, replay_spread, repeat_of (a configuration
+      already evaluated in this study: its result is copied, not measured again).
+    state and value:
+      COMPLETE, value = GPU µs (minimise)   outcome "ok"
+      PRUNED, no value                       every other measured outcome. The TPE sampler gets a
+                                             constraint (violated for these), so it treats them as
+                                             worse than any working configuration and steers away.
+      FAIL                                    interrupted: the harness died while the trial ran. On the
+                                             next run, a RUNNING trial whose owner process is gone
+                                             (same host) or whose heartbeat (system attr
+                                             "fa4tune:heartbeat", renewed every 10 s) is older than
+                                             60 s is marked FAIL with outcome "interrupted" (see
+                                             `fa4tune.liveness`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any, Callable, Optional
+
+from fa4.kernels import AttentionProblem, Config
+from fa4tune.environment import versions
+from fa4tune.outcomes import OUTCOMES
+from fa4tune.progress import Progress
+from fa4tune.space import SearchSpace
+from fa4tune.timing import TimingSettings
+
+SAMPLERS = ("tpe", "grid", "random")
+
+
+def params_key(params: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+def make_sampler(name: str, seed: int, space: dict, trials: int):
+    import optuna
+
+    if name == "grid":
+        class _Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values):
+                # GridSampler calls Study.stop() once the grid is covered, which only works inside
+                # study.optimize(); this ask/tell loop stops by itself when every point was seen
+                return None
+
+        return _Grid(space, seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # failed outcomes carry a violated constraint (set in finish_trial): TPE ranks them below
+        # every working configuration instead of ignoring them
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          n_startup_trials=max(8, min(24, trials // 5)))
+
+
+def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: SearchSpace,
+               fingerprint: str, new_sampler: Callable[[], Any], progress: Progress,
+               device_name: Optional[str] = None):
+    """The study to continue for this problem: `name`, or `name~n` when the stored one describes
+    another kernel, space or device (see above). `new_sampler()` makes the study's sampler."""
+    import optuna
+
+    space_fp = space.fingerprint()
+    base, n = name, 1
+    previous = None
+    while True:
+        study = optuna.create_study(study_name=name, storage=storage, sampler=new_sampler(),
+                                    direction="minimize", load_if_exists=True)
+        attrs = study.user_attrs
+        stored_device = (attrs.get("device") or {}).get("name")
+        same_device = not device_name or not stored_device or stored_device == device_name
+        if not attrs or (attrs.get("kernel_fingerprint") == fingerprint
+                         and attrs.get("space_fingerprint") == space_fp and same_device
+                         and attrs.get("problem") == problem.to_dict() and attrs.get("arch") == arch):
+            break
+        if attrs.get("problem") != problem.to_dict() or attrs.get("arch") != arch:
+            raise ValueError(f"study {name!r} holds another problem ({attrs.get('problem')}); choose another --study")
+        why = ("kernel fingerprint" if attrs.get("kernel_fingerprint") != fingerprint
+               else "search space" if attrs.get("space_fingerprint") != space_fp else "device")
+        progress.message(f"study {name}: its {why} differs from the current one; continuing in a new study")
+        previous = name
+        n += 1
+        name = f"{base}~{n}"
+    if previous:
+        study.set_user_attr("previous_study", previous)
+    return study
+
+
+def write_study_attrs(study, arch: str, problem: AttentionProblem, device: dict, fingerprint: str,
+                      timing: TimingSettings, space: SearchSpace) -> None:
+    """The facts every reader of the study needs, written (again) by every run."""
+    study.set_user_attr("arch", arch)
+    study.set_user_attr("problem", problem.to_dict())
+    study.set_user_attr("device", device)
+    study.set_user_attr("versions", versions())
+    study.set_user_attr("kernel_fingerprint", fingerprint)
+    study.set_user_attr("timing", timing.describe())
+    study.set_user_attr("space", space.to_dict())
+    study.set_user_attr("space_fingerprint", space.fingerprint())
+    if "default_us" not in study.user_attrs:
+        study.set_user_attr("default_us", None)
+
+
+def search_distributions(space: SearchSpace, config: Config) -> dict:
+    """Categorical distributions of the space, widened by the default configuration's values (the
+    default is always enqueued, so it must be a legal point)."""
+    import optuna
+
+    out = {}
+    for name, choices in space.choices:
+        value = getattr(config, name)
+        # a Config's values and the space's choices are both canonical: plain membership
+        values = list(choices) if value in choices else list(choices) + [value]
+        out[name] = optuna.distributions.CategoricalDistribution(values)
+    return out
+
+
+
+def finish_trial(study, trial, result: dict, is_default: bool) -> None:
+    from optuna.trial import TrialState
+
+    attrs = {"outcome": result["outcome"], "is_default": bool(is_default)}
+    for key in ("us", "tflops", "compile_s", "max_err", "max_err_sdpa", "max_err_lse", "error", "reasons",
+                "gpu_s", "compile_cached", "replay_spread", "repeat_of"):
+        if key in result and result[key] is not None:
+            attrs[key] = result[key]
+    for key in ("us", "tflops", "compile_s", "max_err", "max_err_sdpa", "error"):
+        attrs.setdefault(key, None)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    trial.set_constraint("works", 0.0 if result["outcome"] == "ok" else 1.0)
+    if result["outcome"] == "ok":
+        study.tell(trial, float(result["us"]))
+    else:
+        study.tell(trial, state=TrialState.PRUNED)
+
+
+def outcome_counts(study) -> tuple[Counter, int]:
+    """(outcome -> count over distinct configurations, number of distinct configurations)."""
+    from optuna.trial import TrialState
+
+    counts: Counter = Counter()
+    distinct = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if "repeat_of" in t.user_attrs:
+            continue
+        distinct += 1
+        counts[t.user_attrs.get("outcome", "unknown")] += 1
+    return counts, distinct
+
+
+def best_ok_trial(study):
+    from optuna.trial import TrialState
+
+    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+          if t.user_attrs.get("outcome") == "ok" and t.value is not None]
+    return min(ok, key=lambda t: (t.value, t.number)) if ok else None
+
+
+def summarize(study) -> dict:
+    """A plain summary of one study (what `fa4tune search` prints)."""
+    from optuna.trial import TrialState
+
+    attrs = study.user_attrs
+    counts, distinct = outcome_counts(study)
+    trials = study.get_trials(deepcopy=False)
+    interrupted = sum(1 for t in trials if t.state == TrialState.FAIL)
+    repeats = sum(1 for t in trials if "repeat_of" in t.user_attrs)
+    compile_times = [t.user_attrs["compile_s"] for t in trials
+                     if t.user_attrs.get("compile_s") and not t.user_attrs.get("compile_cached")
+                     and "repeat_of" not in t.user_attrs]
+    best = best_ok_trial(study)
+    peers = attrs.get("peers") or {}
+    out = {
+        "study": study.study_name, "arch": attrs.get("arch"), "problem": attrs.get("problem"),
+        "device": (attrs.get("device") or {}).get("name"), "kernel_fingerprint": attrs.get("kernel_fingerprint"),
+        "configurations": distinct, "evaluated": distinct - counts.get("infeasible", 0),
+        "repeats": repeats, "interrupted": interrupted,
+        "outcomes": {o: counts.get(o, 0) for o in OUTCOMES},
+        "compile_s_median": round(sorted(compile_times)[len(compile_times) // 2], 3) if compile_times else None,
+        # how the parallel compile pays off: compile seconds summed over trials vs the study's wall time
+        "compile_s_total": round(sum(compile_times), 2),
+        "gpu_s_total": round(sum(t.user_attrs.get("gpu_s") or 0.0 for t in trials
+                                 if "repeat_of" not in t.user_attrs), 2),
+        "default_us": attrs.get("default_us"),
+        "peers": peers, "best": None, "speedup": {},
+    }
+    if best is not None:
+        out["best"] = {"trial": best.number, "us": best.value, "tflops": best.user_attrs.get("tflops"),
+                       "max_err": best.user_attrs.get("max_err"), "config": dict(best.params),
+                       "is_default": bool(best.user_attrs.get("is_default"))}
+        for peer, data in peers.items():
+            if isinstance(data, dict) and data.get("us"):
+                out["speedup"][peer] = round(data["us"] / best.value, 3)
+        if out["default_us"]:
+            out["speedup"]["default"] = round(out["default_us"] / best.value, 3)
+    return out

@@ -1,0 +1,214 @@
+"""The trial loop of one study: ask optuna for configurations, screen them, hand them to the worker pool,
+tell optuna what happened.
+
+Each configuration asked for is, in order:
+- a repeat of one already seen in this study: its result is copied (`repeat_of`), not measured again
+  (when the original is still in flight, the repeat waits for it);
+- rejected by the kernel's feasibility model: recorded as "infeasible" with its reasons;
+- a compile key that already failed to compile: recorded as that compile error without compiling;
+- otherwise submitted to the pool, at most two per worker in flight.
+
+`--trials N` counts the configurations that went to a worker (whatever their outcome), so infeasible
+ones, repeats and interrupted trials do not count. The loop ends when N were evaluated, the space is
+exhausted, the study's time budget is spent, or the sampler keeps proposing repeats.
+
+The loop's state lives in one object (`TrialLoop`), its steps are methods; a crash of the loop marks
+every trial still in flight "interrupted" before it propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fa4.kernels import AttentionProblem, Config
+from fa4tune import liveness
+from fa4tune.environment import utc_now
+from fa4tune.outcomes import INFEASIBLE, INTERRUPTED, OK
+from fa4tune.progress import Progress
+from fa4tune.study import best_ok_trial, finish_trial, outcome_counts, params_key
+from fa4tune.outcomes import short_error
+from fa4tune.pool import WorkerPool
+
+# a sampler that proposes only configurations already seen this many times in a row has converged
+MAX_CONSECUTIVE_REPEATS = 200
+POLL_S = 1.0
+
+
+@dataclass
+class _InFlight:
+    trial: Any                 # optuna.Trial
+    trial_id: int              # its storage id (heartbeats)
+    is_default: bool
+    compile_key: Any = None
+
+
+def _copyable(result: dict) -> dict:
+    """What a repeat inherits from the configuration it repeats (not its timings of the phases)."""
+    return {k: v for k, v in result.items() if k not in ("repeat_of", "is_default", "compile_s", "gpu_s")}
+
+
+class TrialLoop:
+    """Runs one study to its end. `run()` returns the wall seconds it took."""
+
+    def __init__(self, *, study, storage, arch: str, problem: AttentionProblem, distributions: dict,
+                 kernels, pool: WorkerPool, settings, progress: Progress, owner: dict, name: str):
+        self.study, self.storage = study, storage
+        self.arch, self.problem, self.distributions = arch, problem, distributions
+        self.kernels, self.pool, self.settings, self.progress = kernels, pool, settings, progress
+        self.owner, self.name = owner, name
+        self.timing = settings.timing.to_dict()
+        self.seen: dict[tuple, int] = {}                    # params key -> first trial number
+        self.finished: dict[int, dict] = {}                 # trial number -> result
+        self.failed_keys: dict[Any, str] = {}               # compile key -> its compile error
+        self.in_flight: dict[int, _InFlight] = {}           # pool task id -> trial
+        self.waiting_repeats: dict[int, list[_InFlight]] = {}  # trial number -> repeats of it
+        self.peers_task: Optional[int] = None
+        self.counts, self.distinct = outcome_counts(study)
+        self.space_size = math.prod(len(d.choices) for d in distributions.values())
+        # infeasible configurations are recorded but do not count: --trials N means N that ran
+        self.ask_cap = self.distinct + 20 * settings.trials + 100
+        self.repeats_in_a_row = 0
+        best = best_ok_trial(study)
+        self.best_us = best.value if best else None
+        self.default_us = study.user_attrs.get("default_us")
+        self.started = 0.0
+        self.last_beat = 0.0
+        from optuna.trial import TrialState
+
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            self.seen.setdefault(params_key(t.params), t.number)
+            self.finished[t.number] = dict(t.user_attrs)
+
+    # -- the loop --
+    def run(self) -> float:
+        self.started = time.monotonic()
+        if self.settings.peers:
+            self.peers_task = self.pool.submit("peers", {"problem": self.problem.to_dict(), "timing": self.timing,
+                                                         "names": list(self.settings.peers)})
+        self.progress.start(self.name, self.settings.trials, self.evaluated())
+        try:
+            while True:
+                self.fill_pool()
+                if not self.in_flight and self.peers_task is None and not self.want_more():
+                    break
+                for task_id, result in self.pool.poll(timeout=POLL_S):
+                    self.on_result(task_id, result)
+                self.heartbeat()
+        except BaseException:
+            self.abandon()
+            raise
+        self.report_progress(final=True)
+        return time.monotonic() - self.started
+
+    def evaluated(self) -> int:
+        return self.distinct - self.counts.get(INFEASIBLE, 0)
+
+    def time_left(self) -> bool:
+        timeout = self.settings.timeout_s
+        return timeout is None or time.monotonic() - self.started < timeout
+
+    def want_more(self) -> bool:
+        return (self.evaluated() < self.settings.trials and self.distinct < self.space_size
+                and self.distinct < self.ask_cap and self.time_left()
+                and self.repeats_in_a_row < MAX_CONSECUTIVE_REPEATS)
+
+    def report_progress(self, final: bool = False) -> None:
+        self.progress.update(self.evaluated(), self.settings.trials, self.counts, self.best_us,
+                             self.default_us, final=final)
+
+    # -- asking --
+    def fill_pool(self) -> None:
+        while (self.want_more() and self.pool.idle_capacity() > 0
+               and len(self.in_flight) < 2 * self.pool.size):
+            self.ask_one()
+
+    def ask_one(self) -> None:
+        trial = self.study.ask(self.distributions)
+        # who runs it, so that a later run can tell a live trial from one of a dead process
+        tid = liveness.claim_trial(self.storage, self.study, trial.number, self.owner)
+        entry = _InFlight(trial, tid, bool(trial.user_attrs.get("is_default")))
+        key = params_key(trial.params)
+        if key in self.seen and not entry.is_default:
+            self.repeats_in_a_row += 1
+            original = self.seen[key]
+            if original in self.finished:
+                self.finish(entry, {**_copyable(self.finished[original]), "repeat_of": original})
+            else:
+                self.waiting_repeats.setdefault(original, []).append(entry)
+            return
+        self.repeats_in_a_row = 0
+        self.seen[key] = trial.number
+        self.distinct += 1
+        self.screen_and_submit(entry, Config.from_dict(self.arch, trial.params))
+        self.report_progress()
+
+    def screen_and_submit(self, entry: _InFlight, config: Config) -> None:
+        try:
+            reasons = list(self.kernels.feasible(config, self.problem))
+            key = self.kernels.compile_key(config, self.problem)
+        except Exception as exc:  # the kernel's own model failed on this config: a result
+            self.finish(entry, {"outcome": "compile_error", "error": short_error(exc)})
+            return
+        if reasons:
+            self.finish(entry, {"outcome": INFEASIBLE, "reasons": reasons, "error": "; ".join(reasons)[:400]})
+        elif key in self.failed_keys:
+            self.finish(entry, {"outcome": "compile_error", "error": self.failed_keys[key], "compile_cached": True})
+        else:
+            payload = {"arch": self.arch, "config": config.to_dict(), "problem": self.problem.to_dict(),
+                       "timing": self.timing, "validate": self.settings.validate}
+            entry.compile_key = key
+            self.in_flight[self.pool.submit("trial", payload, compile_key=key)] = entry
+
+    # -- results --
+    def on_result(self, task_id: int, result: dict) -> None:
+        if task_id == self.peers_task:
+            self.peers_task = None
+            peers = result.get("peers") or {n: {"error": result.get("error", "peers task failed")}
+                                            for n in self.settings.peers}
+            self.study.set_user_attr("peers", peers)
+            self.study.set_user_attr("peers_date", utc_now())
+            return
+        entry = self.in_flight.pop(task_id)
+        if result.get("outcome") == "compile_error" and not result.get("compile_cached"):
+            self.failed_keys[entry.compile_key] = result.get("error", "compile error")
+        self.finish(entry, result)
+        self.report_progress()
+
+    def finish(self, entry: _InFlight, result: dict) -> None:
+        is_default = entry.is_default and "repeat_of" not in result
+        finish_trial(self.study, entry.trial, result, is_default)
+        number = entry.trial.number
+        self.finished[number] = result
+        if "repeat_of" not in result:
+            self.counts[result["outcome"]] += 1
+        if result["outcome"] == OK and (self.best_us is None or result["us"] < self.best_us):
+            self.best_us = result["us"]
+        if is_default and result["outcome"] == OK:
+            self.default_us = result["us"]
+            self.study.set_user_attr("default_us", self.default_us)
+        for waiting in self.waiting_repeats.pop(number, []):
+            self.finish(waiting, {**_copyable(result), "repeat_of": number})
+
+    # -- liveness --
+    def _alive_entries(self) -> list[_InFlight]:
+        return list(self.in_flight.values()) + [e for es in self.waiting_repeats.values() for e in es]
+
+    def heartbeat(self) -> None:
+        if time.monotonic() - self.last_beat <= liveness.HEARTBEAT_INTERVAL_S:
+            return
+        self.last_beat = time.monotonic()
+        liveness.register_run(self.storage, self.study, self.owner)
+        liveness.beat(self.storage, [e.trial_id for e in self._alive_entries()])
+
+    def abandon(self) -> None:
+        """The loop is ending abnormally: its trials in flight will never finish."""
+        from optuna.trial import TrialState
+
+        for entry in self._alive_entries():
+            with contextlib.suppress(Exception):
+                entry.trial.set_user_attr("outcome", INTERRUPTED)
+                self.study.tell(entry.trial, state=TrialState.FAIL)

@@ -1,0 +1,80 @@
+"""A configuration label printed by the tools pastes back into `config=` (`fa4.config_text`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fa4
+from fa4 import config_text, database, runtime
+from fa4.checks import InvalidInputError
+from fa4.kernels import ARCHS, Config, knobs_for
+
+
+@pytest.fixture(autouse=True)
+def empty_database(tmp_path):
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
+    fa4.use_config_db(path)
+    yield
+    fa4.use_config_db(None)
+
+
+def qkv():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 128, 8, 64, generator=g).half()
+    k = torch.randn(1, 128, 2, 64, generator=g).half()
+    return q, k, k.clone()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_declared_value_prints_and_parses_back(arch):
+    for knob in knobs_for(arch):
+        for choice in knob.choices:
+            config = Config.make(arch, **{knob.name: choice})
+            assert config_text.with_values(Config.make(arch), config_text.parse_label(config.label())) == config
+
+
+def test_a_printed_label_is_a_config_argument():
+    config = Config.make("sm90", tile_n=80, softmax_overlap=False, pv_operand="ss", rescale_threshold=4.0)
+    assert fa4.explain(*qkv(), arch="sm90", config=config.label()).config == config
+    # some pairs of a label: those knobs over the heuristic default
+    partial = fa4.explain(*qkv(), arch="sm90", config="tile_n=80 softmax_overlap=off pv_operand=ss").config
+    assert (partial.tile_n, partial.softmax_overlap, partial.pv_operand) == (80, False, "ss")
+
+
+def test_mapping_values_may_be_written_as_printed():
+    config = fa4.explain(*qkv(), arch="sm90", config={"softmax_overlap": "off", "pv_operand": "ss", "rescale_threshold": "4"}).config
+    assert config.softmax_overlap is False and config.rescale_threshold == 4.0
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("tile_n=81", "not one of"),
+    ("tile_n=80 tile_q=1", "unknown knob"),
+    ("tile_n=80 tile_n=96", "twice"),
+    ({"softmax_overlap": "maybe"}, "not one of"),
+])
+def test_what_does_not_parse_is_an_input_error(bad, words):
+    with pytest.raises(InvalidInputError, match=words):
+        fa4.explain(*qkv(), arch="sm90", config=bad)
+
+
+def test_a_label_crosses_the_custom_op_as_a_mapping():
+    # under torch.compile config= travels through the custom op as a string (`_through_op`): the label
+    # goes as a mapping of printed values and comes back as the same configuration
+    config = Config.make("sm90", tile_n=80, softmax_overlap=False)
+    sent = runtime.config_to_str(config_text.parse_label(config.label()))
+    problem = runtime.AttentionProblem(1, 128, 128, 8, 2, 64)
+    assert runtime._coerce_config(sent, "sm90", problem) == config
+
+
+def test_explain_on_cpu_tensors_says_what_it_assumed():
+    explanation = fa4.explain(*qkv(), causal=True)
+    assert explanation.arch in ARCHS and explanation.config is not None
+    text = str(explanation)
+    assert "on no GPU" in text and "arch=" in text and "device_name=" in text
+    named = fa4.explain(*qkv(), arch="sm100", device_name="NVIDIA B200", allow_untested_sm100=True)
+    assert named.arch == "sm100" and named.device_name == "NVIDIA B200"
+    assert not any("on no GPU" in n for n in named.notes)
