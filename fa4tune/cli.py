@@ -365,3 +365,5 @@ main.add_command(compile_space_command)
 
 if __name__ == "__main__":
     main()
+from fa4tune.sass import sass_command_factory  # noqa: E402
+main.add_command(sass_command_factory())
