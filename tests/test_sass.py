@@ -125,5 +125,7 @@ def test_our_default_compiles_and_its_roles_are_found():
     assert len(steady) == 2  # one loop per softmax warpgroup (Q stage)
     for loop in steady:
         assert loop["mufu_ex2_per_128"] > 0 and loop["instructions"] > 128
+        assert loop["mask_instructions"] == 0, "the unmasked steady-state loop applies a mask"
+        assert loop["ffma2"] >= 64 and loop["fadd2"] >= 32  # packed exp2 argument and partial sums
     assert result["mma"]["tcgen05_mma"] == 32  # 4 GEMMs x 8 K-steps per KV block
     assert 0 < result["estimate"]["throughput_vs_floor"] <= 1

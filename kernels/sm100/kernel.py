@@ -773,73 +773,20 @@ class FlashAttentionForwardSm100:
 
             row_max = -Float32.inf  # the basis m
             row_sum = Float32(0.0)
-            for i in cutlass.range(n_end, unroll=1):
-                n = n_end - 1 - i
-                k = score_base + i * Q + stage
-                slot = k % T
-                bars.wait("s_full", slot, (k // T) & 1)
-                tcgen05_fence_after_sync()
-                tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
-                tLtS = thr_load.partition_S(tStS)
-                rS = cute.make_rmem_tensor(tLcS.shape, Float32)
-                cute.copy(tiled_load, tLtS, rS)
-                cute.arch.fence_view_async_tmem_load()
-                if n >= n_full:
-                    # straddling or tail block: keys beyond this row's limit -> -inf before the max.
-                    # Register j of a 32x32b TMEM load holds column j of the thread's lane.
-                    cols_visible = key_limit - n * N
-                    # (a select per element: an `if` per element would carry the whole row
-                    # through every branch and blow up register pressure)
-                    for j in cutlass.range_constexpr(cute.size(rS)):
-                        rS[j] = -Float32.inf if cols_visible <= j else rS[j]
-                block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-
-                basis = row_max
-                scale = Float32(1.0)
-                moved = Boolean(False)
-                if i == 0:
-                    basis = block_max
-                else:
-                    # raise the basis only when the max moved by more than the threshold (log2
-                    # units); otherwise keep the old one: P <= 2^threshold and O, l stay consistent
-                    if (block_max - row_max) * scale_log2 > threshold:
-                        basis = block_max
-                        scale = cute.math.exp2((row_max - block_max) * scale_log2, fastmath=True)
-                        moved = Boolean(True)
-                    # mailbox: tell the correction warpgroup which rows of O to rescale
-                    bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
-                    mail_a[row, stage] = scale
-                    any_moved = cute.arch.vote_any_sync(moved)
-                    if row % WARP == 0:
-                        flag = Int32(0)
-                        if any_moved:
-                            flag = Int32(1)
-                        mail_moved[warp_in_group, stage] = flag
-                    bars.arrive("mail_full", stage)
-                    mail_count += 1
-                row_max = basis
-                basis_safe = basis
-                if basis == -Float32.inf:
-                    basis_safe = Float32(0.0)  # a row that saw no key yet: P = 0, not NaN
-                neg_basis = -basis_safe * scale_log2
-                block_sum = Float32(0.0)
-                for j in cutlass.range_constexpr(cute.size(rS)):
-                    rS[j] = cute.math.exp2(rS[j] * scale_log2 + neg_basis, fastmath=True)
-                    block_sum += rS[j]
-                row_sum = row_sum * scale + block_sum
-                # P in the inputs' 16-bit type, written over the buffer's first N/2 columns
-                tStP = thr_store.partition_D(cute.make_tensor(tStS.iterator, tStP0.layout))
-                for c in cutlass.range_constexpr(N // P_CHUNK):
-                    rP32 = cute.make_rmem_tensor(tSPcP.shape, Float32)
-                    rP16 = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
-                                            cute.make_layout(P_CHUNK))
-                    for j in cutlass.range_constexpr(P_CHUNK):
-                        rP16[j] = rS[c * P_CHUNK + j].to(self.dtype)
-                    cute.copy(tiled_store, rP32,
-                              cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
-                cute.arch.fence_view_async_tmem_store()
-                tcgen05_fence_before_sync()
-                bars.arrive("p_full", slot)
+            # Blocks run from the last to the first, so the ones that need a mask (the causal
+            # diagonal, the key tail) come first: one loop for them, then a steady-state loop that
+            # is compiled without any mask code.
+            n_masked = cutlass.max(n_end - cutlass.max(n_full, Int32(0)), Int32(0))
+            for i in cutlass.range(n_masked, unroll=1):
+                row_max, row_sum, mail_count = self._softmax_block(
+                    True, stage, i, n_end, score_base, key_limit, row, warp_in_group, row_max,
+                    row_sum, mail_count, threshold, scale_log2, bars, mail, qk_thr_mma, tmem_ptr,
+                    tiled_load, thr_load, tLcS, tStP0, tSPcP, tiled_store, thr_store)
+            for i in cutlass.range(n_masked, n_end, unroll=1):
+                row_max, row_sum, mail_count = self._softmax_block(
+                    False, stage, i, n_end, score_base, key_limit, row, warp_in_group, row_max,
+                    row_sum, mail_count, threshold, scale_log2, bars, mail, qk_thr_mma, tmem_ptr,
+                    tiled_load, thr_load, tLcS, tStP0, tSPcP, tiled_store, thr_store)
 
             # end of the task: the row's l and basis for the epilogue
             bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
@@ -849,6 +796,102 @@ class FlashAttentionForwardSm100:
             mail_count += 1
             score_base += n_end * Q
             task += self._task_stride()
+
+    @cute.jit
+    def _softmax_block(self, masked: cutlass.Constexpr, stage: int, i, n_end, score_base,
+                       key_limit, row, warp_in_group, row_max, row_sum, mail_count, threshold,
+                       scale_log2, bars, mail, qk_thr_mma, tmem_ptr, tiled_load, thr_load, tLcS,
+                       tStP0, tSPcP, tiled_store, thr_store):
+        """One KV block of one softmax thread's row: S -> (mask) -> max -> basis -> P -> TMEM.
+
+        Returns the new (row_max, row_sum, mail_count). `masked` is a compile-time flag: the
+        steady-state loop instantiates this with False and carries no mask instruction at all.
+        """
+        Q = self.q_stages
+        T = self.tmem_stages
+        N = self.tile_n
+        P_CHUNK = 32  # keys per TMEM store of P (16 columns of packed 16-bit pairs)
+        chunk_cols = P_CHUNK // 2
+        mail_a, mail_b, mail_moved = mail
+        n = n_end - 1 - i
+        k = score_base + i * Q + stage
+        slot = k % T
+        bars.wait("s_full", slot, (k // T) & 1)
+        tcgen05_fence_after_sync()
+        tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
+        tLtS = thr_load.partition_S(tStS)
+        rS = cute.make_rmem_tensor(tLcS.shape, Float32)
+        cute.copy(tiled_load, tLtS, rS)
+        cute.arch.fence_view_async_tmem_load()
+        if const_expr(masked):
+            # straddling or tail block: keys beyond this row's limit -> -inf before the max.
+            # Register j of a 32x32b TMEM load holds column j of the thread's lane.
+            cols_visible = key_limit - n * N
+            # (a select per element: an `if` per element would carry the whole row
+            # through every branch and blow up register pressure)
+            for j in cutlass.range_constexpr(cute.size(rS)):
+                rS[j] = -Float32.inf if cols_visible <= j else rS[j]
+        block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+
+        basis = row_max
+        scale = Float32(1.0)
+        moved = Boolean(False)
+        if i == 0:
+            basis = block_max
+        else:
+            # raise the basis only when the max moved by more than the threshold (log2
+            # units); otherwise keep the old one: P <= 2^threshold and O, l stay consistent
+            if (block_max - row_max) * scale_log2 > threshold:
+                basis = block_max
+                scale = cute.math.exp2((row_max - block_max) * scale_log2, fastmath=True)
+                moved = Boolean(True)
+            # mailbox: tell the correction warpgroup which rows of O to rescale
+            bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
+            mail_a[row, stage] = scale
+            any_moved = cute.arch.vote_any_sync(moved)
+            if row % WARP == 0:
+                flag = Int32(0)
+                if any_moved:
+                    flag = Int32(1)
+                mail_moved[warp_in_group, stage] = flag
+            bars.arrive("mail_full", stage)
+            mail_count += 1
+        basis_safe = basis
+        if basis == -Float32.inf:
+            basis_safe = Float32(0.0)  # a row that saw no key yet: P = 0, not NaN
+        neg_basis = -basis_safe * scale_log2
+        # P = exp2(S * scale_log2 - basis * scale_log2), two elements per packed FFMA2; the block's
+        # sum in four partial sums (two packed pairs, FADD2) so no single serial chain of N adds.
+        # Each 32-key chunk of P goes to TMEM as soon as it is computed, and P is released to the
+        # value MMA before the partial sums are folded (early P release).
+        partial = [(Float32(0.0), Float32(0.0)), (Float32(0.0), Float32(0.0))]
+        tStP = thr_store.partition_D(cute.make_tensor(tStS.iterator, tStP0.layout))
+        for c in cutlass.range_constexpr(N // P_CHUNK):
+            rP32 = cute.make_rmem_tensor(tSPcP.shape, Float32)
+            rP16 = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
+                                    cute.make_layout(P_CHUNK))
+            for j in cutlass.range_constexpr(0, P_CHUNK, 2):
+                col = c * P_CHUNK + j
+                x0, x1 = cute.arch.fma_packed_f32x2((rS[col], rS[col + 1]),
+                                                    (scale_log2, scale_log2),
+                                                    (neg_basis, neg_basis))
+                p0, p1 = self._exp2_pair(x0, x1, col)
+                partial[(j // 2) % 2] = cute.arch.add_packed_f32x2(partial[(j // 2) % 2], (p0, p1))
+                rP16[j] = p0.to(self.dtype)
+                rP16[j + 1] = p1.to(self.dtype)
+            cute.copy(tiled_store, rP32, cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
+        cute.arch.fence_view_async_tmem_store()
+        tcgen05_fence_before_sync()
+        bars.arrive("p_full", slot)
+        block_sum = (partial[0][0] + partial[1][0]) + (partial[0][1] + partial[1][1])
+        row_sum = row_sum * scale + block_sum
+        row_max = basis
+        return row_max, row_sum, mail_count
+
+    @cute.jit
+    def _exp2_pair(self, x0: Float32, x1: Float32, col: cutlass.Constexpr):
+        """exp2 of two elements: MUFU.EX2 for each."""
+        return (cute.math.exp2(x0, fastmath=True), cute.math.exp2(x1, fastmath=True))
 
     # ------------------------------------------------------------------------------------------
     # Correction warpgroup
