@@ -62,9 +62,10 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Boolean, Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
-from .plan import KernelPlan
+from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
 
 LOG2_E = math.log2(math.e)
 TMEM_LANES = 128
@@ -73,6 +74,18 @@ WARP = 32
 # Named barrier ids (0 is __syncthreads).
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
+
+
+@dsl_user_op
+def _add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
+    """bits(mantissa) + (bits(rounded) << 23): scales `mantissa` by 2^k where k sits in the low
+    bits of `rounded` (see `_exp2_poly_pair`). One shift-and-add on the integer pipe."""
+    return Float32(llvm.inline_asm(
+        T.f32(),
+        [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 k, m;\n\tmov.b32 k, $1;\n\tmov.b32 m, $2;\n\tshl.b32 k, k, 23;\n\t"
+        "add.s32 m, m, k;\n\tmov.b32 $0, m;\n\t}",
+        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
@@ -890,8 +903,30 @@ class FlashAttentionForwardSm100:
 
     @cute.jit
     def _exp2_pair(self, x0: Float32, x1: Float32, col: cutlass.Constexpr):
-        """exp2 of two elements: MUFU.EX2 for each."""
+        """exp2 of two adjacent elements of a row: MUFU.EX2 each, or, for the last
+        `exp2_poly_columns` keys of every 32, the FMA polynomial (the exp unit is the bottleneck
+        of a 128-key block at 16 exp2 per clock; the FMA pipe has room)."""
+        if const_expr(col % EXP2_POLY_CHUNK >= EXP2_POLY_CHUNK - self.plan.exp2_poly_columns):
+            return self._exp2_poly_pair(x0, x1)
         return (cute.math.exp2(x0, fastmath=True), cute.math.exp2(x1, fastmath=True))
+
+    @cute.jit
+    def _exp2_poly_pair(self, x0: Float32, x1: Float32):
+        """2^x = 2^floor(x) * p(x - floor(x)) for two elements with packed f32x2 arithmetic.
+
+        x <= rescale_threshold <= 12 here; at or below -127 the result is exactly +0 (what a masked
+        -inf needs): x clamps to -127, p(0) = c0 = 1.0, and 1.0's bits plus -127 << 23 wrap to 0.
+        """
+        magic = Float32(EXP2_ROUND_MAGIC)
+        xc = (cute.arch.fmax(x0, Float32(-127.0)), cute.arch.fmax(x1, Float32(-127.0)))
+        rounded = cute.arch.add_packed_f32x2(xc, (magic, magic), rnd="rm")  # floor in low bits
+        whole = cute.arch.sub_packed_f32x2(rounded, (magic, magic))
+        frac = cute.arch.sub_packed_f32x2(xc, whole)  # in [0, 1), exact
+        c0, c1, c2, c3 = (Float32(c) for c in EXP2_POLY)
+        poly = cute.arch.fma_packed_f32x2((c3, c3), frac, (c2, c2))
+        poly = cute.arch.fma_packed_f32x2(poly, frac, (c1, c1))
+        poly = cute.arch.fma_packed_f32x2(poly, frac, (c0, c0))
+        return (_add_to_exponent(rounded[0], poly[0]), _add_to_exponent(rounded[1], poly[1]))
 
     # ------------------------------------------------------------------------------------------
     # Correction warpgroup
