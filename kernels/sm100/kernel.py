@@ -31,13 +31,19 @@ order the MMA warp first needs them, into a ring of `kv_stages` slots shared by 
 
 Barriers (mbarriers in shared memory; three kinds):
     TMA (complete on bytes):         q_full[Q], kv_full[KV]
-    tcgen05 (complete on MMA commit): q_empty[Q], kv_empty[KV], s_full[T], s_free[T], o_done[Q]
+    tcgen05 (complete on MMA commit): q_empty[Q], kv_empty[KV], s_full[T], o_done[Q]
     plain (complete on arrivals):    p_full[T], mail_full[Q], mail_empty[Q], o_ready[Q],
                                      epi_full[Q], epi_empty[Q]
 The value MMA of stage q waits on three: kv_full (V landed), p_full (softmax wrote P) and o_ready
 (the correction warpgroup rescaled O, or released it without touching it). o_ready is arrived once per
 value MMA: by the correction step of the block for blocks 1.., and for block 0 by the previous tile's
 epilogue (or at start), which releases O only after it has read it.
+A score MMA does not wait for its S/P buffer: the value MMA that last read the buffer was issued
+before it by the same thread, and tcgen05.mma from one thread execute in issue order (flash-attn-4
+relies on the same). o_done is committed after every value MMA only when tmem_stages > q_stages; with
+tmem_stages <= q_stages value MMA (i-1, q) is issued before score MMA (i, q), whose s_full commit
+tracks it, so the softmax's wait and its mailbox already tell the correction warpgroup that O[q] is
+settled, and o_done marks only the task's last value MMA (for the epilogue).
 
 Mailbox (softmax -> correction, one slot per Q stage in shared memory, full/empty phases): per block
 after the first, each row's O scale factor (exactly 1 when the row kept its basis) and one "some row of
@@ -178,6 +184,13 @@ class FlashAttentionForwardSm100:
         self.kv_stages = p.kv_stages
         self.tmem_stages = p.tmem_stages
         self.mma_lag = p.tmem_stages - 1
+        # The correction warpgroup must know that value MMA (i-1, q) completed before it rescales
+        # O[q] for block i. When tmem_stages <= q_stages that value MMA is issued before score MMA
+        # (i, q), whose tcgen05.commit (s_full) tracks every MMA issued before it: the softmax's
+        # s_full wait, then its mailbox, already imply it, and o_done is committed once per task
+        # (for the epilogue). With a deeper S/P ring the score MMA runs ahead, so o_done is
+        # committed and waited for every block.
+        self.o_done_every_block = p.tmem_stages > p.q_stages
         self.rescale_tile = p.rescale_tile
         self.rescale_threshold = float(p.rescale_threshold)
         self.causal = p.causal
@@ -684,7 +697,11 @@ class FlashAttentionForwardSm100:
                         k_slot = kv_count % R
                         bars.wait("kv_full", k_slot, (kv_count // R) & 1)
                         kv_count += 1
-                    bars.wait("s_free", slot, ((k // T) & 1) ^ 1)
+                    # No wait for the S/P buffer: the value MMA that last read it (score MMA
+                    # k - T's P) was issued earlier by this thread, and tcgen05.mma from one thread
+                    # execute in issue order; the softmax finished with that buffer before that
+                    # value MMA was released (p_full).
+                    tcgen05_fence_after_sync()
                     tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
                     tSrQ_s = tSrQ[None, None, None, stage]
                     tSrK_s = tSrK[None, None, None, k_slot]
@@ -721,8 +738,11 @@ class FlashAttentionForwardSm100:
                         pv_tiled_mma.set(tcgen05.Field.ACCUMULATE, block != 0 or kp != 0)
                         cute.gemm(pv_tiled_mma, tOtO, tOrP[None, None, kp], tOrV_s[None, None, kp],
                                   tOtO)
-                    bars.commit("s_free", slot)
-                    bars.commit("o_done", stage)
+                    if const_expr(self.o_done_every_block):
+                        bars.commit("o_done", stage)
+                    else:
+                        if block == n_end - 1:
+                            bars.commit("o_done", stage)  # the epilogue's "O is final"
                     if stage == Q - 1:
                         bars.commit("kv_empty", v_slot)
             if n_end > 0:
@@ -976,8 +996,9 @@ class FlashAttentionForwardSm100:
                     scale = mail_a[row, q]
                     bars.arrive("mail_empty", q)
                     # the previous value MMA into O[q] must be complete before O is touched and
-                    # before the next one is released (phases are tracked one commit at a time)
-                    bars.wait("o_done", q, o_done_count & 1)
+                    # before the next one is released (see `o_done_every_block`)
+                    if const_expr(self.o_done_every_block):
+                        bars.wait("o_done", q, o_done_count & 1)
                     if moved:
                         tcgen05_fence_after_sync()
                         self._rescale_O(q, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
@@ -986,7 +1007,8 @@ class FlashAttentionForwardSm100:
                         tcgen05_fence_before_sync()
                     bars.arrive("o_ready", q)
                 mail_count += 1
-                o_done_count += 1
+                if const_expr(self.o_done_every_block):
+                    o_done_count += 1
             for q in cutlass.range_constexpr(Q):
                 bars.wait("mail_full", q, mail_count & 1)
                 row_sum = mail_a[row, q]

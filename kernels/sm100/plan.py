@@ -38,7 +38,7 @@ EXP2_POLY_CHUNK = 32
 
 # Barrier kinds in the order they sit in shared memory, with the size of each slice and the number
 # of arrivals that completes a phase.
-_BARRIER_KINDS = ("q_full", "q_empty", "kv_full", "kv_empty", "s_full", "s_free", "p_full",
+_BARRIER_KINDS = ("q_full", "q_empty", "kv_full", "kv_empty", "s_full", "p_full",
                   "o_done", "o_ready", "mail_full", "mail_empty", "epi_full", "epi_empty")
 
 
@@ -66,7 +66,7 @@ class KernelPlan:
 
     def __post_init__(self):
         sizes = {"q_full": self.q_stages, "q_empty": self.q_stages, "kv_full": self.kv_stages,
-                 "kv_empty": self.kv_stages, "s_full": self.tmem_stages, "s_free": self.tmem_stages,
+                 "kv_empty": self.kv_stages, "s_full": self.tmem_stages,
                  "p_full": self.tmem_stages, "o_done": self.q_stages, "o_ready": self.q_stages,
                  "mail_full": self.q_stages, "mail_empty": self.q_stages, "epi_full": self.q_stages,
                  "epi_empty": self.q_stages}
@@ -89,7 +89,7 @@ class KernelPlan:
     @property
     def barrier_arrivals(self) -> dict:
         wg = TMEM_LANES  # one warpgroup
-        return {"q_full": 1, "q_empty": 1, "kv_full": 1, "kv_empty": 1, "s_full": 1, "s_free": 1,
+        return {"q_full": 1, "q_empty": 1, "kv_full": 1, "kv_empty": 1, "s_full": 1,
                 "p_full": wg, "o_done": 1, "o_ready": wg, "mail_full": wg, "mail_empty": wg,
                 "epi_full": wg, "epi_empty": 1}
 
