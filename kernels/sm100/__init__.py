@@ -67,14 +67,19 @@ def resources(config: Config, problem: AttentionProblem) -> dict:
 
 
 def _softmax_register_need(tile_n: int, busy: bool) -> int:
-    """Registers a softmax thread needs: its row of S (tile_n fp32; P is packed 32 keys at a time
-    into 16 more) plus about 40 for addresses, loop state and the row statistics, 56 when the
-    problem is causal or returns the LSE or the LPT order is used (more row and task arithmetic).
+    """Registers a softmax thread needs: its row of S (tile_n fp32; P goes to TMEM 32 keys at a
+    time from 16 more) plus about 48 for addresses, loop state, the partial sums and the row
+    statistics, 56 when the problem is causal or returns the LSE or the LPT order is used (more row
+    and task arithmetic).
 
-    Measured on sm_100a compiles: tile_n=128 at 176 registers is clean without those, and spilled
-    40 B with causal + LSE + LPT; at 184 that case is clean.
+    Measured on sm_100a compiles of this kernel (issue 14): tile_n=128 at 176 registers is clean
+    without those; with causal + LSE + LPT it was clean in four variants (D=64 bf16 and D=128, GQA
+    packed or not, tmem_stages 1-3, exp2_poly_columns 0 and 8) but spilled 8 B with one Q stage,
+    one TMEM stage and rescale_tile=32 without packing; at 184 that case is clean. tile_n=160 (not
+    a knob value) spills 120-588 B at every softmax_regs from 176 to 200, plain or busy, most of it
+    in the masked-block loop: 208 and 216 > 200.
     """
-    return tile_n + (56 if busy else 40)
+    return tile_n + (56 if busy else 48)
 
 
 # Fewest registers per correction thread at which each RESCALE_TILE compiled without spills, over

@@ -42,6 +42,10 @@ def representative_sample() -> list[tuple[Config, AttentionProblem]]:
         (base, dict()),
         (base, dict(tile_n=64, kv_stages=4, tmem_stages=3, rescale_tile=8, rescale_threshold=0.0,
                     scheduler="single", softmax_regs=176, exp2_poly_columns=0)),
+        # a 128-key row at the fewest softmax registers (176), and the 64-column O round trip that
+        # needs every register the correction group then gets (112): the register model's corners
+        (base, dict(softmax_regs=176, rescale_tile=64, kv_stages=3, exp2_poly_columns=8)),
+        # causal + LSE + LPT at the fewest softmax registers the model allows it (184)
         (mha, dict(q_stages=1, tmem_stages=1, kv_stages=3, rescale_tile=32, rescale_threshold=4.0,
                    scheduler="lpt", pack_gqa=False, softmax_regs=184)),
         (d64, dict(tile_n=64, q_stages=1, tmem_stages=3, kv_stages=4, rescale_tile=64,
