@@ -362,8 +362,8 @@ from fa4tune.report import report_command  # noqa: E402  (the report command liv
 main.add_command(report_command)
 from fa4tune.compile_space import compile_space_command  # noqa: E402
 main.add_command(compile_space_command)
+from fa4tune.sass_build import sass_command_factory  # noqa: E402
+main.add_command(sass_command_factory())
 
 if __name__ == "__main__":
     main()
-from fa4tune.sass import sass_command_factory  # noqa: E402
-main.add_command(sass_command_factory())

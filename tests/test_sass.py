@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from fa4tune import sass
+from fa4tune import sass, sass_build
 
 # A softmax-like loop (exp2, a TMEM load, FFMA2) whose mbarrier wait retries out of line, after EXIT.
 SAMPLE = """
@@ -87,13 +87,13 @@ def test_static_estimate_against_the_tensor_floor():
 def test_flash_attn4_arguments_follow_its_interface():
     from fa4.kernels import AttentionProblem
     base = AttentionProblem(1, 1024, 1024, 32, 8, 128)
-    full = sass._flash_attn4_kernel_args(base)
-    causal = sass._flash_attn4_kernel_args(AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True))
+    full = sass_build._flash_attn4_kernel_args(base)
+    causal = sass_build._flash_attn4_kernel_args(AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True))
     assert full["q_stage"] == 2 and full["pack_gqa"] and full["qhead_per_kvhead"] == 4
     assert full["use_2cta_instrs"] and full["is_static_persistent"]
     assert not causal["use_2cta_instrs"] and not causal["is_static_persistent"]
     # one packed tile: a single Q stage and no pair
-    small = sass._flash_attn4_kernel_args(AttentionProblem(1, 16, 1024, 8, 8, 128))
+    small = sass_build._flash_attn4_kernel_args(AttentionProblem(1, 16, 1024, 8, 8, 128))
     assert small["q_stage"] == 1 and not small["use_2cta_instrs"]
     import importlib.util
     import pathlib
@@ -109,7 +109,7 @@ def test_flash_attn4_arguments_follow_its_interface():
 
 def _has_nvdisasm() -> bool:
     try:
-        sass.nvdisasm_path()
+        sass_build.nvdisasm_path()
         return True
     except RuntimeError:
         return False
@@ -120,7 +120,7 @@ def test_our_default_compiles_and_its_roles_are_found():
     pytest.importorskip("cutlass")
     from fa4.kernels import AttentionProblem
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
-    result = sass.analyze("ours", problem)
+    result = sass_build.analyze("ours", problem)
     steady = result["softmax_steady"]
     assert len(steady) == 2  # one loop per softmax warpgroup (Q stage)
     for loop in steady:
