@@ -134,10 +134,15 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
 
 def default_config(problem: AttentionProblem) -> Config:
     """The heuristic default: FA4's shape (2 Q stages, 2 TMEM stages, 128-key blocks), deepest
-    K/V ring that fits, LPT order for causal, GQA packing when the ratio divides the tile."""
+    K/V ring that fits, LPT order for causal, GQA packing when the ratio divides the tile, and the
+    polynomial exp2 share the static estimate of `fa4tune sass` favours: at D=128, 4 of 32 keys
+    (exp unit 88 % of the tensor floor, est. throughput 1.00; 0: 0.99, 8: 1.00 with more issue
+    slots); at D=64, where the exp unit bounds the block, 8 of 32 (est. 0.65 of the floor; 4: 0.57,
+    0: 0.50). A model of a kernel that has never run: the search decides on hardware."""
     base = dict(tile_n=128, q_stages=2, tmem_stages=2, rescale_tile=16, rescale_threshold=8.0,
                 softmax_regs=192, scheduler="lpt" if problem.causal else "static",
-                pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0)
+                pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0,
+                exp2_poly_columns=8 if problem.head_dim <= 64 else 4)
     for kv in (3, 2, 4):
         cfg = Config.make(ARCH, kv_stages=kv, **base)
         if not resource_reasons(cfg, problem):
