@@ -233,3 +233,22 @@ def test_tile_n_160_spills_where_the_model_says_it_cannot_fit(monkeypatch, q_sta
     assert not [r for r in sm100.resource_reasons(c, BASE) if "TMEM" in r]
     rep = sm100.compile_report(c, BASE)
     assert rep["spill_stores"] > 0, rep
+
+
+def test_measured_spill_is_a_reason():
+    busy = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True, return_lse=True)
+    c = cfg(exp2_poly_columns=8, softmax_regs=192, scheduler="lpt")
+    assert any("spilled 24 B" in r for r in sm100.resource_reasons(c, busy))
+    # its neighbours compiled clean: not rejected
+    assert not sm100.resource_reasons(c.replace(softmax_regs=184), busy)
+    assert not sm100.resource_reasons(c.replace(softmax_regs=200, rescale_tile=16), busy)
+    assert not sm100.resource_reasons(c.replace(scheduler="static"), BASE)  # no causal/LSE/LPT work
+
+
+@pytest.mark.slow
+def test_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    busy = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True, return_lse=True)
+    c = cfg(exp2_poly_columns=8, softmax_regs=192, scheduler="lpt")
+    assert sm100.compile_report(c, busy)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=184), busy)["spill_stores"] == 0
