@@ -162,7 +162,7 @@ TABLE_ROWS = (
     ("MUFU.EX2 per 128 elements", lambda r: " / ".join(f"{s['mufu_ex2_per_128']:g}" for s in r["softmax_steady"])),
     ("FFMA / FFMA2 / FADD / FADD2", lambda r: " | ".join(
         f"{s['ffma']}/{s['ffma2']}/{s['fadd']}/{s['fadd2']}" for s in r["softmax_steady"])),
-    ("MMA warp: instructions / waits per block", lambda r: (
+    ("MMA warp: instructions / wait sites per block", lambda r: (
         f"{r['mma']['instructions']:g} / {r['mma']['barrier_waits']:g}" if "mma" in r else "-")),
     ("correction: no-rescale path (loop body)", lambda r: (
         f"{r['correction']['no_rescale_path']} ({r['correction']['body']})" if "correction" in r else "-")),
