@@ -6,8 +6,8 @@ memory, a register model calibrated on sm_100a compiles, GQA packing); configura
 compiled for sm_100a on a CPU (`compile_report`: registers, spills, SharedStorage bytes, tcgen05
 MMA / ld / st and TMA in the PTX) -- a representative sample in CI, random samples of the space by
 hand, the whole space with `fa4tune compile-space --arch sm100`; the tile algorithm's
-numerics are replayed by `emulation.py` against SDPA. The first B200 launch may still fault, hang or
-be wrong.
+numerics are replayed by `emulation.py` against SDPA; `fa4tune sass` reads the generated SASS per
+warp role beside flash-attn-4's. The first B200 launch may still fault, hang or be wrong.
 
 Family API (no DSL import at module import time):
 `can_implement(problem)`, `resources(config, problem)`, `resource_reasons(config, problem)`,

@@ -26,7 +26,10 @@ the numbers or the work done:
   fp32 P, as the softmax warpgroup holds it before packing), O / l only at the end, and a row that sees
   no key gets O = 0, LSE = -inf.
 
-What is not replayed because it cannot change a number: KV/TMEM ring depths, RESCALE_TILE (the rescale
+What is not replayed because it cannot change a number beyond fp32 rounding: the kernel's row sum
+in four partial sums (the emulation sums a block in torch's order), P released before that sum is
+folded, the split of masked and unmasked blocks into two loops (the same blocks get the same mask),
+KV/TMEM ring depths, RESCALE_TILE (the rescale
 is a per-row multiply whichever column chunking does it), the register split and the scheduler (tasks
 are independent). The order of the fp32 additions inside one MMA is the CPU matmul's, not the tensor
 core's.
