@@ -456,6 +456,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
 
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
 main.add_command(report_command)
+from fa4tune.sass_build import sass_command_factory  # noqa: E402
+main.add_command(sass_command_factory())
 
 if __name__ == "__main__":
     main()

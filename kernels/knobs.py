@@ -52,7 +52,8 @@ KNOBS: tuple[Knob, ...] = (
          codegen=True, archs=SM90),
     Knob("tile_n", (64, 128), 128,
          "key/value rows per block (BLK_N); S/P needs tile_n TMEM columns per buffer and a softmax "
-         "thread holds a tile_n-column row in registers (so > 128 does not fit)",
+         "thread holds a tile_n-column row in registers (160 compiles clean at softmax_regs=200 "
+         "per issue 14 but is not offered until the feasibility model is calibrated for it)",
          codegen=True, archs=SM100),
     # --- pipelines ------------------------------------------------------------------------------
     Knob("kv_stages", (2, 3, 4), 2,
@@ -82,6 +83,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pv_operand", ("rs", "ss"), "rs",
          "where the value MMA reads P: registers (rs) or shared memory (ss)",
          codegen=True, archs=SM90),
+    Knob("exp2_poly_columns", (0, 4, 8), 4,
+         "of every 32 keys of a softmax row, how many get exp2 from a degree-3 FMA polynomial "
+         "(packed FFMA2) instead of MUFU.EX2: moves work from the exp unit to the FMA pipe",
+         codegen=True, archs=SM100),
     # --- work distribution ----------------------------------------------------------------------
     Knob("scheduler", ("single", "single_lpt", "static", "lpt"), "single",
          "tile scheduler: one CTA per tile (m ascending, or longest first on a 1-D grid that the "

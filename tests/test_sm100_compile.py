@@ -203,3 +203,54 @@ def test_compile_report_targets_sm100a_after_an_sm90_compile_in_the_same_process
     assert compile_report(default_config("sm90", p), p).get("ok", True)
     rep = compile_report(default_config("sm100", p), p)
     assert all(rep["ptx_markers"].values()) and rep["spill_stores"] == 0, rep
+
+
+# --- the register model against the compiler ---------------------------------------------------
+
+def test_softmax_register_model_matches_the_measured_compiles():
+    # 128-key rows fit the smallest offered softmax_regs without causal/LSE/LPT work and the next
+    # one with it (the CI sample compiles both corners without spills; causal + LSE + LPT spilled
+    # 8 B at 176 in one configuration); 160-key rows spill at every offered value (slow test below)
+    from fa4.kernels.sm100 import _softmax_register_need
+    regs = sorted(next(k for k in knobs_for("sm100") if k.name == "softmax_regs").choices)
+    assert _softmax_register_need(128, busy=False) == regs[0]
+    assert _softmax_register_need(128, busy=True) == regs[1]
+    assert _softmax_register_need(160, busy=False) > regs[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_stages,tmem_stages", [(2, 1), (1, 2)])
+def test_tile_n_160_spills_where_the_model_says_it_cannot_fit(monkeypatch, q_stages, tmem_stages):
+    """Compile tile_n=160 (not a knob value: declared here for the test) at the most softmax
+    registers offered: the compiler spills, as the model's register reason says."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels import knobs as knob_table
+    widened = tuple(
+        knob_table.Knob(k.name, k.choices + (160,), k.default, k.meaning, k.codegen, k.archs)
+        if k.name == "tile_n" and "sm100" in k.archs else k for k in knob_table.KNOBS)
+    monkeypatch.setattr(knob_table, "KNOBS", widened)
+    c = Config.make("sm100", tile_n=160, q_stages=q_stages, tmem_stages=tmem_stages, kv_stages=2,
+                    softmax_regs=200, scheduler="static")
+    assert any("registers: a softmax thread" in r for r in sm100.resource_reasons(c, BASE))
+    assert not [r for r in sm100.resource_reasons(c, BASE) if "TMEM" in r]
+    rep = sm100.compile_report(c, BASE)
+    assert rep["spill_stores"] > 0, rep
+
+
+def test_measured_spill_is_a_reason():
+    busy = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True, return_lse=True)
+    c = cfg(exp2_poly_columns=8, softmax_regs=192, scheduler="lpt")
+    assert any("spilled 24 B" in r for r in sm100.resource_reasons(c, busy))
+    # its neighbours compiled clean: not rejected
+    assert not sm100.resource_reasons(c.replace(softmax_regs=184), busy)
+    assert not sm100.resource_reasons(c.replace(softmax_regs=200, rescale_tile=16), busy)
+    assert not sm100.resource_reasons(c.replace(scheduler="static"), BASE)  # no causal/LSE/LPT work
+
+
+@pytest.mark.slow
+def test_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    busy = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True, return_lse=True)
+    c = cfg(exp2_poly_columns=8, softmax_regs=192, scheduler="lpt")
+    assert sm100.compile_report(c, busy)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=184), busy)["spill_stores"] == 0

@@ -70,8 +70,9 @@ def _check(out, lse, q, k, v, causal, refs=None):
 # both pack_gqa values and every threshold appear; tails, Sq != Sk (both ways) and GQA 1/2/4/7/8 too.
 GRID = [
     ((1, 1024, 1024, 32, 8, 128), {}),                                   # the design's base case
-    ((2, 300, 300, 8, 2, 64), dict(tile_n=SMALL_N, q_stages=1)),         # tails, ratio 4
-    ((1, 200, 333, 4, 4, 128), dict(tile_n=LARGE_N, rescale_threshold=0.0)),  # Sq < Sk, ratio 1
+    ((2, 300, 300, 8, 2, 64), dict(tile_n=SMALL_N, q_stages=1, exp2_poly_columns=8)),  # tails, ratio 4
+    ((1, 200, 333, 4, 4, 128), dict(tile_n=LARGE_N, rescale_threshold=0.0,
+                                    exp2_poly_columns=0)),               # Sq < Sk, ratio 1
     ((1, 333, 150, 8, 1, 64), dict(tile_n=LARGE_N, rescale_threshold=12.0)),  # Sq > Sk: empty rows
     ((1, 190, 257, 7, 1, 64), dict(pack_gqa=False, rescale_threshold=4.0)),  # ratio 7, unpacked
     ((1, 129, 129, 16, 2, 128), dict(tile_n=SMALL_N, q_stages=1, pack_gqa=False)),  # ratio 8
@@ -101,6 +102,21 @@ def test_extreme_logits(dtype, causal):
         out, lse = emulate_fa4_forward(q, k, v, Config.make("sm100", rescale_threshold=threshold),
                                        causal=causal, return_lse=True)
         _check(out, lse, q, k, v, causal, refs)
+
+
+def test_polynomial_exp2_accuracy_and_masked_zero():
+    """The kernel's FMA exp2: relative error below half an fp16 ulp over the range P sees, exactly 0
+    for a masked (-inf) score, and only on the columns the knob names."""
+    x = torch.linspace(-125.0, 12.0, 100_001)
+    rel = (emu.exp2_polynomial(x).double() / torch.exp2(x.double()) - 1).abs().max()
+    assert rel < 1e-4, rel
+    assert float(emu.exp2_polynomial(torch.tensor([-math.inf, -127.0, -500.0])).abs().max()) == 0.0
+    scores = torch.full((3, 64), 0.5)
+    out = emu.kernel_exp2(scores, 8)
+    poly_cols = (torch.arange(64) % 32) >= 24
+    assert torch.equal(out[:, ~poly_cols], torch.exp2(scores[:, ~poly_cols]))
+    assert not torch.equal(out[:, poly_cols], torch.exp2(scores[:, poly_cols]))  # the fit's own error
+    assert torch.equal(emu.kernel_exp2(scores, 0), torch.exp2(scores))
 
 
 def test_explicit_softmax_scale():

@@ -209,3 +209,20 @@ class CompiledAttentionSm100:
             raise ValueError("lse must be given exactly when the problem returns LSE")
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
         self._fn(q, k, v, out, lse, scale)
+
+
+def compile_cubin(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> bytes:
+    """The sm_100a cubin of one configuration, compiled on this machine (CPU is fine), for
+    disassembly (`fa4tune sass`). Never run: no Blackwell GPU exists here."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from .kernel import FlashAttentionForwardSm100
+
+    with _TargetArch():
+        kernel = FlashAttentionForwardSm100(make_plan(config, problem, num_sms=num_sms))
+        q, k, v, o, lse, stream = _fake_arguments(problem)
+        with tempfile.TemporaryDirectory(prefix="fa4_sm100_") as tmp:
+            compiled = cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream,
+                                    options=f"--gpu-arch sm_100a --keep-cubin --dump-dir {tmp}")
+            return bytes(compiled.__cubin__)

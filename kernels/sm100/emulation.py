@@ -12,7 +12,9 @@ the numbers or the work done:
   (entirely above the bottom-right causal diagonal: never loaded), full (no mask work) or masked
   (straddles the diagonal or holds the key tail). Only masked blocks get a mask, so a wrong
   classification shows up as a wrong result.
-- S = Q K^T in fp32; P = exp2(S * scale_log2 - basis * scale_log2) with scale * log2(e) folded.
+- S = Q K^T in fp32; P = exp2(S * scale_log2 - basis * scale_log2) with scale * log2(e) folded; the
+  last `exp2_poly_columns` keys of every 32 get the kernel's FMA polynomial exp2 (`exp2_polynomial`,
+  relative error <= 8.6e-5), the others exact exp2 (MUFU.EX2's own error is not modelled).
 - The conditional rescale: the row basis is raised only when the new row max exceeds it by more than
   `rescale_threshold` (log2 units); then O and l are multiplied by exp2((m_old - m_new) * scale_log2).
   Otherwise the OLD BASIS IS KEPT, P reaches at most 2^threshold, and l and O stay on one basis: that,
@@ -24,7 +26,10 @@ the numbers or the work done:
   fp32 P, as the softmax warpgroup holds it before packing), O / l only at the end, and a row that sees
   no key gets O = 0, LSE = -inf.
 
-What is not replayed because it cannot change a number: KV/TMEM ring depths, RESCALE_TILE (the rescale
+What is not replayed because it cannot change a number beyond fp32 rounding: the kernel's row sum
+in four partial sums (the emulation sums a block in torch's order), P released before that sum is
+folded, the split of masked and unmasked blocks into two loops (the same blocks get the same mask),
+KV/TMEM ring depths, RESCALE_TILE (the rescale
 is a per-row multiply whichever column chunking does it), the register split and the scheduler (tasks
 are independent). The order of the fp32 additions inside one MMA is the CPU matmul's, not the tensor
 core's.
@@ -48,6 +53,7 @@ from typing import Callable, Optional
 import torch
 
 from fa4.kernels.knobs import Config, knob
+from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -143,6 +149,31 @@ def choose_basis(running_max: torch.Tensor, block_max: torch.Tensor, threshold: 
     )
 
 
+def exp2_polynomial(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's FMA exp2 in fp32: clamp to -127, split into floor and fraction, degree-3 Horner
+    on the fraction, scale by 2^floor (the kernel adds floor << 23 to the bits; ldexp is the same
+    for every result that is not subnormal -- x in (-127, -126) -- and such a P rounds to 0 in 16
+    bits and adds < 2^-126 to l)."""
+    xc = torch.clamp(x.float(), min=-127.0)
+    whole = torch.floor(xc)
+    frac = xc - whole
+    c0, c1, c2, c3 = (torch.tensor(c, dtype=torch.float32) for c in EXP2_POLY)
+    poly = (c3 * frac + c2) * frac + c1
+    poly = poly * frac + c0
+    # below -127 the kernel's exponent addition wraps 1.0 to exactly +0
+    return torch.where(xc <= -127.0, 0.0, torch.ldexp(poly, whole.to(torch.int32)))
+
+
+def kernel_exp2(x: torch.Tensor, poly_columns: int) -> torch.Tensor:
+    """exp2 of a block of scores (keys last) as the kernel computes it: the last `poly_columns` of
+    every 32 keys by the polynomial, the rest by MUFU.EX2 (modelled as exact exp2)."""
+    out = torch.exp2(x)
+    if poly_columns:
+        cols = torch.arange(x.shape[-1], device=x.device) % EXP2_POLY_CHUNK >= EXP2_POLY_CHUNK - poly_columns
+        out[..., cols] = exp2_polynomial(x[..., cols])
+    return out
+
+
 # The rule in use; tests swap in a wrong rule to prove they would catch it.
 _basis_rule: Callable[[torch.Tensor, torch.Tensor, float, float], BasisUpdate] = choose_basis
 
@@ -204,6 +235,7 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     scale_log2 = scale * LOG2_E
     threshold = float(config.rescale_threshold)
     tile_m, q_stages, tile_n = int(config.tile_m), int(config.q_stages), int(config.tile_n)
+    poly_columns = int(config.exp2_poly_columns)
     rows_per_cta = tile_m * q_stages
     device = q.device
 
@@ -231,7 +263,7 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
                             causal)
         _run_tasks(q_f32.view(batch, tasks, num_m, rows_per_cta, head_dim), k_task.float(),
                    v_task.float(), plan, q.dtype, tile_m, tile_n, row_ratio, packed_rows, seqlen_q,
-                   seqlen_k, causal, scale_log2, threshold, out_rows, lse_rows, stats)
+                   seqlen_k, causal, scale_log2, threshold, out_rows, lse_rows, stats, poly_columns)
 
     # Back to (B, Sq, Hq, D) and (B, Hq, Sq).
     out_rows, lse_rows = out_rows[:, :, :packed_rows], lse_rows[:, :, :packed_rows]
@@ -248,7 +280,7 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
 
 def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, row_ratio, packed_rows,
                seqlen_q, seqlen_k, causal, scale_log2, threshold, out_rows, lse_rows,
-               stats: Optional[RescaleStats]) -> None:
+               stats: Optional[RescaleStats], poly_columns: int = 0) -> None:
     """The KV loop of every CTA task at once: q_f32 (B, T, M, rows_per_cta, D), k/v (B, T, Sk, D)."""
     batch, tasks, num_m, rows_per_cta, head_dim = q_f32.shape
     q_stages = rows_per_cta // tile_m
@@ -309,7 +341,7 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
         o_scale = torch.where(first_b, 0.0, update.o_scale)
         l_scale = torch.where(first_b, 0.0, update.l_scale)
 
-        probs = torch.exp2(scores * scale_log2 - (new_basis * scale_log2)[..., None])
+        probs = kernel_exp2(scores * scale_log2 - (new_basis * scale_log2)[..., None], poly_columns)
         probs_16 = probs.to(p_dtype)
         if stats is not None:
             counts.max_p = max(counts.max_p, float(probs.max()))

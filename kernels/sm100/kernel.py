@@ -31,13 +31,19 @@ order the MMA warp first needs them, into a ring of `kv_stages` slots shared by 
 
 Barriers (mbarriers in shared memory; three kinds):
     TMA (complete on bytes):         q_full[Q], kv_full[KV]
-    tcgen05 (complete on MMA commit): q_empty[Q], kv_empty[KV], s_full[T], s_free[T], o_done[Q]
+    tcgen05 (complete on MMA commit): q_empty[Q], kv_empty[KV], s_full[T], o_done[Q]
     plain (complete on arrivals):    p_full[T], mail_full[Q], mail_empty[Q], o_ready[Q],
                                      epi_full[Q], epi_empty[Q]
 The value MMA of stage q waits on three: kv_full (V landed), p_full (softmax wrote P) and o_ready
 (the correction warpgroup rescaled O, or released it without touching it). o_ready is arrived once per
 value MMA: by the correction step of the block for blocks 1.., and for block 0 by the previous tile's
 epilogue (or at start), which releases O only after it has read it.
+A score MMA does not wait for its S/P buffer: the value MMA that last read the buffer was issued
+before it by the same thread, and tcgen05.mma from one thread execute in issue order (flash-attn-4
+relies on the same). o_done is committed after every value MMA only when tmem_stages > q_stages; with
+tmem_stages <= q_stages value MMA (i-1, q) is issued before score MMA (i, q), whose s_full commit
+tracks it, so the softmax's wait and its mailbox already tell the correction warpgroup that O[q] is
+settled, and o_done marks only the task's last value MMA (for the epilogue).
 
 Mailbox (softmax -> correction, one slot per Q stage in shared memory, full/empty phases): per block
 after the first, each row's O scale factor (exactly 1 when the row kept its basis) and one "some row of
@@ -62,9 +68,10 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Boolean, Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
-from .plan import KernelPlan
+from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
 
 LOG2_E = math.log2(math.e)
 TMEM_LANES = 128
@@ -73,6 +80,18 @@ WARP = 32
 # Named barrier ids (0 is __syncthreads).
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
+
+
+@dsl_user_op
+def _add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
+    """bits(mantissa) + (bits(rounded) << 23): scales `mantissa` by 2^k where k sits in the low
+    bits of `rounded` (see `_exp2_poly_pair`). One shift-and-add on the integer pipe."""
+    return Float32(llvm.inline_asm(
+        T.f32(),
+        [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 k, m;\n\tmov.b32 k, $1;\n\tmov.b32 m, $2;\n\tshl.b32 k, k, 23;\n\t"
+        "add.s32 m, m, k;\n\tmov.b32 $0, m;\n\t}",
+        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
@@ -165,6 +184,13 @@ class FlashAttentionForwardSm100:
         self.kv_stages = p.kv_stages
         self.tmem_stages = p.tmem_stages
         self.mma_lag = p.tmem_stages - 1
+        # The correction warpgroup must know that value MMA (i-1, q) completed before it rescales
+        # O[q] for block i. When tmem_stages <= q_stages that value MMA is issued before score MMA
+        # (i, q), whose tcgen05.commit (s_full) tracks every MMA issued before it: the softmax's
+        # s_full wait, then its mailbox, already imply it, and o_done is committed once per task
+        # (for the epilogue). With a deeper S/P ring the score MMA runs ahead, so o_done is
+        # committed and waited for every block.
+        self.o_done_every_block = p.tmem_stages > p.q_stages
         self.rescale_tile = p.rescale_tile
         self.rescale_threshold = float(p.rescale_threshold)
         self.causal = p.causal
@@ -671,7 +697,11 @@ class FlashAttentionForwardSm100:
                         k_slot = kv_count % R
                         bars.wait("kv_full", k_slot, (kv_count // R) & 1)
                         kv_count += 1
-                    bars.wait("s_free", slot, ((k // T) & 1) ^ 1)
+                    # No wait for the S/P buffer: the value MMA that last read it (score MMA
+                    # k - T's P) was issued earlier by this thread, and tcgen05.mma from one thread
+                    # execute in issue order; the softmax finished with that buffer before that
+                    # value MMA was released (p_full).
+                    tcgen05_fence_after_sync()
                     tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
                     tSrQ_s = tSrQ[None, None, None, stage]
                     tSrK_s = tSrK[None, None, None, k_slot]
@@ -708,8 +738,11 @@ class FlashAttentionForwardSm100:
                         pv_tiled_mma.set(tcgen05.Field.ACCUMULATE, block != 0 or kp != 0)
                         cute.gemm(pv_tiled_mma, tOtO, tOrP[None, None, kp], tOrV_s[None, None, kp],
                                   tOtO)
-                    bars.commit("s_free", slot)
-                    bars.commit("o_done", stage)
+                    if const_expr(self.o_done_every_block):
+                        bars.commit("o_done", stage)
+                    else:
+                        if block == n_end - 1:
+                            bars.commit("o_done", stage)  # the epilogue's "O is final"
                     if stage == Q - 1:
                         bars.commit("kv_empty", v_slot)
             if n_end > 0:
@@ -773,73 +806,20 @@ class FlashAttentionForwardSm100:
 
             row_max = -Float32.inf  # the basis m
             row_sum = Float32(0.0)
-            for i in cutlass.range(n_end, unroll=1):
-                n = n_end - 1 - i
-                k = score_base + i * Q + stage
-                slot = k % T
-                bars.wait("s_full", slot, (k // T) & 1)
-                tcgen05_fence_after_sync()
-                tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
-                tLtS = thr_load.partition_S(tStS)
-                rS = cute.make_rmem_tensor(tLcS.shape, Float32)
-                cute.copy(tiled_load, tLtS, rS)
-                cute.arch.fence_view_async_tmem_load()
-                if n >= n_full:
-                    # straddling or tail block: keys beyond this row's limit -> -inf before the max.
-                    # Register j of a 32x32b TMEM load holds column j of the thread's lane.
-                    cols_visible = key_limit - n * N
-                    # (a select per element: an `if` per element would carry the whole row
-                    # through every branch and blow up register pressure)
-                    for j in cutlass.range_constexpr(cute.size(rS)):
-                        rS[j] = -Float32.inf if cols_visible <= j else rS[j]
-                block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-
-                basis = row_max
-                scale = Float32(1.0)
-                moved = Boolean(False)
-                if i == 0:
-                    basis = block_max
-                else:
-                    # raise the basis only when the max moved by more than the threshold (log2
-                    # units); otherwise keep the old one: P <= 2^threshold and O, l stay consistent
-                    if (block_max - row_max) * scale_log2 > threshold:
-                        basis = block_max
-                        scale = cute.math.exp2((row_max - block_max) * scale_log2, fastmath=True)
-                        moved = Boolean(True)
-                    # mailbox: tell the correction warpgroup which rows of O to rescale
-                    bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
-                    mail_a[row, stage] = scale
-                    any_moved = cute.arch.vote_any_sync(moved)
-                    if row % WARP == 0:
-                        flag = Int32(0)
-                        if any_moved:
-                            flag = Int32(1)
-                        mail_moved[warp_in_group, stage] = flag
-                    bars.arrive("mail_full", stage)
-                    mail_count += 1
-                row_max = basis
-                basis_safe = basis
-                if basis == -Float32.inf:
-                    basis_safe = Float32(0.0)  # a row that saw no key yet: P = 0, not NaN
-                neg_basis = -basis_safe * scale_log2
-                block_sum = Float32(0.0)
-                for j in cutlass.range_constexpr(cute.size(rS)):
-                    rS[j] = cute.math.exp2(rS[j] * scale_log2 + neg_basis, fastmath=True)
-                    block_sum += rS[j]
-                row_sum = row_sum * scale + block_sum
-                # P in the inputs' 16-bit type, written over the buffer's first N/2 columns
-                tStP = thr_store.partition_D(cute.make_tensor(tStS.iterator, tStP0.layout))
-                for c in cutlass.range_constexpr(N // P_CHUNK):
-                    rP32 = cute.make_rmem_tensor(tSPcP.shape, Float32)
-                    rP16 = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
-                                            cute.make_layout(P_CHUNK))
-                    for j in cutlass.range_constexpr(P_CHUNK):
-                        rP16[j] = rS[c * P_CHUNK + j].to(self.dtype)
-                    cute.copy(tiled_store, rP32,
-                              cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
-                cute.arch.fence_view_async_tmem_store()
-                tcgen05_fence_before_sync()
-                bars.arrive("p_full", slot)
+            # Blocks run from the last to the first, so the ones that need a mask (the causal
+            # diagonal, the key tail) come first: one loop for them, then a steady-state loop that
+            # is compiled without any mask code.
+            n_masked = cutlass.max(n_end - cutlass.max(n_full, Int32(0)), Int32(0))
+            for i in cutlass.range(n_masked, unroll=1):
+                row_max, row_sum, mail_count = self._softmax_block(
+                    True, stage, i, n_end, score_base, key_limit, row, warp_in_group, row_max,
+                    row_sum, mail_count, threshold, scale_log2, bars, mail, qk_thr_mma, tmem_ptr,
+                    tiled_load, thr_load, tLcS, tStP0, tSPcP, tiled_store, thr_store)
+            for i in cutlass.range(n_masked, n_end, unroll=1):
+                row_max, row_sum, mail_count = self._softmax_block(
+                    False, stage, i, n_end, score_base, key_limit, row, warp_in_group, row_max,
+                    row_sum, mail_count, threshold, scale_log2, bars, mail, qk_thr_mma, tmem_ptr,
+                    tiled_load, thr_load, tLcS, tStP0, tSPcP, tiled_store, thr_store)
 
             # end of the task: the row's l and basis for the epilogue
             bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
@@ -849,6 +829,124 @@ class FlashAttentionForwardSm100:
             mail_count += 1
             score_base += n_end * Q
             task += self._task_stride()
+
+    @cute.jit
+    def _softmax_block(self, masked: cutlass.Constexpr, stage: int, i, n_end, score_base,
+                       key_limit, row, warp_in_group, row_max, row_sum, mail_count, threshold,
+                       scale_log2, bars, mail, qk_thr_mma, tmem_ptr, tiled_load, thr_load, tLcS,
+                       tStP0, tSPcP, tiled_store, thr_store):
+        """One KV block of one softmax thread's row: S -> (mask) -> max -> basis -> P -> TMEM.
+
+        Returns the new (row_max, row_sum, mail_count). `masked` is a compile-time flag: the
+        steady-state loop instantiates this with False and carries no mask instruction at all.
+        """
+        Q = self.q_stages
+        T = self.tmem_stages
+        N = self.tile_n
+        P_CHUNK = 32  # keys per TMEM store of P (16 columns of packed 16-bit pairs)
+        chunk_cols = P_CHUNK // 2
+        mail_a, mail_b, mail_moved = mail
+        n = n_end - 1 - i
+        k = score_base + i * Q + stage
+        slot = k % T
+        bars.wait("s_full", slot, (k // T) & 1)
+        tcgen05_fence_after_sync()
+        tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
+        tLtS = thr_load.partition_S(tStS)
+        rS = cute.make_rmem_tensor(tLcS.shape, Float32)
+        cute.copy(tiled_load, tLtS, rS)
+        cute.arch.fence_view_async_tmem_load()
+        if const_expr(masked):
+            # straddling or tail block: keys beyond this row's limit -> -inf before the max.
+            # Register j of a 32x32b TMEM load holds column j of the thread's lane.
+            cols_visible = key_limit - n * N
+            # (a select per element: an `if` per element would carry the whole row
+            # through every branch and blow up register pressure)
+            for j in cutlass.range_constexpr(cute.size(rS)):
+                rS[j] = -Float32.inf if cols_visible <= j else rS[j]
+        block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+
+        basis = row_max
+        scale = Float32(1.0)
+        moved = Boolean(False)
+        if i == 0:
+            basis = block_max
+        else:
+            # raise the basis only when the max moved by more than the threshold (log2
+            # units); otherwise keep the old one: P <= 2^threshold and O, l stay consistent
+            if (block_max - row_max) * scale_log2 > threshold:
+                basis = block_max
+                scale = cute.math.exp2((row_max - block_max) * scale_log2, fastmath=True)
+                moved = Boolean(True)
+            # mailbox: tell the correction warpgroup which rows of O to rescale
+            bars.wait("mail_empty", stage, (mail_count & 1) ^ 1)
+            mail_a[row, stage] = scale
+            any_moved = cute.arch.vote_any_sync(moved)
+            if row % WARP == 0:
+                flag = Int32(0)
+                if any_moved:
+                    flag = Int32(1)
+                mail_moved[warp_in_group, stage] = flag
+            bars.arrive("mail_full", stage)
+            mail_count += 1
+        basis_safe = basis
+        if basis == -Float32.inf:
+            basis_safe = Float32(0.0)  # a row that saw no key yet: P = 0, not NaN
+        neg_basis = -basis_safe * scale_log2
+        # P = exp2(S * scale_log2 - basis * scale_log2), two elements per packed FFMA2; the block's
+        # sum in four partial sums (two packed pairs, FADD2) so no single serial chain of N adds.
+        # Each 32-key chunk of P goes to TMEM as soon as it is computed, and P is released to the
+        # value MMA before the partial sums are folded (early P release).
+        partial = [(Float32(0.0), Float32(0.0)), (Float32(0.0), Float32(0.0))]
+        tStP = thr_store.partition_D(cute.make_tensor(tStS.iterator, tStP0.layout))
+        for c in cutlass.range_constexpr(N // P_CHUNK):
+            rP32 = cute.make_rmem_tensor(tSPcP.shape, Float32)
+            rP16 = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
+                                    cute.make_layout(P_CHUNK))
+            for j in cutlass.range_constexpr(0, P_CHUNK, 2):
+                col = c * P_CHUNK + j
+                x0, x1 = cute.arch.fma_packed_f32x2((rS[col], rS[col + 1]),
+                                                    (scale_log2, scale_log2),
+                                                    (neg_basis, neg_basis))
+                p0, p1 = self._exp2_pair(x0, x1, col)
+                partial[(j // 2) % 2] = cute.arch.add_packed_f32x2(partial[(j // 2) % 2], (p0, p1))
+                rP16[j] = p0.to(self.dtype)
+                rP16[j + 1] = p1.to(self.dtype)
+            cute.copy(tiled_store, rP32, cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
+        cute.arch.fence_view_async_tmem_store()
+        tcgen05_fence_before_sync()
+        bars.arrive("p_full", slot)
+        block_sum = (partial[0][0] + partial[1][0]) + (partial[0][1] + partial[1][1])
+        row_sum = row_sum * scale + block_sum
+        row_max = basis
+        return row_max, row_sum, mail_count
+
+    @cute.jit
+    def _exp2_pair(self, x0: Float32, x1: Float32, col: cutlass.Constexpr):
+        """exp2 of two adjacent elements of a row: MUFU.EX2 each, or, for the last
+        `exp2_poly_columns` keys of every 32, the FMA polynomial (the exp unit is the bottleneck
+        of a 128-key block at 16 exp2 per clock; the FMA pipe has room)."""
+        if const_expr(col % EXP2_POLY_CHUNK >= EXP2_POLY_CHUNK - self.plan.exp2_poly_columns):
+            return self._exp2_poly_pair(x0, x1)
+        return (cute.math.exp2(x0, fastmath=True), cute.math.exp2(x1, fastmath=True))
+
+    @cute.jit
+    def _exp2_poly_pair(self, x0: Float32, x1: Float32):
+        """2^x = 2^floor(x) * p(x - floor(x)) for two elements with packed f32x2 arithmetic.
+
+        x <= rescale_threshold <= 12 here; at or below -127 the result is exactly +0 (what a masked
+        -inf needs): x clamps to -127, p(0) = c0 = 1.0, and 1.0's bits plus -127 << 23 wrap to 0.
+        """
+        magic = Float32(EXP2_ROUND_MAGIC)
+        xc = (cute.arch.fmax(x0, Float32(-127.0)), cute.arch.fmax(x1, Float32(-127.0)))
+        rounded = cute.arch.add_packed_f32x2(xc, (magic, magic), rnd="rm")  # floor in low bits
+        whole = cute.arch.sub_packed_f32x2(rounded, (magic, magic))
+        frac = cute.arch.sub_packed_f32x2(xc, whole)  # in [0, 1), exact
+        c0, c1, c2, c3 = (Float32(c) for c in EXP2_POLY)
+        poly = cute.arch.fma_packed_f32x2((c3, c3), frac, (c2, c2))
+        poly = cute.arch.fma_packed_f32x2(poly, frac, (c1, c1))
+        poly = cute.arch.fma_packed_f32x2(poly, frac, (c0, c0))
+        return (_add_to_exponent(rounded[0], poly[0]), _add_to_exponent(rounded[1], poly[1]))
 
     # ------------------------------------------------------------------------------------------
     # Correction warpgroup
@@ -898,8 +996,9 @@ class FlashAttentionForwardSm100:
                     scale = mail_a[row, q]
                     bars.arrive("mail_empty", q)
                     # the previous value MMA into O[q] must be complete before O is touched and
-                    # before the next one is released (phases are tracked one commit at a time)
-                    bars.wait("o_done", q, o_done_count & 1)
+                    # before the next one is released (see `o_done_every_block`)
+                    if const_expr(self.o_done_every_block):
+                        bars.wait("o_done", q, o_done_count & 1)
                     if moved:
                         tcgen05_fence_after_sync()
                         self._rescale_O(q, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
@@ -908,7 +1007,8 @@ class FlashAttentionForwardSm100:
                         tcgen05_fence_before_sync()
                     bars.arrive("o_ready", q)
                 mail_count += 1
-                o_done_count += 1
+                if const_expr(self.o_done_every_block):
+                    o_done_count += 1
             for q in cutlass.range_constexpr(Q):
                 bars.wait("mail_full", q, mail_count & 1)
                 row_sum = mail_a[row, q]

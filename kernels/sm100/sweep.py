@@ -36,17 +36,22 @@ def representative_sample() -> list[tuple[Config, AttentionProblem]]:
     from . import default_config
     base, d64, mha = (SAMPLE_PROBLEMS[k] for k in ("base", "d64_causal_lse_bf16", "d128_causal_lse_mha"))
     start = Config.make("sm100", tile_n=128, kv_stages=2, q_stages=2, tmem_stages=2, rescale_tile=16,
-                        rescale_threshold=8.0, scheduler="static", pack_gqa=True, softmax_regs=192)
+                        rescale_threshold=8.0, scheduler="static", pack_gqa=True, softmax_regs=192,
+                        exp2_poly_columns=4)
     variants = [
         (base, dict()),
         (base, dict(tile_n=64, kv_stages=4, tmem_stages=3, rescale_tile=8, rescale_threshold=0.0,
-                    scheduler="single", softmax_regs=176)),
+                    scheduler="single", softmax_regs=176, exp2_poly_columns=0)),
+        # a 128-key row at the fewest softmax registers (176), and the 64-column O round trip that
+        # needs every register the correction group then gets (112): the register model's corners
+        (base, dict(softmax_regs=176, rescale_tile=64, kv_stages=3, exp2_poly_columns=8)),
+        # causal + LSE + LPT at the fewest softmax registers the model allows it (184)
         (mha, dict(q_stages=1, tmem_stages=1, kv_stages=3, rescale_tile=32, rescale_threshold=4.0,
                    scheduler="lpt", pack_gqa=False, softmax_regs=184)),
         (d64, dict(tile_n=64, q_stages=1, tmem_stages=3, kv_stages=4, rescale_tile=64,
                    softmax_regs=176, rescale_threshold=12.0)),
         (mha, dict(kv_stages=3, softmax_regs=200, rescale_tile=8, scheduler="single",
-                   pack_gqa=False)),
+                   pack_gqa=False, exp2_poly_columns=8)),
         (d64, dict(tile_n=64, tmem_stages=1, rescale_threshold=12.0, scheduler="lpt",
                    softmax_regs=184)),
     ]

@@ -1,0 +1,131 @@
+"""The static SASS tool (`fa4tune sass`): parsing, loops, spin waits, role counts, the estimate.
+
+No Blackwell GPU exists here: what is checked is the analysis of code compiled for sm_100a on CPU.
+The parser and loop finder run on a small hand-written SASS text (fast, and each test fails if the
+analysis is wrong); one compile of our default configuration is disassembled when nvdisasm is present
+(the `test` extra installs it), and flash-attn-4's build arguments are held to its interface.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from fa4tune import sass, sass_build
+
+# A softmax-like loop (exp2, a TMEM load, FFMA2) whose mbarrier wait retries out of line, after EXIT.
+SAMPLE = """
+.text.kernel_x:
+        /*0000*/                   MOV R1, RZ ;
+.L_x_1:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x50], R12 ;
+        /*0020*/              @!P0 BRA `(.L_x_9) ;
+.L_x_2:
+        /*0030*/                   LDTM.x32 R4, tmem[UR5] ;
+        /*0040*/                   ISETP.GE.AND P1, PT, R2, 0x3, PT ;
+        /*0050*/                   FSEL R4, R4, -INF , P1 ;
+        /*0060*/                   FFMA2 R4, R4.F32x2.HI_LO, R6.F32, R8.F32 ;
+        /*0070*/                   MUFU.EX2 R4, R4 ;
+        /*0080*/                   MUFU.EX2 R5, R5 ;
+        /*0090*/                   FADD2 R10, R4.F32x2.HI_LO, R10.F32x2.HI_LO ;
+        /*00a0*/                   SYNCS.ARRIVE.TRANS64.ART0 RZ, [UR4+0x60] ;
+        /*00b0*/                   ISETP.NE.AND P2, PT, R3, RZ, PT ;
+        /*00c0*/               @P2 BRA `(.L_x_1) ;
+        /*00d0*/                   EXIT ;
+.L_x_9:
+        /*00e0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x50], R12 ;
+        /*00f0*/              @!P0 NANOSLEEP.SYNCS 0x989680 ;
+        /*0100*/              @!P0 BRA `(.L_x_9) ;
+        /*0110*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_parse_and_loops_leave_the_spin_retry_out():
+    func = sass.kernel_function(sass.parse_sass(SAMPLE))
+    assert len(func.instructions) == 18
+    assert func.instructions[2].predicate == "@!P0" and func.instructions[2].target == ".L_x_9"
+    blocks, loops = sass.control_flow(func)
+    spins = [l for l in loops if l.spin]
+    mains = [l for l in loops if not l.spin]
+    # the retry block branches back into the loop but does not make a loop of the code it returns to
+    assert len(spins) == 1 and len(mains) == 1
+    main, nested = sass._loop_instructions(func, blocks, mains[0], loops)
+    counts = sass.count(main)
+    assert counts["instructions"] == 12  # header wait .. back branch, without the 4 retry instructions
+    assert counts["mufu_ex2"] == 2 and counts["ffma2"] == 1 and counts["fadd2"] == 1
+    assert counts["barrier_waits"] == 1 and counts["barrier_arrives"] == 1
+    assert counts["tmem_ld_columns"] == 32
+    # the mask: the FSEL to -INF and the compare that feeds it, not the loop's own compare
+    assert counts["mask"] == 2
+
+
+def test_role_loops_normalise_to_a_kv_block():
+    text = SAMPLE.replace("MUFU.EX2 R5, R5 ;", "MUFU.EX2 R5, R5 ;\n" + "\n".join(
+        f"        /*{0x80 + i:04x}*/                   MUFU.EX2 R5, R5 ;" for i in range(1, 16)))
+    # 17 exp2 and 32 S columns per iteration: a softmax loop; with tile_n=32 one block per iteration
+    (rep,) = sass.role_loops(text, tile_n=32, head_dim=128, q_stages=1)
+    assert rep.role == "softmax" and rep.blocks_per_iteration == 1.0
+    assert rep.body["mufu_ex2"] == 17 and rep.fast_path == rep.body["instructions"]
+
+
+def test_static_estimate_against_the_tensor_floor():
+    est = sass.static_estimate(softmax_per_block=[512], mufu_per_block=128, correction_per_block=32,
+                               mma_per_block=256, tile_n=128, head_dim=128, q_stages=2, two_cta=False)
+    # 4 GEMMs of 128x128x128 at 8192 FLOP/clock
+    assert est["tensor_floor_clocks"] == 2048
+    assert est["exp_clocks"] == 2 * 128 * 128 / 16
+    assert est["issue_clocks_low"] == 2 * 512 + 32 and est["issue_clocks_high"] == 2 * 512 + 32 + 256
+    # Q + K + V per stage, 32 KiB each, at 128 B/clock; a 2-CTA pair halves K and V
+    assert est["smem_clocks"] == 2 * 3 * 32768 / 128
+    pair = sass.static_estimate(softmax_per_block=[512], mufu_per_block=128, correction_per_block=32,
+                                mma_per_block=256, tile_n=128, head_dim=128, q_stages=2, two_cta=True)
+    assert pair["smem_clocks"] == 2 * 2 * 32768 / 128
+    assert est["throughput_vs_floor"] == round(2048 / max(2048, 2 * 128 * 128 / 16, 2 * 512 + 288), 3)
+
+
+def test_flash_attn4_arguments_follow_its_interface():
+    from fa4.kernels import AttentionProblem
+    base = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    full = sass_build._flash_attn4_kernel_args(base)
+    causal = sass_build._flash_attn4_kernel_args(AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True))
+    assert full["q_stage"] == 2 and full["pack_gqa"] and full["qhead_per_kvhead"] == 4
+    assert full["use_2cta_instrs"] and full["is_static_persistent"]
+    assert not causal["use_2cta_instrs"] and not causal["is_static_persistent"]
+    # one packed tile: a single Q stage and no pair
+    small = sass_build._flash_attn4_kernel_args(AttentionProblem(1, 16, 1024, 8, 8, 128))
+    assert small["q_stage"] == 1 and not small["use_2cta_instrs"]
+    import importlib.util
+    import pathlib
+    spec = importlib.util.find_spec("flash_attn")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("flash-attn-4 not installed (the [peer] extra)")
+    # read, not imported: importing flash_attn.cute needs triton
+    source = (pathlib.Path(list(spec.submodule_search_locations)[0]) / "cute" / "interface.py").read_text()
+    # the rules the arguments copy: if the interface changes them, this test says so
+    assert "q_stage = 2 if seqlen_q_packgqa > tile_m and head_dim_v != 256 else 1" in source
+    assert "not causal\n                and not local" in source
+
+
+def _has_nvdisasm() -> bool:
+    try:
+        sass_build.nvdisasm_path()
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm missing (pip install nvidia-cuda-nvdisasm)")
+def test_our_default_compiles_and_its_roles_are_found():
+    pytest.importorskip("cutlass")
+    from fa4.kernels import AttentionProblem
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    result = sass_build.analyze("ours", problem)
+    steady = result["softmax_steady"]
+    assert len(steady) == 2  # one loop per softmax warpgroup (Q stage)
+    for loop in steady:
+        assert loop["mufu_ex2_per_128"] > 0 and loop["instructions"] > 128
+        assert loop["mask_instructions"] == 0, "the unmasked steady-state loop applies a mask"
+        assert loop["ffma2"] >= 64 and loop["fadd2"] >= 32  # packed exp2 argument and partial sums
+    assert result["mma"]["tcgen05_mma"] == 32  # 4 GEMMs x 8 K-steps per KV block
+    assert 0 < result["estimate"]["throughput_vs_floor"] <= 1
