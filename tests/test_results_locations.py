@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,9 @@ def test_the_packaged_database_is_the_committed_one():
 
 def test_results_is_not_a_package_and_only_the_database_ships():
     assert not (REPO / "results" / "__init__.py").exists()
-    text = (REPO / "pyproject.toml").read_text()
-    assert "fa4.results" not in text
-    assert re.search(r'"fa4" = \["data/best_configs.json"\]', text)
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "fa4.results" not in setup["packages"] and "fa4.data" in setup["packages"]
+    assert setup["package-data"]["fa4.data"] == ["best_configs.json"]  # the database, nothing else
 
 
 def test_the_results_directory(monkeypatch, tmp_path):
