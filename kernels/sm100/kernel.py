@@ -64,12 +64,13 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.memory
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Boolean, Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.tensor_utils import LayoutEnum
 
 from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
 
@@ -279,7 +280,7 @@ class FlashAttentionForwardSm100:
         sV_layout = sm100_utils.make_smem_layout_b(pv_tiled_mma, self.pv_mma_tiler, self.dtype,
                                                    self.kv_stages)
         tP_layout = sm100_utils.make_smem_layout_a(pv_tiled_mma, self.pv_mma_tiler, self.dtype, 1)
-        self.o_layout_enum = utils.LayoutEnum.from_tensor(ov)
+        self.o_layout_enum = LayoutEnum.from_tensor(ov)
         sO_layout = sm100_utils.make_smem_layout_epi(self.dtype, self.o_layout_enum, self.epi_tile,
                                                      self.q_stages)
 
@@ -418,7 +419,7 @@ class FlashAttentionForwardSm100:
         if warp_idx == self.store_warp:
             cpasync.prefetch_descriptor(tma_atom_o)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         bars = _Barriers(self.plan, storage.barriers.data_ptr())
         if warp_idx == self.load_warp:
@@ -436,7 +437,7 @@ class FlashAttentionForwardSm100:
                 storage.mail_b.get_tensor(cute.make_layout((TMEM_LANES, self.q_stages))),
                 storage.mail_moved.get_tensor(cute.make_layout((4, self.q_stages))))
 
-        tmem = utils.TmemAllocator(
+        tmem = cutlass.memory.TmemAllocator(
             storage.tmem_base.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=_BAR_TMEM_ALLOC,
                                                        num_threads=self.tmem_user_threads),
@@ -862,7 +863,7 @@ class FlashAttentionForwardSm100:
             cols_visible = key_limit - n * N
             # (a select per element: an `if` per element would carry the whole row
             # through every branch and blow up register pressure)
-            for j in cutlass.range_constexpr(cute.size(rS)):
+            for j in cutlass.range(cute.size(rS), unroll_full=True):
                 rS[j] = -Float32.inf if cols_visible <= j else rS[j]
         block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
 
