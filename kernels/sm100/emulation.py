@@ -1,7 +1,7 @@
 """CPU emulation, in PyTorch, of the sm100 FA4 forward kernel's tile algorithm.
 
 No Blackwell GPU is lent here, so the numerics of the sm100 kernel are checked by replaying its exact
-tile algorithm on the CPU (design: `shared/design/fa4-sm100.md`). What is replayed, because it changes
+tile algorithm on the CPU (design: `docs/design.md` section 2). What is replayed, because it changes
 the numbers or the work done:
 
 - CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each; with

@@ -5,7 +5,7 @@ and compiled for sm_100a on a CPU (every configuration of `search_spaces/sm100.t
 feasibility model accepts), and its tile algorithm is replayed numerically by `emulation.py`. Its
 first launch on a B200 may fault or be wrong; `fa4.attention` uses it only when the user opts in.
 
-Design contract: `shared/design/fa4-sm100.md`. One CTA owns `q_stages` Q tiles of 128 rows each
+Design contract: `docs/design.md` section 2. One CTA owns `q_stages` Q tiles of 128 rows each
 (in packed-GQA row space when `pack_gqa`) of one (batch, head) and streams its KV blocks from the last
 to the first. 512 threads in 16 warps:
 
