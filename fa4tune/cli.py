@@ -458,6 +458,8 @@ from fa4tune.report import report_command  # noqa: E402  (the report command liv
 main.add_command(report_command)
 from fa4tune.sass_build import sass_command_factory  # noqa: E402
 main.add_command(sass_command_factory())
+from fa4tune.rescale_stats import rescale_stats_command  # noqa: E402
+main.add_command(rescale_stats_command)
 
 if __name__ == "__main__":
     main()

@@ -17,8 +17,9 @@ import torch
 
 from fa4.kernels import Config, knob
 from fa4.kernels.sm100 import emulation as emu
-from fa4.kernels.sm100.emulation import BasisUpdate, RescaleStats, emulate_fa4_forward, visible_mask
-from fa4.reference import attention_fp32, check, sdpa_same_precision
+from fa4.kernels.sm100.emulation import BasisUpdate, RescaleStats, emulate_fa4_forward
+from fa4.reference import attention_fp32, check, sdpa_same_precision, visible_keys
+from fa4tune import rescale_stats
 
 THRESHOLDS = knob("sm100", "rescale_threshold").choices
 TILE_NS = knob("sm100", "tile_n").choices
@@ -145,7 +146,7 @@ def _threshold_errors(q, k, v, causal, refs, **overrides):
 @pytest.mark.parametrize("kind,causal", [("normal", False), ("peaked", True), ("peaked", False)])
 def test_every_threshold_is_exact(kind, causal, dtype):
     """Threshold t keeps the old basis while the max moves by <= t: as exact as threshold 0."""
-    q, k, v = emu.make_inputs(kind, 1, 640, 640, 8, 2, 64, DTYPES[dtype], seed=5)
+    q, k, v = rescale_stats.make_inputs(kind, 1, 640, 640, 8, 2, 64, DTYPES[dtype], seed=5)
     refs = _references(q, k, v, causal)
     errors, stats = _threshold_errors(q, k, v, causal, refs, tile_n=SMALL_N)
     for threshold in THRESHOLDS:
@@ -177,7 +178,7 @@ def seed_rule(running_max, block_max, threshold, scale_log2):
 
 def test_seed_rule_is_caught(monkeypatch):
     """The checks above fail when the skip does not keep the basis (threshold 8, the seed's value)."""
-    q, k, v = emu.make_inputs("normal", 1, 640, 640, 8, 2, 64, torch.float16, seed=5)
+    q, k, v = rescale_stats.make_inputs("normal", 1, 640, 640, 8, 2, 64, torch.float16, seed=5)
     refs = _references(q, k, v, False)
     config = Config.make("sm100", rescale_threshold=8.0, tile_n=SMALL_N)
     out, lse = emulate_fa4_forward(q, k, v, config, return_lse=True)
@@ -215,7 +216,8 @@ def _brute_force_regions(config, batch, seqlen_q, seqlen_k, heads_q, heads_kv, c
     tasks = batch * (heads_kv if config.pack_gqa else heads_q)
     rows = seqlen_q * row_ratio
     rows_per_cta = config.tile_m * config.q_stages
-    visible = visible_mask(seqlen_q, seqlen_k, causal)
+    visible = (visible_keys(seqlen_q, seqlen_k) if causal
+               else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool))
     counts = {"skip": 0, "full": 0, "masked": 0}
     for first in range(0, rows, rows_per_cta):
         seqs = torch.arange(first, min(first + rows_per_cta, rows)) // row_ratio
@@ -291,30 +293,32 @@ def test_cli_writes_sorted_json(tmp_path):
     from click.testing import CliRunner
 
     output = tmp_path / "stats.json"
-    result = CliRunner().invoke(emu._cli(), [
-        "stats", "--seqlen", "256", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "64",
+    result = CliRunner().invoke(rescale_stats.rescale_stats_command, [
+        "--seqlen", "256", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "64",
         "--mask", "causal", "--output", str(output)])
     assert result.exit_code == 0, result.output
     text = output.read_text()
     saved = json.loads(text)
     assert text == json.dumps(saved, sort_keys=True, indent=1) + "\n"
     assert saved["command"] == (
-        "python -m fa4.kernels.sm100.emulation stats --seqlen 256 "
+        "fa4tune rescale-stats --seqlen 256 "
         + "".join(f"--threshold {t:g} " for t in THRESHOLDS)
         + "--kind normal --kind peaked --mask causal --heads-q 4 --heads-kv 2 --head-dim 64 "
         f"--dtype fp16 --output {output}")
     assert sorted({r["threshold"] for r in saved["rows"]}) == sorted(THRESHOLDS)
-    assert len(saved["rows"]) == len(THRESHOLDS) * len(emu.INPUT_KINDS)
+    assert len(saved["rows"]) == len(THRESHOLDS) * len(rescale_stats.INPUT_KINDS)
     for row in saved["rows"]:
         assert row["max_p_16bit"] <= 2.0 ** row["threshold"]
         assert row["max_abs_err_vs_fp32"] < 1e-2
-    help_text = CliRunner().invoke(emu._cli(), ["--help"]).output
-    assert "stats" in help_text and "sm100_rescale_stats.json" in help_text
+    help_text = CliRunner().invoke(rescale_stats.rescale_stats_command, ["--help"]).output
+    assert "never run" in help_text and "sm100_rescale_stats.json" in help_text
+    shown = CliRunner().invoke(rescale_stats.rescale_stats_command, ["--show"]).output
+    assert "Saved measurement" in shown or "No saved measurement" in shown
 
 
 def test_saved_measurement_covers_the_space():
     """The committed table (made by the CLI) covers every threshold and kept P within 2^threshold."""
-    path = emu.default_stats_path()
+    path = rescale_stats.committed_stats_path()
     if not path.exists():
         pytest.skip(f"{path} not generated in this checkout")
     saved = json.loads(path.read_text())
