@@ -20,7 +20,7 @@ b8-s512-hq16-hkv16-d64-bf16-full b8-s512-hq16-hkv16-d64-bf16-causal b4-s2048-hq6
 case ${1:-} in
   check)
     python3 benchmarks/sm90_register_sweep.py --jobs 15 --out "$OUT/sm90_register_table.json" 2>&1 | tail -n 2
-    bash kernels/sm90/gpu_suite.sh all 8
+    bash tests/gpu/run_sm90_suites.sh all 8
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_gpu.py tests/test_search_gpu.py \
       > "$OUT/gpu_runtime.txt" 2>&1
     tail -n 3 "$OUT/gpu_runtime.txt" ;;

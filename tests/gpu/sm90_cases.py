@@ -1,7 +1,7 @@
 """Helpers of the sm90 GPU suites (tests/gpu/test_sm90_*.py): run one case and check it by the one rule.
 
 FA4_SM90_SHARD="i/n" keeps the i-th of n contiguous chunks of a suite's cases, so one device run can
-test a suite in n parallel processes (`kernels/sm90/gpu_suite.sh`); the suites list cases with the
+test a suite in n parallel processes (`tests/gpu/run_sm90_suites.sh`); the suites list cases with the
 compile key outermost, so a chunk compiles only its own keys.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the sm90 GPU test suites on the H200 in parallel shards (one compile cache per process) and
 # logs go to $OUT. Timing is `fa4tune bench`'s job. Usage (after sourcing the device bundle's setup.sh):
-#   bash kernels/sm90/gpu_suite.sh default|knobs|all [shards]
+#   bash tests/gpu/run_sm90_suites.sh default|knobs|all [shards]
 set -u
 what=${1:-all}; n=${2:-8}; out=${OUT:-/tmp/out}; mkdir -p "$out"
 run_suite() {  # $1 = test file stem
