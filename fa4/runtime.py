@@ -75,6 +75,7 @@ class _State:
         self.db: Any = None
         self.db_loaded = False
         self.db_error: str | None = None
+        self.db_broken: frozenset = frozenset()  # (layer, key) of entries that cannot be used
         self.fingerprints: dict[str, str] = {}
         self.devices: dict[int, tuple[str | None, str, tuple[int, int]]] = {}
         self.warned: set[str] = set()
@@ -112,14 +113,15 @@ def _forget_signatures() -> None:
 
 
 def use_config_db(path: str | os.PathLike | None) -> None:
-    """Use another best-config database file for the rest of the process (None: the default, i.e.
-    `fa4.database.default_path()`: `$FA4_CONFIG_DB`, else the user's tuned database, else the packaged
-    one). Forgets cached choices."""
+    """Use exactly this best-config database file for the rest of the process, no other layer (None:
+    the default layers, `fa4.database.default_layers()`: the packaged database, then the user's,
+    `$FA4_CONFIG_DB` or the results directory's). Forgets cached choices."""
     with _STATE.lock:
         _STATE.db_path = None if path is None else os.fspath(path)
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
+        _STATE.db_broken = frozenset()
         _forget_signatures()
 
 
@@ -130,6 +132,7 @@ def reset_caches(compiled: bool = False) -> None:
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
+        _STATE.db_broken = frozenset()
         _STATE.fingerprints.clear()
         _STATE.warned.clear()
         if compiled:
@@ -146,27 +149,62 @@ def cache_info() -> dict[str, int]:
 
 
 def _database():
-    """The loaded database, or None when it cannot be read (warned once; defaults are used)."""
+    """The loaded database (the default layers, or the one file `use_config_db` named), or None when
+    nothing of it can be read. Each layer that cannot be read and each entry that cannot be used is
+    warned about once, naming the file or the entry (a warning's tag holds the file's identity, so a
+    second broken database in the same process warns too); the rest is used."""
     if _STATE.db_loaded:
         return _STATE.db
     with _STATE.lock:
         if _STATE.db_loaded:
             return _STATE.db
-        try:
-            from fa4 import database
+        from fa4 import database
 
-            _STATE.db = database.BestConfigDB.load(_STATE.db_path)
-            _STATE.db_error = None
-            if _STATE.db.path is not None and not os.path.exists(_STATE.db.path):
-                _warn_once("db-missing", f"fa4: best-config database {_STATE.db.path} does not exist; "
-                                         "running heuristic default configurations")
+        try:
+            if _STATE.db_path is None:
+                db = database.BestConfigDB.load_layers()
+            else:
+                db = database.BestConfigDB.load(_STATE.db_path)
+                if not os.path.exists(db.path):
+                    _warn_once(f"db-missing:{db.path}", f"fa4: best-config database {db.path} does not exist; "
+                                                        "running heuristic default configurations")
         except Exception as exc:  # a broken database must never break a forward pass
-            _STATE.db = None
+            _STATE.db, _STATE.db_broken = None, frozenset()
             _STATE.db_error = f"{type(exc).__name__}: {exc}"
-            _warn_once("db-error", f"fa4: cannot use the best-config database ({_STATE.db_error}); "
-                                   "running heuristic default configurations instead")
+            _warn_once(f"db-error:{_file_identity(_STATE.db_path)}",
+                       f"fa4: cannot use the best-config database ({_STATE.db_error}); running heuristic "
+                       "default configurations instead")
+            _STATE.db_loaded = True
+            return None
+        for layer, path, error in db.errors:
+            _warn_once(f"db-error:{_file_identity(path)}",
+                       f"fa4: cannot use the {layer} best-config database ({error}); its entries are ignored")
+        _STATE.db_error = "; ".join(f"{layer}: {error}" for layer, _, error in db.errors) or None
+        _STATE.db_broken = _broken_entries(db)
+        _STATE.db = db
         _STATE.db_loaded = True
-        return _STATE.db
+        return db
+
+
+def _file_identity(path) -> str:
+    """A path with its modification time and size, so a rewritten file counts as another database."""
+    try:
+        st = os.stat(path)
+        return f"{os.fspath(path)}@{st.st_mtime_ns}:{st.st_size}"
+    except (OSError, TypeError):
+        return str(path)
+
+
+def _broken_entries(db) -> frozenset:
+    """(layer, key) of the entries of every layer that cannot be used at all (unknown knob or value,
+    unknown arch, infeasible where tuned), each warned about once by name; lookup skips them."""
+    unusable = db.unusable_entries()
+    for (layer, key), problems in unusable.items():
+        where = f"the {layer} database" if layer else f"{db.path}"
+        _warn_once(f"db-entry:{_file_identity(db.path)}:{layer}:{key}",
+                   f"fa4: best-config entry {key} in {where} cannot be used ({'; '.join(problems)}); "
+                   "it is skipped")
+    return frozenset(unusable)
 
 
 def _fingerprint(arch: str) -> str | None:
@@ -212,7 +250,8 @@ class Explanation:
     source: str | None = None      # "forced", "exact", "nearest", "default"
     entry: Any = None              # the database entry used, if any
     distance: float | None = None  # log2 bucket distance of a nearest entry
-    database: str | None = None    # which database file, and its state
+    layer: str | None = None       # the database layer of the entry ("packaged", "user"; None: one file)
+    database: str | None = None    # which database file(s), and their state
     compile_key: tuple | None = None
     compiled: bool = False         # already compiled in this process
     reasons: list[str] = field(default_factory=list)  # why our kernel does not run (sdpa path)
@@ -247,6 +286,8 @@ class Explanation:
         e = self.entry
         what = "exact database hit" if self.source == "exact" else (
             f"nearest database bucket (log2 distance {self.distance:.2f})")
+        if self.layer:
+            what += f" in the {self.layer} database"
         facts = [f"tuned on {e.device}", f"{e.us:.1f} us", f"{e.tflops:.0f} TFLOP/s"]
         facts += [f"{v:.2f}x vs {k}" for k, v in sorted(e.speedup.items())]
         return f"{what} {e.key} ({', '.join(facts)}; {e.date})"
@@ -399,10 +440,11 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     if db is None:
         expl.database = f"unusable ({_STATE.db_error}); defaults are used"
     else:
-        expl.database = f"{db.path} ({len(db)} entries)"
+        expl.database = _describe_database(db)
         fingerprint = _fingerprint(arch)
         try:
-            found = db.lookup(arch, device_name, problem, fingerprint)
+            found = db.lookup(arch, device_name, problem, fingerprint, max_distance=_max_distance(),
+                              broken=_STATE.db_broken)
         except Exception as exc:  # a malformed entry must not break a forward pass either
             _warn_once("db-lookup", f"fa4: best-config database lookup failed ({type(exc).__name__}: "
                                     f"{exc}); running heuristic default configurations")
@@ -417,6 +459,8 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                        f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
             expl.notes.append(message)
             _warn_once("stale:" + "|".join(e.key for e in found.stale), message)
+        if found is not None:
+            expl.notes += list(found.passed_over)
         if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
             try:
                 cfg = Config.from_dict(arch, found.entry.config)
@@ -425,7 +469,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                 cfg, why = None, [str(exc)]
             if not why:
                 expl.config, expl.source, expl.entry = cfg, found.kind, found.entry
-                expl.distance = found.distance
+                expl.distance, expl.layer = found.distance, found.layer
                 return
             expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
                               f"({'; '.join(why)}); using the heuristic default")
@@ -434,6 +478,29 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     if why:
         raise UnsupportedInputError(
             f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")
+
+
+def _describe_database(db) -> str:
+    """The database's files for explain: each layer with its entry count or its error."""
+    parts = []
+    for layer, path, count, error in db.layers:
+        state = f"unusable: {error}" if error else (f"{count} entries" if os.path.exists(path) else "absent")
+        parts.append(f"{layer + ' ' if layer else ''}{path} ({state})")
+    if _STATE.db_broken:
+        parts.append(f"{len(_STATE.db_broken)} unusable entr{'y' if len(_STATE.db_broken) == 1 else 'ies'} skipped")
+    return "; ".join(parts) or "none"
+
+
+def _max_distance() -> float:
+    """The nearest-bucket limit (`fa4.database.max_distance`); a malformed setting warns once and the
+    documented default is used."""
+    from fa4 import database
+
+    try:
+        return database.max_distance()
+    except ValueError as exc:
+        _warn_once(f"max-distance:{exc}", f"fa4: {exc}; using the default limit {database.DEFAULT_MAX_DISTANCE:g}")
+        return database.DEFAULT_MAX_DISTANCE
 
 
 # ---------------------------------------------------------------------------------------------------

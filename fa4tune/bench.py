@@ -15,7 +15,7 @@ One row per (shape, variant):
     shape       the shape key (`fa4tune.search.shape_key`), problem: AttentionProblem fields
     variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`)
     outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
-                usable database entry)
+                usable database entry, its error saying why: stale, unusable, too far, another GPU)
     us, tflops  GPU time and rate (null unless ok)
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
                 is missing)
@@ -52,12 +52,15 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None) -> dict:
     """Measure every variant of every problem; returns the document described above."""
-    from fa4.database import BestConfigDB
+    from fa4.database import BestConfigDB, entry_key, max_distance
 
     progress = progress or Progress()
     kernels = kernel_api(api)
     fingerprint = kernel_fingerprint(arch, api)
-    db = BestConfigDB.load(db_path)
+    # what fa4.attention reads: the layers (or the one file --db names), with its lookup rules
+    db = BestConfigDB.load(db_path) if db_path is not None else BestConfigDB.load_layers()
+    unusable = db.unusable_entries(kernels.feasible)
+    limit = max_distance()
     rows: list[dict] = []
     tasks: dict[int, dict] = {}
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
@@ -66,15 +69,19 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
         for problem in problems:
             key = shape_key(arch, problem)
             base = {"shape": key, "problem": problem.to_dict()}
-            lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint)
+            lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint, max_distance=limit,
+                               broken=frozenset(unusable))
             variants = []
             if lookup.entry is not None:
                 variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
                                  {"lookup": lookup.kind, "db_key": lookup.entry.key}))
             else:
+                why = [f"{len(lookup.stale)} stale"] if lookup.stale else []
+                why += [f"{k} skipped: {'; '.join(r)}" for (_, k), r in unusable.items()
+                        if k == entry_key(arch, device.get("name", ""), problem)]
+                why += list(lookup.passed_over)
                 rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
-                             "error": "no usable database entry"
-                                      + (f" ({len(lookup.stale)} stale)" if lookup.stale else "")})
+                             "error": "no usable database entry" + (f" ({'; '.join(why)})" if why else "")})
             variants.append(("default", kernels.default_config(arch, problem), {}))
             for variant, config, extra in variants:
                 reasons = kernels.feasible(config, problem)

@@ -105,8 +105,9 @@ def arch_option(fn):
 
 def db_option(fn):
     return click.option("--db", "db_path", default=None,
-                        help="best-config database [default: $FA4_CONFIG_DB, else the results directory's "
-                             "best_configs.json, started from the packaged one]")(fn)
+                        help="best-config database file [default: the user's, $FA4_CONFIG_DB or the results "
+                             "directory's best_configs.json; reading without --db also reads the packaged one "
+                             "under it]")(fn)
 
 
 def format_option(fn):
@@ -360,33 +361,80 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
 @format_option
 @db_option
 def best(fmt, db_path):
-    """List the best-config database, with a stale column (kernel fingerprint changed)."""
+    """List the best-config database: the packaged layer, then the user's (later wins per key), with the
+    layer of each entry and a stale column (kernel fingerprint changed). --db lists that file alone."""
     from fa4.database import BestConfigDB, DatabaseError
     from fa4tune import environment
 
-    try:
-        db = BestConfigDB.load(db_path)
-    except DatabaseError as exc:
-        raise click.ClickException(str(exc)) from exc
-    _echo_err(f"fa4tune best: {db.path}")
+    if db_path is not None:
+        try:
+            db = BestConfigDB.load(db_path, "--db")
+        except DatabaseError as exc:
+            raise click.ClickException(str(exc)) from exc
+    else:
+        db = BestConfigDB.load_layers()
+    for layer, path, count, error in db.layers:
+        _echo_err(f"fa4tune best: {layer} {path}: " + (f"UNUSABLE: {error}" if error else f"{count} entries"))
     current = {arch: environment.kernel_fingerprint(arch) for arch in {e.arch for e in db.entries}}
     out = []
     for e in db.entries:
         fp = current.get(e.arch, "")
         stale = "unknown" if fp.startswith("unavailable") else e.kernel_fingerprint != fp
-        out.append({**e.to_dict(), "stale": stale})
+        out.append({**e.to_dict(), "stale": stale, "layer": db.layer_of(e.key),
+                    "shadows": [layer for layer, _ in db.shadowed(e.key)]})
     if fmt == "json":
         click.echo(json.dumps(out, indent=2, sort_keys=True))
-        return
-    rows = []
-    for d in out:
-        speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
-        rows.append([d["key"], _label(d["arch"], d["config"]), _fmt(d["us"]),
-                     _fmt(d["tflops"], 1), speed, _fmt(d["max_err"], 4),
-                     {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
-                     d["date"]])
-    _table(f"best configurations ({len(rows)})", ["key", "config", "us", "TFLOP/s", "speedup over", "max err",
-                                                  "stale", "from", "date"], rows)
+    else:
+        rows = []
+        for d in out:
+            speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
+            layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
+            rows.append([d["key"], layer, _label(d["arch"], d["config"]), _fmt(d["us"]),
+                         _fmt(d["tflops"], 1), speed, _fmt(d["max_err"], 4),
+                         {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
+                         d["date"]])
+        _table(f"best configurations ({len(rows)})", ["key", "layer", "config", "us", "TFLOP/s", "speedup over",
+                                                      "max err", "stale", "from", "date"], rows)
+    if db.errors:
+        sys.exit(1)
+
+
+@main.group()
+def db():
+    """Best-config database files: combine them."""
+
+
+@db.command("merge")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", default=None,
+              help="write the merged database here [default: the user's database, $FA4_CONFIG_DB or the results "
+                   "directory's best_configs.json]")
+def db_merge(inputs, out_path):
+    """Combine databases tuned on several machines: per key, a current entry (this checkout's kernel
+    fingerprint) beats a stale one, then the fastest wins. Writes atomically; prints what it kept."""
+    from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases
+    from fa4tune import environment
+
+    try:
+        dbs = [BestConfigDB.load(path) for path in inputs]
+    except DatabaseError as exc:
+        raise click.ClickException(str(exc)) from exc
+    missing = [path for path, d in zip(inputs, dbs) if not os.path.exists(path)]
+    if missing:
+        raise click.ClickException(f"no such database: {', '.join(missing)}")
+    fingerprints = {}
+    for arch in sorted({e.arch for d in dbs for e in d.entries}):
+        fp = environment.kernel_fingerprint(arch)
+        fingerprints[arch] = None if fp.startswith("unavailable") else fp
+    merged = merge_databases(dbs, fingerprints)
+    target = out_path or str(default_path())
+    merged.save(target)
+    for path, d in zip(inputs, dbs):
+        kept = sum(1 for e in d.entries if merged.get(e.key) is e)
+        _echo_err(f"fa4tune db merge: {path}: {len(d)} entries, {kept} kept")
+    stale = sum(1 for e in merged.entries if e.is_stale(fingerprints.get(e.arch)))
+    _echo_err(f"wrote {target}: {len(merged)} entries" + (f", {stale} stale (no current entry for their key)"
+                                                         if stale else ""))
 
 
 # ------------------------------------------------------------------------------------------------

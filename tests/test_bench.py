@@ -41,11 +41,14 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     assert nearest["us"] == fakes.fake_us(fast.to_dict()) and nearest["config"] == fast.to_dict()
     assert rows[("sq2048", "causal", "default")]["speedup_of_tuned"] > 1.0
     assert rows[("sq2048", "causal", "sdpa_cudnn")]["us"] == 31.6
-    # the 8192 entry is stale; the nearest fresh one is the 1024 entry (a far bucket, still used)
+    # the 8192 entry is stale; the nearest fresh one, 1024, is too far away (the runtime's rules)
     far = rows[("sq8192", "causal", "tuned")]
-    assert far["lookup"] == "nearest" and far["db_key"].endswith("sq1024|sk1024|w8")
+    assert far["lookup"] == "default" and far["outcome"] == "missing"
+    assert "1 stale" in far["error"] and "past the limit of 2" in far["error"]
+    # an entry infeasible where it was tuned is skipped, as the runtime skips it, and the row says why
     infeasible = rows[("sq1024", "full", "tuned")]
-    assert infeasible["outcome"] == "infeasible" and "shared memory" in infeasible["error"]
+    assert infeasible["outcome"] == "missing" and "skipped: infeasible" in infeasible["error"]
+    assert "shared memory" in infeasible["error"]
     assert rows[("sq1024", "full", "default")]["outcome"] == "ok"
     assert [r["variant"] for r in doc["rows"][:3]] == ["tuned", "default", "sdpa_cudnn"]  # shape order kept
 

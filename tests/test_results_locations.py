@@ -52,15 +52,13 @@ def test_the_results_directory(monkeypatch, tmp_path):
     assert package not in paths.results_dir().resolve().parents
 
 
-def test_a_search_records_into_a_copy_of_the_packaged_database(monkeypatch, tmp_path):
+def test_a_search_records_into_the_users_layer_never_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("FA4TUNE_HOME", str(tmp_path))
     monkeypatch.delenv(database.ENV_VAR, raising=False)
-    assert database.default_path() == database.packaged_path()    # nothing tuned here yet
     target = database_for_writing(None)
-    assert target == tmp_path / "best_configs.json"
-    assert target.read_bytes() == database.packaged_path().read_bytes()
-    assert target.stat().st_mode & 0o777 == 0o644
-    assert database.default_path() == target                     # the runtime now reads the user's
+    assert target == tmp_path / "best_configs.json" == database.default_path()
+    assert not target.exists()                                   # no copy of the packaged entries
+    assert database.default_layers() == [("packaged", database.packaged_path()), ("user", target)]
     assert database_for_writing(str(tmp_path / "mine.json")) == tmp_path / "mine.json"
     monkeypatch.setenv(database.ENV_VAR, str(tmp_path / "env.json"))
     assert database_for_writing(None) == tmp_path / "env.json" and not (tmp_path / "env.json").exists()

@@ -61,8 +61,11 @@ def test_tuned_entry_is_used_on_a_matching_device(empty_database):
     fa4.use_config_db(empty_database)
     e = fa4.explain(*meta_qkv(), arch="sm90", device_name="NVIDIA H200")
     assert (e.source, e.config) == ("exact", tuned)
-    e = fa4.explain(*meta_qkv(sq=3000, sk=3000), arch="sm90", device_name="NVIDIA H200")
+    e = fa4.explain(*meta_qkv(sq=2000, sk=2000), arch="sm90", device_name="NVIDIA H200")
     assert (e.source, e.config) == ("nearest", tuned)
+    e = fa4.explain(*meta_qkv(sq=3000, sk=3000), arch="sm90", device_name="NVIDIA H200")
+    assert e.source == "default"  # 4 log2 bucket steps away: past the default limit
+    assert fa4.explain(*meta_qkv(), arch="sm90", device_name="NVIDIA H100 80GB HBM3").source == "default"
 
 
 def test_b200_needs_opt_in_and_says_untested():
