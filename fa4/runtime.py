@@ -320,7 +320,11 @@ def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
             except ValueError as exc:
                 raise InvalidInputError(f"config= {exc}") from exc
             return _coerce_config(values, arch, problem)
-        return _config_from_str(config, arch)
+        if config.split(";")[0] in kernels.ARCHS and ";" in config:  # a Config that crossed the op
+            return _config_from_str(config, arch)
+        raise InvalidInputError(
+            f"config={config!r} is not a configuration label: want name=value pairs as fa4tune and "
+            f"fa4.explain print them, e.g. config='tile_n=80 softmax_overlap=off'")
     if isinstance(config, Mapping):
         try:
             return config_text.with_values(kernels.default_config(arch, problem), config)
@@ -347,12 +351,21 @@ def _knobs_from_str(text: str) -> dict:
     values = {}
     for part in text.split(";")[1:]:
         name, _, value = part.partition("=")
-        values[name] = ast.literal_eval(value)
+        try:
+            values[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise InvalidInputError(f"config={text!r}: cannot read the value of {name!r} ({value!r}); "
+                                    "write the configuration as a label, e.g. 'tile_n=80'") from None
     return values
 
 
 def _config_from_str(text: str, arch: str) -> Config:
-    config = Config.from_dict(text.split(";")[0], _knobs_from_str(text))
+    try:
+        config = Config.from_dict(text.split(";")[0], _knobs_from_str(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, InvalidInputError):
+            raise
+        raise InvalidInputError(f"config={text!r}: {exc}") from exc
     if config.arch != arch:
         raise InvalidInputError(f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
     return config
@@ -407,8 +420,14 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
     elif spec.has_no_keys:
         expl.path = "no_keys"
     if expl.path != "kernel":
+        if config is not None and arch is not None and spec.dtype is not None:
+            # a malformed config= is an error even where nothing launches
+            _coerce_config(config, arch, spec.problem(causal, return_lse))
         if config is not None and expl.path == "sdpa":
-            notes.append("config= is ignored: the kernel does not run")
+            message = ("fa4: config= is ignored: PyTorch SDPA runs (fallback='sdpa') because "
+                       + "; ".join(reasons))
+            notes.append(message[len("fa4: "):])
+            _warn_once("sdpa-config:" + "|".join(reasons), message)
         return _Plan(expl, spec, None, causal, return_lse)
 
     problem = spec.problem(causal, return_lse)
@@ -430,7 +449,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
     if config is not None:
         cfg = _coerce_config(config, arch, problem)
-        why = kernels.feasible(cfg, problem)
+        why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
         if why:
             raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
         expl.config, expl.source = cfg, "forced"
@@ -464,7 +483,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
         if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
             try:
                 cfg = Config.from_dict(arch, found.entry.config)
-                why = kernels.feasible(cfg, problem)
+                why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
             except (ValueError, KeyError, TypeError) as exc:  # knobs renamed since the tuning
                 cfg, why = None, [str(exc)]
             if not why:
@@ -474,7 +493,16 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
             expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
                               f"({'; '.join(why)}); using the heuristic default")
     expl.config, expl.source = kernels.default_config(arch, problem), "default"
-    why = kernels.feasible(expl.config, problem)
+    too_big = checks.launch_reasons(expl.config, problem)
+    if too_big and expl.config.scheduler == "single":
+        # the same tiles, one CTA each, on a 1-D grid: our choice of default, not the user's, so it is
+        # adjusted (and said), where a forced or tuned configuration is refused
+        adjusted = expl.config.replace(scheduler="single_lpt")
+        if not kernels.feasible(adjusted, problem) and not checks.launch_reasons(adjusted, problem):
+            expl.notes.append(f"the heuristic default's scheduler=single cannot launch this shape "
+                              f"({'; '.join(too_big)}): scheduler=single_lpt runs the same tiles instead")
+            expl.config, too_big = adjusted, []
+    why = kernels.feasible(expl.config, problem) + too_big
     if why:
         raise UnsupportedInputError(
             f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")
@@ -651,6 +679,7 @@ else:  # a CPU build: no kernel launch ever reaches the device check
 
 def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     """A launch on the checked path: empty outputs, no keys, SDPA, or the kernel."""
+    softmax_scale = checks.softmax_scale_value(softmax_scale)
     if launch.kind == _EMPTY:
         out = q.new_empty(launch.out_shape)
         lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
@@ -665,7 +694,7 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     # the kernel (size-1 dimensions re-strided where their strides are not aligned)
     if launch.restride:
         q, k, v = (t.as_strided(t.shape, checks.aligned_strides(t)) for t in (q, k, v))
-    scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
+    scale = launch.default_scale if softmax_scale is None else softmax_scale
     out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
     lse = q.new_empty(launch.lse_shape, dtype=torch.float32) if return_lse else None
     if launch.device_index == _current_cuda_device():
@@ -682,6 +711,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     _STATE.slow_calls += 1
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
+    softmax_scale = checks.softmax_scale_value(softmax_scale)
     plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL:
@@ -747,21 +777,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                       causal, return_lse, config, fallback, allow_untested_sm100)
         last = _STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else _STATE.kernel_launches.get(kernel_key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the checked path says
+    except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
+        # sizes or strides), or an unhashable config: the checked path says
         kernel_key = launch = None
     if launch is not None and launch.device_index == _current_cuda_device():
         out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
-        # float(): the direct launcher passes the scale to the kernel's Float32 parameter unconverted
-        scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
         try:
+            if softmax_scale is None:
+                scale = launch.default_scale
+            else:
+                # float(): the direct launcher passes the scale to the kernel's Float32 parameter
+                # unconverted; x - x is NaN (true) for NaN and infinities, which the checked path names
+                scale = float(softmax_scale)
+                if scale - scale:
+                    raise ValueError
             if return_lse:
                 lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
                 launch.fast_run(q, k, v, out, lse, scale)
                 return out, lse
             launch.fast_run(q, k, v, out, None, scale)
             return out
-        except Exception:  # the compiled function refused these inputs: the checked path says why
-            pass
+        except Exception:  # the compiled function refused these inputs (or the scale is no finite
+            pass           # number): the checked path says why
     return _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                          allow_untested_sm100, kernel_key)
 
@@ -775,7 +812,7 @@ def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, 
                allow_untested_sm100)
         last = _STATE.last
         launch = last[1] if key == last[0] else _STATE.launches.get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the slow path says
+    except (AttributeError, TypeError, RuntimeError):  # see attention; the slow path says
         key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
         launch = _STATE.launches.get(key) if key is not None else None
     if launch is None:
@@ -788,8 +825,10 @@ def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, 
 
 
 def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100):
-    """The signature key when the fast one failed: config mappings frozen; None for non-tensors."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+    """The signature key when the fast one failed: config mappings frozen; None for non-tensors and
+    tensors without sizes or strides (nested, sparse: the slow path refuses them)."""
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+               for t in (q, k, v)):
         return None
     if isinstance(config, Mapping):
         config = ("mapping",) + tuple(sorted(config.items()))

@@ -536,3 +536,36 @@ def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
     torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4)
     if causal and sq > sk:  # rows that see no key
         assert torch.all(out[:, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == -math.inf)
+
+
+# --- CUDA's launch limits ---------------------------------------------------------------------------
+
+def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
+    q, k, v = (torch.empty(70_000, 1, 1, 64, dtype=F16) for _ in range(3))  # batch > 65,535
+    single = Config.make("sm90", scheduler="single", pack_gqa=False)
+    with pytest.raises(InvalidInputError, match="batch 70000 > CUDA's limit of 65535"):
+        fa4.explain(q, k, v, config=single)
+    # a tuned entry that cannot launch here: noted, and the default runs
+    add_entry(fake.db_path, seqlen=1, hq=1, hkv=1, tile_n=96)
+    raw = json.loads(fake.db_path.read_text())
+    raw["entries"][0]["work_bucket"] = database.bucket(70_000)
+    raw["entries"][0]["key"] = raw["entries"][0]["key"].replace("|w1", f"|w{database.bucket(70_000)}")
+    fake.db_path.write_text(json.dumps(raw))
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(q, k, v)
+    assert e.source == "default" and any("does not fit" in n and "65535" in n for n in e.notes)
+    # the heuristic default (scheduler=single here) is ours to adjust: the same tiles on a 1-D grid
+    assert e.config == Config.make("sm90").replace(scheduler="single_lpt")
+    assert any("scheduler=single_lpt runs the same tiles instead" in n for n in e.notes)
+    out = fa4.attention(q[:2].normal_(), k[:2].normal_(), v[:2].normal_())  # a small batch keeps `single`
+    assert fake.sm90.launchers[-1].config.scheduler == "single" and out.shape == (2, 1, 1, 64)
+
+
+def test_a_fifo_as_the_database_warns_instead_of_hanging(fake, tmp_path):
+    import os
+
+    fifo = tmp_path / "db.fifo"
+    os.mkfifo(fifo)  # nobody writes to it: reading it would block forever
+    fa4.use_config_db(fifo)
+    with pytest.warns(fa4.Fa4Warning, match="is not a regular file"):
+        assert fa4.explain(*qkv()).source == "default"

@@ -73,3 +73,11 @@ def test_b200_needs_opt_in_and_says_untested():
         fa4.explain(*meta_qkv(), arch="sm100", device_name="NVIDIA B200")
     e = fa4.explain(*meta_qkv(), arch="sm100", device_name="NVIDIA B200", allow_untested_sm100=True)
     assert e.config.arch == "sm100" and "not yet run on hardware" in str(e)
+
+
+def test_the_real_default_past_the_grid_limits_launches_a_1d_grid():
+    e = fa4.explain(*meta_qkv(sq=8192, sk=8192, hq=70_000, hkv=70_000, d=64), arch="sm90",
+                    device_name="NVIDIA H200")
+    assert e.source == "default" and e.config.scheduler == "single_lpt"
+    assert any("heads 70000 > CUDA's limit of 65535" in n for n in e.notes)
+    assert not fa4.checks.launch_reasons(e.config, AttentionProblem(1, 8192, 8192, 70_000, 70_000, 64))
