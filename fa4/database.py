@@ -20,9 +20,10 @@ distance, default `DEFAULT_MAX_DISTANCE`, `$FA4_MAX_BUCKET_DISTANCE`), and only 
 beat the heuristic default at its own shape by more than `NEIGHBOUR_MIN_GAIN` (timing noise): where
 it did not, the default, which adapts to the shape, is the better guess.
 
-File format (schema 1), JSON with sorted keys and two-space indentation:
+File format (schema 2; schema 1, the same without `backend_us` and `backend_source`, is read too),
+JSON with sorted keys and two-space indentation:
 
-    {"schema": 1,
+    {"schema": 2,
      "entries": [ {entry}, ... ]}          # sorted by entry key
 
 One entry (every field is written; `key` is derived and checked on load):
@@ -39,6 +40,11 @@ One entry (every field is written; `key` is derived and checked on load):
     default_us          the heuristic default configuration on the same run, or null
     speedup             {peer_name: peer_us / us} for every peer timed in the run, plus "default"
     max_err             max |out - fp32 reference| of the tuned config
+    backend_us          {implementation: GPU us} of every implementation timed at this shape in one run:
+                        "ours" (this entry's configuration) and the peers (`fa4.dispatch.PEERS`);
+                        from the search (`us` and the peers it timed) or a bench (`fa4tune db
+                        import-bench`); what `fa4.dispatch` judges the fastest backend from
+    backend_source      where backend_us comes from: "search" or "bench <date>"
     kernel_fingerprint  `fa4.kernels.source_fingerprint(arch)` when tuned; a different current
                         fingerprint makes the entry stale: reported, never trusted by lookup
     versions            {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}
@@ -65,7 +71,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 from fa4.files import atomic_write, exclusive_lock
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # schema 1 lacks backend_us and backend_source, which default to empty
 ENV_VAR = "FA4_CONFIG_DB"
 HOME_ENV_VAR = "FA4TUNE_HOME"
 MAX_DISTANCE_ENV_VAR = "FA4_MAX_BUCKET_DISTANCE"
@@ -145,6 +152,8 @@ class Entry:
     date: str = ""
     study: str = ""
     trial: Optional[int] = None
+    backend_us: dict = field(default_factory=dict)
+    backend_source: str = ""
 
     @classmethod
     def from_result(cls, *, arch: str, device: str, problem: Any, config: Mapping[str, Any],
@@ -155,6 +164,7 @@ class Entry:
         """Build an entry from a measured result; speedups are computed here, one per timed peer."""
         speedup = {name: round(p_us / us, 4) for name, p_us in peers_us.items()
                    if p_us is not None and us > 0}
+        timed = {name: float(p_us) for name, p_us in peers_us.items() if p_us is not None}
         if default_us is not None and us > 0:
             speedup["default"] = round(default_us / us, 4)
         return cls(
@@ -164,7 +174,9 @@ class Entry:
             work_bucket=bucket(_work(problem)), problem=dict(problem.to_dict()), config=dict(config),
             us=float(us), tflops=float(tflops), default_us=default_us, speedup=speedup,
             max_err=max_err, kernel_fingerprint=kernel_fingerprint, versions=dict(versions),
-            date=date or utc_now(), study=study, trial=trial)
+            date=date or utc_now(), study=study, trial=trial,
+            backend_us={"ours": float(us), **timed} if timed else {},
+            backend_source="search" if timed else "")
 
     @property
     def key(self) -> str:
@@ -458,6 +470,11 @@ class BestConfigDB:
             return True
         return False
 
+    def put(self, entry: Entry) -> None:
+        """Store `entry` for its key, replacing the one there (in memory; `save` writes)."""
+        self._entries[entry.key] = entry
+        self._layer_of[entry.key] = self.layer
+
     def to_json(self) -> str:
         doc = {"schema": SCHEMA_VERSION, "entries": [e.to_dict() for e in self.entries]}
         return json.dumps(doc, sort_keys=True, indent=2) + "\n"
@@ -524,8 +541,7 @@ def merge_databases(databases: list["BestConfigDB"], fingerprints: Mapping[str, 
         for entry in db.entries:
             old = merged.get(entry.key)
             if old is None or _merge_rank(entry, fingerprints) < _merge_rank(old, fingerprints):
-                merged._entries[entry.key] = entry
-                merged._layer_of[entry.key] = None
+                merged.put(entry)
     return merged
 
 
@@ -540,8 +556,12 @@ def stale_entries(fingerprints: Mapping[str, str], path: str | os.PathLike | Non
 def _parse(data: Any, path: Path) -> dict[str, Entry]:
     if not isinstance(data, dict) or "entries" not in data:
         raise DatabaseError(f"{path}: not a best-config database (no 'entries')")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise DatabaseError(f"{path}: schema {data.get('schema')!r}, this fa4 reads schema {SCHEMA_VERSION}")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise DatabaseError(f"{path}: schema {data.get('schema')!r}, this fa4 reads schemas "
+                            f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    if data.get("schema") == 1 and any(isinstance(e, dict) and ("backend_us" in e or "backend_source" in e)
+                                       for e in data["entries"]):
+        raise DatabaseError(f"{path}: schema 1 has no backend_us or backend_source")
     if not isinstance(data["entries"], list):
         raise DatabaseError(f"{path}: 'entries' must be a list")
     out: dict[str, Entry] = {}

@@ -256,6 +256,9 @@ class Explanation:
     compiled: bool = False         # already compiled in this process
     reasons: list[str] = field(default_factory=list)  # why our kernel does not run (sdpa path)
     notes: list[str] = field(default_factory=list)
+    # what fastest-backend dispatch would run, per mode ("eager", "graph"), from the entry's measured
+    # times (`fa4.dispatch.Choice`); empty when nothing was measured at this bucket
+    backends: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"fa4.attention on {self.problem} ({self.device}"
@@ -266,6 +269,12 @@ class Explanation:
             lines.append(f"  configuration: {self.config.label()}")
             lines.append(f"  chosen by: {self._source_text()}")
             lines.append(f"  compiled: {'yes, cached in this process' if self.compiled else 'not yet (compiles on first call)'}")
+            if self.backends:
+                lines.append(f"  fastest backend, measured at this bucket ({self.entry.backend_source}):")
+                lines += [f"    {choice}" for choice in self.backends]
+                if any(c.backend != "ours" for c in self.backends):
+                    lines.append("    fa4.attention runs our kernel all the same: dispatch to other backends is "
+                                 "not switched on yet")
         elif self.path == "sdpa":
             lines.append("  runs: torch SDPA (fallback='sdpa'), because:")
             lines += [f"    - {r}" for r in self.reasons]
@@ -893,7 +902,29 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                  arch=arch, device_name=device_name)
     if assumed:
         plan.explanation.notes.insert(0, assumed)
+    _explain_backends(plan.explanation)
     return plan.explanation
+
+
+def _explain_backends(expl: Explanation) -> None:
+    """Fill expl.backends from an exact entry's measured times (a neighbour's were measured at another
+    shape, so they decide nothing here). Only explain pays for it: fa4.attention runs ours."""
+    from fa4 import dispatch
+
+    if expl.path != "kernel" or expl.source != "exact" or not expl.entry.backend_us:
+        return
+    host = dispatch.host_us(expl.device_name)
+    for mode in dispatch.MODES:
+        choice = dispatch.choose(expl.entry.backend_us, host, mode)
+        if choice is not None:
+            expl.backends.append(choice)
+    if not host:
+        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
+                          "judged by GPU time alone")
+    for backend in sorted({c.backend for c in expl.backends} - {dispatch.OURS}):
+        why = dispatch.unavailable(backend)
+        if why:
+            expl.notes.append(why)
 
 
 def _assumed_target(device_name: str | None) -> tuple[str, str, str]:

@@ -128,6 +128,44 @@ def _speedups(rows: list[dict]) -> None:
             r.setdefault(key, None)
 
 
+def backend_times(doc: dict) -> dict[str, dict[str, float]]:
+    """{database key: {implementation: GPU us}} of a bench document: for every shape whose tuned row
+    ran an exact database entry, that row's time as "ours" and every peer that ran, all from the one
+    run (`fa4.dispatch` judges the fastest backend from them)."""
+    found: dict[str, dict[str, float]] = {}
+    tuned = {r["shape"]: r for r in doc["rows"]
+             if r["variant"] == "tuned" and r.get("outcome") == "ok" and r.get("lookup") == "exact" and r.get("db_key")}
+    for r in doc["rows"]:
+        row = tuned.get(r["shape"])
+        if row is None or r.get("outcome") != "ok" or r.get("us") is None:
+            continue
+        if r["variant"] == "tuned":
+            found.setdefault(row["db_key"], {})["ours"] = float(r["us"])
+        elif r["variant"] in PEER_NAMES:
+            found.setdefault(row["db_key"], {})[r["variant"]] = float(r["us"])
+    return found
+
+
+def import_backend_times(doc: dict, db) -> tuple[list[str], list[str]]:
+    """Fold a bench's per-implementation times into the entries it measured (in memory). An entry
+    tuned on other kernel sources than the bench ran is left alone. Returns (updated keys, skipped
+    keys with why)."""
+    import dataclasses
+
+    updated, skipped = [], []
+    for key, times in sorted(backend_times(doc).items()):
+        entry = db.get(key)
+        if entry is None:
+            skipped.append(f"{key}: not in the database")
+        elif entry.kernel_fingerprint != doc.get("kernel_fingerprint"):
+            skipped.append(f"{key}: tuned on kernel {entry.kernel_fingerprint}, the bench ran "
+                           f"{doc.get('kernel_fingerprint')}")
+        else:
+            db.put(dataclasses.replace(entry, backend_us=times, backend_source=f"bench {doc['date']}"))
+            updated.append(key)
+    return updated, skipped
+
+
 def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None) -> None:
     """The document as JSON (sorted keys), and its rows as CSV when asked; both written atomically."""
     atomic_write(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

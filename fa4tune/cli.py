@@ -401,7 +401,7 @@ def best(fmt, db_path):
 
 @main.group()
 def db():
-    """Best-config database files: combine them."""
+    """Best-config database files: combine them, record a bench's per-implementation times."""
 
 
 @db.command("merge")
@@ -435,6 +435,32 @@ def db_merge(inputs, out_path):
     stale = sum(1 for e in merged.entries if e.is_stale(fingerprints.get(e.arch)))
     _echo_err(f"wrote {target}: {len(merged)} entries" + (f", {stale} stale (no current entry for their key)"
                                                          if stale else ""))
+
+
+@db.command("import-bench")
+@click.argument("bench_path", type=click.Path(exists=True, dir_okay=False))
+@db_option
+def db_import_bench(bench_path, db_path):
+    """Record in each database entry the GPU time of every implementation a bench timed at its shape
+    (ours and the peers, one run), which `fa4.explain` judges the fastest backend from. Entries tuned
+    on other kernel sources than the bench ran are left alone."""
+    from fa4.database import BestConfigDB, DatabaseError, default_path
+    from fa4tune.bench import import_backend_times
+
+    target = db_path or str(default_path())
+    try:
+        doc = json.loads(open(bench_path).read())
+        db = BestConfigDB.load(target)
+    except (OSError, ValueError, DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not isinstance(doc, dict) or "rows" not in doc or "date" not in doc:
+        raise click.ClickException(f"{bench_path} is not a fa4tune bench output (no rows or date)")
+    updated, skipped = import_backend_times(doc, db)
+    for line in skipped:
+        _echo_err(f"skipped {line}")
+    if updated:
+        db.save(target)
+    _echo_err(f"fa4tune db import-bench: {len(updated)} entries of {target} updated from {bench_path}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -43,6 +43,26 @@ def test_speedups_are_peer_time_over_ours_and_skip_untimed_peers():
     assert e["config"]["tile_n"] == 128 and e["key"] == e.key
 
 
+def test_schema_1_files_are_read_without_backend_times(tmp_path):
+    old = {k: v for k, v in entry().to_dict().items() if k not in ("backend_us", "backend_source")}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({"schema": 1, "entries": [old]}))
+    [read] = BestConfigDB.load(path).entries
+    assert read.backend_us == {} and read.backend_source == "" and read.us == 30.0
+    path.write_text(json.dumps({"schema": 1, "entries": [entry().to_dict()]}))
+    with pytest.raises(DatabaseError, match="schema 1 has no backend_us"):
+        BestConfigDB.load(path)
+
+
+def test_a_search_result_records_every_implementation_it_timed():
+    e = entry(us=25.0)  # flash_attn_4 was not timed (None)
+    assert e.backend_us == {"ours": 25.0, "sdpa_flash": 53.0, "sdpa_cudnn": 31.6} and e.backend_source == "search"
+    none = Entry.from_result(arch="sm90", device=H200, problem=problem(), config=Config.make("sm90").to_dict(),
+                             us=25.0, tflops=1.0, default_us=None, peers_us={}, max_err=None,
+                             kernel_fingerprint="f", versions={}, study="s", trial=0)
+    assert none.backend_us == {} and none.backend_source == ""
+
+
 def test_round_trip_is_sorted_json_with_schema(tmp_path):
     path = tmp_path / "db.json"
     assert record(entry(problem(sq=4096)), path)
@@ -80,11 +100,11 @@ def test_missing_file_is_empty_and_corrupt_file_raises(tmp_path):
         BestConfigDB.load(bad)
     broken = entry().to_dict()
     broken["key"] = "sm90|elsewhere"
-    bad.write_text(json.dumps({"schema": 1, "entries": [broken]}))
+    bad.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": [broken]}))
     with pytest.raises(DatabaseError, match="does not match"):
         BestConfigDB.load(bad)
     del broken["us"]
-    bad.write_text(json.dumps({"schema": 1, "entries": [broken]}))
+    bad.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": [broken]}))
     with pytest.raises(DatabaseError, match="lacks"):
         BestConfigDB.load(bad)
 

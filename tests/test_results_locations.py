@@ -5,6 +5,7 @@ package; result files are 0644; the harness uses no private attribute of optuna.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -33,7 +34,26 @@ def test_results_is_not_a_package_and_only_the_database_ships():
     assert not (REPO / "results" / "__init__.py").exists()
     text = (REPO / "pyproject.toml").read_text()
     assert "fa4.results" not in text
-    assert re.search(r'"fa4" = \["data/best_configs.json"\]', text)
+    assert re.search(r'"fa4" = \["data/best_configs.json", "data/host_overhead.json"\]', text)
+
+
+def test_the_packaged_host_overhead_is_derived_from_the_committed_runs():
+    # results/h200/overhead_*.json are the measurements; fa4/data/host_overhead.json what ships
+    # (fa4tune.host_overhead says how to refresh it)
+    from fa4 import dispatch
+    from fa4tune import host_overhead
+
+    runs = sorted(str(p.relative_to(REPO)) for p in (REPO / "results").glob("*/overhead_*.json"))
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        derived = host_overhead.to_json(host_overhead.derive(runs))
+    finally:
+        os.chdir(cwd)
+    assert dispatch.host_overhead_path().read_text() == derived
+    h200 = dispatch.host_us("NVIDIA H200")
+    assert set(h200) == set(dispatch.IMPLEMENTATIONS)
+    assert h200["ours"] < h200["sdpa_cudnn"] and h200["ours"] < h200["flash_attn_4"]
 
 
 def test_the_results_directory(monkeypatch, tmp_path):
