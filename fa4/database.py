@@ -6,8 +6,9 @@ runtime package, because reading it must not need the harness.
 Where, in layers (`default_layers()`), later layers winning per key:
 1. "packaged": shipped as package data (`packaged_path()`, read-only, a copy of the repository's
    `results/best_configs.json`);
-2. "user": the user's own, which `fa4tune search` writes (`user_path()`: `$FA4_CONFIG_DB` when set, else
-   `best_configs.json` in `$FA4TUNE_HOME` or `~/.cache/fa4tune`). It holds only what was tuned here.
+2. "user": the user's own, which `fa4tune search` writes (`default_path()`: `$FA4_CONFIG_DB` when set,
+   else `user_path()`, `best_configs.json` in `$FA4TUNE_HOME` or `~/.cache/fa4tune`). It holds only
+   what was tuned here.
 Per key the latest layer's entry wins, unless it is stale (another kernel fingerprint) and a lower
 layer's is current: a stale tuning never hides a current one. `BestConfigDB.load(path)` reads one file
 alone (`fa4tune ... --db`, `fa4.use_config_db(path)`); `BestConfigDB.load_layers()` the stack.
