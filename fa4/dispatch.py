@@ -72,18 +72,20 @@ def choose(backend_us: Mapping[str, float], host_us: Mapping[str, float], mode: 
     """The implementation to run, or None when ours was not measured (nothing to compare with).
 
     In eager mode an implementation whose host time is unknown for this GPU is left out of the
-    comparison (its cost cannot be judged); in graph mode only GPU time counts."""
+    comparison (its cost cannot be judged), unless no host time is known at all (a GPU model never
+    measured: GPU time alone, as in graph mode); in graph mode only GPU time counts."""
     gpu = {name: float(us) for name, us in backend_us.items() if name in IMPLEMENTATIONS and us is not None}
     if OURS not in gpu:
         return None
-    if mode == "eager":
-        unknown = sorted(name for name in gpu if name not in host_us)
-        gpu = {name: us for name, us in gpu.items() if name in host_us or name == OURS}
-    else:
-        unknown = []
-    cost = {name: call_cost(us, host_us.get(name), mode) for name, us in gpu.items()}
+    # eager calls are judged with host times where this GPU model has them (ours at least); a peer
+    # without one cannot be judged and is left out; with none at all, GPU time is all there is
+    host = dict(host_us) if mode == "eager" and OURS in host_us else {}
+    unknown = sorted(name for name in gpu if name not in host) if host else []
+    if host:
+        gpu = {name: us for name, us in gpu.items() if name in host}
+    cost = {name: call_cost(us, host.get(name), mode) for name, us in gpu.items()}
     best = min(cost, key=lambda name: (cost[name], name != OURS))
-    what = "GPU time" if mode == "graph" else "max(GPU, host) time"
+    what = "max(GPU, host) time" if host else "GPU time"
     skipped = f"; {', '.join(TITLES[n] for n in unknown)} left out: no host time measured" if unknown else ""
     if best == OURS or cost[OURS] <= cost[best] * (1.0 + TIMING_NOISE):
         others = {n: c for n, c in cost.items() if n != OURS}

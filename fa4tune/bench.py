@@ -21,6 +21,9 @@ One row per (shape, variant):
                 is missing)
     config      knob values (ours only), lookup: "exact" | "nearest" | "default" (tuned row: how the
                 database answered), db_key (the entry used), max_err, error
+
+    dispatch    {shape: {"eager" | "graph": {"backend", "ratio", "reason"}}}: the implementation
+                fastest-backend dispatch picks from this run's times (`dispatched`)
 """
 
 from __future__ import annotations
@@ -116,7 +119,32 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     _speedups(rows)
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
             "versions": versions(), "kernel_fingerprint": fingerprint, "timing": timing.describe(),
-            "rows": rows}
+            "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}
+
+
+def dispatched(rows: list[dict], device_name: str) -> dict[str, dict[str, dict]]:
+    """{shape: {mode: {"backend", "ratio", "reason"}}}: what fastest-backend dispatch (`fa4.dispatch`)
+    picks from this run's times, "ours" being what fa4.attention runs (the tuned row, else the
+    default), with the host time per call measured on this GPU model (eager mode)."""
+    from fa4 import dispatch
+
+    host = dispatch.host_us(device_name)
+    times: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("outcome") != "ok" or r.get("us") is None:
+            continue
+        name = {"tuned": "ours", "default": "default"}.get(r["variant"], r["variant"])
+        times.setdefault(r["shape"], {})[name] = float(r["us"])
+    out = {}
+    for shape, measured in times.items():
+        ours = measured.pop("ours", measured.pop("default", None))
+        measured.pop("default", None)
+        if ours is None:
+            continue
+        choices = [dispatch.choose({"ours": ours, **measured}, host, mode) for mode in dispatch.MODES]
+        out[shape] = {c.mode: {"backend": c.backend, "ratio": round(c.ratio, 3), "reason": c.reason}
+                      for c in choices}
+    return out
 
 
 def _speedups(rows: list[dict]) -> None:

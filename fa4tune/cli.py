@@ -526,6 +526,12 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
              r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
+    from fa4.dispatch import TITLES
+
+    _table("fastest backend per shape (fa4.attention runs ours; dispatch is not switched on yet)",
+           ["shape", "eager call", "captured / compiled"],
+           [[shape, *(f"{TITLES[d[m]['backend']]}" + (f" {d[m]['ratio']}x" if d[m]["backend"] != "ours" else "")
+                      for m in ("eager", "graph"))] for shape, d in doc.get("dispatch", {}).items()])
 
 
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)

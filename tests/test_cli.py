@@ -238,6 +238,15 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
     full = {r["variant"]: r for r in doc["rows"] if r["shape"].endswith("full")}
     assert full["tuned"]["outcome"] == "missing" and full["tuned"]["lookup"] == "default"
     assert doc["timing"]["method"] == "cuda_graph" and doc["device"]["name"] == "Fake H200"
+    # dispatch from this run's times (fa4.dispatch): no host time was measured on a "Fake H200", so
+    # eager calls are judged by GPU time too; ours (the tuned row, else the default) against the peers
+    picked = doc["dispatch"]
+    assert set(picked) == set(shapes)
+    for shape in shapes:
+        assert picked[shape]["graph"] == picked[shape]["eager"]
+    assert picked[shapes[0]]["graph"]["backend"] == "ours"  # tuned 30.5 us, SDPA cuDNN 31.6
+    assert "than SDPA cuDNN (31.6 us)" in picked[shapes[0]]["graph"]["reason"]
+    assert "fastest backend per shape" in result.stdout
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("shape,variant,outcome,us") and len(lines) == 1 + len(doc["rows"])
 

@@ -64,6 +64,9 @@ def test_what_cannot_be_judged():
     partial = choose({"ours": 30.0, "flash_attn_4": 10.0}, {"ours": 9.6}, "eager")
     assert partial.backend == "ours" and "flash-attn-4 left out: no host time measured" in partial.reason
     assert choose({"ours": 30.0, "flash_attn_4": 10.0}, {}, "graph").backend == "flash_attn_4"
+    # a GPU model whose host times were never measured: eager calls are judged by GPU time
+    unmeasured = choose({"ours": 30.0, "flash_attn_4": 10.0}, {}, "eager")
+    assert unmeasured.backend == "flash_attn_4" and unmeasured.reason.startswith("GPU time")
 
 
 def test_availability_of_a_peer():
