@@ -362,7 +362,9 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
 @db_option
 def best(fmt, db_path):
     """List the best-config database: the packaged layer, then the user's (later wins per key), with the
-    layer of each entry and a stale column (kernel fingerprint changed). --db lists that file alone."""
+    layer of each entry, the fastest backend measured at its shape (eager / captured, `fa4.dispatch`)
+    and a stale column (kernel fingerprint changed). --db lists that file alone."""
+    from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
     from fa4tune import environment
 
@@ -380,8 +382,10 @@ def best(fmt, db_path):
     for e in db.entries:
         fp = current.get(e.arch, "")
         stale = "unknown" if fp.startswith("unavailable") else e.kernel_fingerprint != fp
+        choices = [dispatch.choose(e.backend_us, dispatch.host_us(e.device), mode) for mode in dispatch.MODES]
         out.append({**e.to_dict(), "stale": stale, "layer": db.layer_of(e.key),
-                    "shadows": [layer for layer, _ in db.shadowed(e.key)]})
+                    "shadows": [layer for layer, _ in db.shadowed(e.key)],
+                    "fastest_backend": {c.mode: c.backend for c in choices if c is not None}})
     if fmt == "json":
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -389,12 +393,15 @@ def best(fmt, db_path):
         for d in out:
             speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
             layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
+            fastest = " / ".join(dispatch.TITLES[d["fastest_backend"][m]] for m in dispatch.MODES
+                                 if m in d["fastest_backend"]) or None
             rows.append([d["key"], layer, _label(d["arch"], d["config"]), _fmt(d["us"]),
-                         _fmt(d["tflops"], 1), speed, _fmt(d["max_err"], 4),
+                         _fmt(d["tflops"], 1), speed, fastest, _fmt(d["max_err"], 4),
                          {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
                          d["date"]])
         _table(f"best configurations ({len(rows)})", ["key", "layer", "config", "us", "TFLOP/s", "speedup over",
-                                                      "max err", "stale", "from", "date"], rows)
+                                                      "fastest eager / captured", "max err", "stale", "from",
+                                                      "date"], rows)
     if db.errors:
         sys.exit(1)
 
