@@ -270,7 +270,8 @@ def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, 
 
 
 def test_help_version_and_verbosity(fake_compiles):
-    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"]):
+    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"],
+                 ["db", "-h"], ["db", "merge", "-h"], ["db", "import-bench", "-h"]):
         result = invoke(*args)
         assert result.exit_code == 0 and "Usage:" in result.stdout, args
     version = invoke("--version")
