@@ -62,7 +62,11 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     fingerprint = kernel_fingerprint(arch, api)
     # what fa4.attention reads: the layers (or the one file --db names), with its lookup rules
     db = BestConfigDB.load(db_path) if db_path is not None else BestConfigDB.load_layers()
+    for layer, path, error in db.errors:
+        progress.message(f"bench: the {layer} database {path} cannot be read ({error}); its entries are left out")
     unusable = db.unusable_entries(kernels.feasible)
+    for (layer, key), reasons in unusable.items():
+        progress.message(f"bench: entry {key}{f' ({layer})' if layer else ''} cannot be used: {'; '.join(reasons)}")
     limit = max_distance()
     rows: list[dict] = []
     tasks: dict[int, dict] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 
 import test_search_fakes as fakes
@@ -33,8 +34,10 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
                 AttentionProblem(seqlen_q=8192, seqlen_k=8192, **{**base, "batch": 64}),  # only stale/far
                 AttentionProblem(seqlen_q=1024, seqlen_k=1024, **{**base, "causal": False})]
     monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    said = io.StringIO()
     doc = run_bench("sm90", problems, db_path=str(db), peers=("sdpa_cudnn",), processes=2,
-                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True))
+                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(stream=said))
+    assert "sq1024|sk1024|w8 cannot be used: infeasible for the problem it was tuned on" in said.getvalue()
     rows = {(r["shape"].split("-")[6], r["shape"].split("-")[-1], r["variant"]): r for r in doc["rows"]}
     nearest = rows[("sq2048", "causal", "tuned")]
     assert nearest["lookup"] == "nearest" and nearest["outcome"] == "ok"
