@@ -481,7 +481,11 @@ class BestConfigDB:
         return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the whole database atomically (temp file + rename) under the lock."""
+        """Write the whole database atomically (temp file + rename) under the lock. A stack of layers
+        is a view: saving it would copy every layer's entries into one file, so it is refused."""
+        if len(self.layers) > 1:
+            raise DatabaseError("a stack of database layers cannot be saved: load the one file to change "
+                                "(BestConfigDB.load(path)) and save that")
         p = Path(path) if path is not None else (self.path or default_path())
         with _locked(p):
             atomic_write(p, self.to_json())

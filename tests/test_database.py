@@ -220,6 +220,8 @@ def test_layers_later_wins_per_key_unless_stale(tmp_path):
     found = db.lookup("sm90", H200, problem(sq=4096), "fp-1")
     assert (found.kind, found.layer, found.entry.config["tile_n"]) == ("exact", "packaged", 128)
     assert db.layer_of(k8192) == "user" and db.shadowed(k8192) == []
+    with pytest.raises(DatabaseError, match="cannot be saved"):  # a view, not a file
+        db.save(tmp_path / "all.json")
     # an entry found broken in one layer leaves the other layer's
     found = db.lookup("sm90", H200, problem(sq=1024), "fp-1", broken=frozenset({("user", k1024)}))
     assert (found.layer, found.entry.config["tile_n"]) == ("packaged", 128)
