@@ -14,6 +14,7 @@ run on CPU and meta tensors, which is how the CPU tests exercise them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,16 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
         if not isinstance(t, torch.Tensor):
             raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
+        # before anything reads sizes or strides: a nested tensor has neither, a sparse one no strides
+        if t.is_nested:
+            raise InvalidInputError(
+                f"{name} is a nested tensor; fa4.attention takes dense tensors ({LAYOUT}): pad the "
+                "sequences to one length (torch.nested.to_padded_tensor) and mask what the padding adds")
+        if t.layout != torch.strided:
+            raise InvalidInputError(
+                f"{name} has layout {t.layout}; fa4.attention takes dense (strided) tensors: call "
+                f".to_dense() on {name}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise InvalidInputError(
                 f"{name} must be 4-D, got {t.dim()}-D shape {tuple(t.shape)}; expected {LAYOUT}")
@@ -132,6 +143,10 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
     if heads_kv != heads_v:
         raise InvalidInputError(
             f"k and v must have the same number of heads, got k {heads_kv}, v {heads_v} (third dimension)")
+    if head_dim == 0:
+        raise InvalidInputError(
+            "head dim is 0 (last dimension): attention needs at least one feature per head; the "
+            "default scale 1/sqrt(head_dim) is undefined")
     if heads_q == 0 or heads_kv == 0:
         raise InvalidInputError(f"need at least one head, got heads_q={heads_q}, heads_kv={heads_kv}")
     if heads_q % heads_kv:
@@ -151,6 +166,57 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
         head_dim=head_dim, torch_dtype=dtype, device=q.device, unsupported=tuple(unsupported),
         needs_restride=needs_restride)
+
+
+def softmax_scale_value(softmax_scale) -> float | None:
+    """The scale as the kernels take it (a float), None for the default; InvalidInputError for what is
+    no finite number (NaN or an infinity would make every output NaN or every row one-hot)."""
+    if softmax_scale is None:
+        return None
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise InvalidInputError(
+            f"softmax_scale must be a number, got {type(softmax_scale).__name__} {softmax_scale!r}") from None
+    if not math.isfinite(scale):
+        raise InvalidInputError(f"softmax_scale must be finite, got {scale}")
+    return scale
+
+
+# CUDA's launch limits: gridDim.y and gridDim.z at most 65,535, gridDim.x (and the kernels' Int32 task
+# index) at most 2**31 - 1.
+GRID_YZ_LIMIT = 65_535
+GRID_X_LIMIT = 2**31 - 1
+
+
+def launch_reasons(config, problem: AttentionProblem) -> list[str]:
+    """Why launching `config` on `problem` would exceed CUDA's grid limits (empty: it would not).
+
+    The grids are those of the kernels' tile schedulers (kernels/sm90/scheduler.py `TileScheduler.grid`;
+    tests/test_checks.py holds this to that code): sm90 `single` launches (m_blocks, heads, batch),
+    where heads are KV heads when GQA packing folds the query heads into the tile rows; every other
+    scheduler, and every sm100 one, a 1-D grid of at most one CTA per tile, its tiles numbered by a
+    32-bit index. This belongs in the
+    families' `resource_reasons`; it lives here because changing the kernel package changes the
+    fingerprint of every tuned entry.
+    """
+    reasons = []
+    batch, heads_q = max(problem.batch, 1), max(problem.heads_q, 1)
+    rows, heads = problem.seqlen_q, heads_q
+    if config.arch == "sm90" and config.pack_gqa and problem.gqa_ratio > 1:
+        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
+    m_blocks = -(-max(rows, 1) // config.tile_m)  # sm100 tiles hold q_stages x 128 rows: an upper bound
+    if config.arch == "sm90" and config.scheduler == "single":
+        for what, count in (("heads", heads), ("batch", batch)):
+            if count > GRID_YZ_LIMIT:
+                reasons.append(f"scheduler=single launches a grid of (m blocks, heads, batch): {what} {count} > "
+                               f"CUDA's limit of {GRID_YZ_LIMIT} for the grid's y and z (single_lpt runs the "
+                               "same tiles on a 1-D grid)")
+        if m_blocks > GRID_X_LIMIT:
+            reasons.append(f"{m_blocks} m blocks > {GRID_X_LIMIT}, CUDA's limit for the grid's x")
+    elif m_blocks * heads * batch > GRID_X_LIMIT:
+        reasons.append(f"{m_blocks * heads * batch} tiles > {GRID_X_LIMIT}, the most one launch can index")
+    return reasons
 
 
 def device_reasons(spec: InputSpec) -> list[str]:

@@ -3,14 +3,28 @@
 The harness (`fa4tune search`) writes it; the runtime (`fa4.attention`) reads it. It lives here, in the
 runtime package, because reading it must not need the harness.
 
-Where: the package ships one as package data (`packaged_path()`, read-only, a copy of the repository's
-`results/best_configs.json`); a search writes the user's own in the results directory (`user_path()`,
-`$FA4TUNE_HOME` or `~/.cache/fa4tune`); `$FA4_CONFIG_DB` names another. `default_path()` is what the
-runtime reads.
+Where, in layers (`default_layers()`), later layers winning per key:
+1. "packaged": shipped as package data (`packaged_path()`, read-only, a copy of the repository's
+   `results/best_configs.json`);
+2. "user": the user's own, which `fa4tune search` writes (`default_path()`: `$FA4_CONFIG_DB` when set,
+   else `user_path()`, `best_configs.json` in `$FA4TUNE_HOME` or `~/.cache/fa4tune`). It holds only
+   what was tuned here.
+Per key the latest layer's entry wins, unless it is stale (another kernel fingerprint) and a lower
+layer's is current: a stale tuning never hides a current one. `BestConfigDB.load(path)` reads one file
+alone (`fa4tune ... --db`, `fa4.use_config_db(path)`); `BestConfigDB.load_layers()` the stack.
+`merge_databases` combines files from several machines (`fa4tune db merge`): per key the current
+entry beats a stale one, then the faster wins.
 
-File format (schema 1), JSON with sorted keys and two-space indentation:
+Nearest-bucket lookup follows rules a user can check in `fa4.explain`: only entries of the same
+device (another GPU model's tuning is reported, never used), at most `max_distance` (log2 bucket
+distance, default `DEFAULT_MAX_DISTANCE`, `$FA4_MAX_BUCKET_DISTANCE`), and only a configuration that
+beat the heuristic default at its own shape by more than `NEIGHBOUR_MIN_GAIN` (timing noise): where
+it did not, the default, which adapts to the shape, is the better guess.
 
-    {"schema": 1,
+File format (schema 2; schema 1, the same without `backend_us` and `backend_source`, is read too),
+JSON with sorted keys and two-space indentation:
+
+    {"schema": 2,
      "entries": [ {entry}, ... ]}          # sorted by entry key
 
 One entry (every field is written; `key` is derived and checked on load):
@@ -27,6 +41,11 @@ One entry (every field is written; `key` is derived and checked on load):
     default_us          the heuristic default configuration on the same run, or null
     speedup             {peer_name: peer_us / us} for every peer timed in the run, plus "default"
     max_err             max |out - fp32 reference| of the tuned config
+    backend_us          {implementation: GPU us} of every implementation timed at this shape in one run:
+                        "ours" (this entry's configuration) and the peers (`fa4.dispatch.PEERS`);
+                        from the search (`us` and the peers it timed) or a bench (`fa4tune db
+                        import-bench`); what `fa4.dispatch` judges the fastest backend from
+    backend_source      where backend_us comes from: "search" or "bench <date>"
     kernel_fingerprint  `fa4.kernels.source_fingerprint(arch)` when tuned; a different current
                         fingerprint makes the entry stale: reported, never trusted by lookup
     versions            {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}
@@ -45,6 +64,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,15 +72,27 @@ from typing import Any, Iterator, Mapping, Optional
 
 from fa4.files import atomic_write, exclusive_lock
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # schema 1 lacks backend_us and backend_source, which default to empty
 ENV_VAR = "FA4_CONFIG_DB"
 HOME_ENV_VAR = "FA4TUNE_HOME"
+MAX_DISTANCE_ENV_VAR = "FA4_MAX_BUCKET_DISTANCE"
 DEFAULT_FILENAME = "best_configs.json"
+PACKAGED, USER = "packaged", "user"   # layer names, lowest first
+
+# Nearest-bucket limit, in log2 bucket steps summed over (seqlen_q, seqlen_k, batch x KV heads): 2 is
+# one doubling of the sequence length (query and key together) or a factor 4 in batch x KV heads.
+# Further away a tuning says little: tile and scheduler choices follow the number of tiles per SM.
+DEFAULT_MAX_DISTANCE = 2.0
+# A neighbour's configuration is used only when it beat the heuristic default at its own shape by
+# more than this fraction; below it the difference is timing noise (repeats move by ~1 %).
+NEIGHBOUR_MIN_GAIN = 0.01
 
 __all__ = [
     "SCHEMA_VERSION", "ENV_VAR", "DatabaseError", "Entry", "Lookup", "BestConfigDB",
-    "bucket", "entry_key", "default_path", "packaged_path", "user_path", "user_results_dir", "record",
-    "stale_entries", "utc_now",
+    "bucket", "entry_key", "default_path", "default_layers", "packaged_path", "user_path",
+    "user_results_dir", "record", "stale_entries", "utc_now", "merge_databases", "max_distance",
+    "entry_problems", "PACKAGED", "USER", "DEFAULT_MAX_DISTANCE", "NEIGHBOUR_MIN_GAIN",
 ]
 
 
@@ -121,6 +153,8 @@ class Entry:
     date: str = ""
     study: str = ""
     trial: Optional[int] = None
+    backend_us: dict = field(default_factory=dict)
+    backend_source: str = ""
 
     @classmethod
     def from_result(cls, *, arch: str, device: str, problem: Any, config: Mapping[str, Any],
@@ -131,6 +165,7 @@ class Entry:
         """Build an entry from a measured result; speedups are computed here, one per timed peer."""
         speedup = {name: round(p_us / us, 4) for name, p_us in peers_us.items()
                    if p_us is not None and us > 0}
+        timed = {name: float(p_us) for name, p_us in peers_us.items() if p_us is not None}
         if default_us is not None and us > 0:
             speedup["default"] = round(default_us / us, 4)
         return cls(
@@ -140,7 +175,9 @@ class Entry:
             work_bucket=bucket(_work(problem)), problem=dict(problem.to_dict()), config=dict(config),
             us=float(us), tflops=float(tflops), default_us=default_us, speedup=speedup,
             max_err=max_err, kernel_fingerprint=kernel_fingerprint, versions=dict(versions),
-            date=date or utc_now(), study=study, trial=trial)
+            date=date or utc_now(), study=study, trial=trial,
+            backend_us={"ours": float(us), **timed} if timed else {},
+            backend_source="search" if timed else "")
 
     @property
     def key(self) -> str:
@@ -187,16 +224,20 @@ class Entry:
 class Lookup:
     """The answer of `BestConfigDB.lookup`.
 
-    kind: "exact" (same bucket, same device), "nearest" (closest compatible bucket) or "default"
-    (nothing usable: run `fa4.kernels.default_config`). entry: the chosen entry or None. stale: the
-    entries that would have been candidates but carry another kernel fingerprint. distance: log2
-    distance of the chosen entry over (seqlen_q, seqlen_k, work) buckets (0 for exact).
+    kind: "exact" (same bucket, same device), "nearest" (closest usable bucket of the same device) or
+    "default" (nothing usable: run `fa4.kernels.default_config`). entry: the chosen entry or None.
+    stale: the entries that would have been candidates but carry another kernel fingerprint.
+    distance: log2 distance of the chosen entry over (seqlen_q, seqlen_k, work) buckets (0 for
+    exact). layer: the layer the entry came from. passed_over: why nearer entries were not used
+    (another device, too far, lost to the default), one line each, for `fa4.explain`.
     """
 
     kind: str
     entry: Optional[Entry]
     stale: tuple = ()
     distance: float = 0.0
+    layer: Optional[str] = None
+    passed_over: tuple = ()
 
 
 def packaged_path() -> Path:
@@ -221,13 +262,30 @@ def user_path() -> Path:
 
 
 def default_path() -> Path:
-    """The database the runtime reads: `$FA4_CONFIG_DB` when set, else the user's own (`user_path`, which
-    a search starts as a copy of the packaged one) when it exists, else the packaged one."""
+    """The user's database, the one `fa4tune search` records into: `$FA4_CONFIG_DB` when set, else
+    `user_path()`. The runtime reads it over the packaged one (`default_layers`)."""
     env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env)
-    mine = user_path()
-    return mine if mine.is_file() else packaged_path()
+    return Path(env) if env else user_path()
+
+
+def default_layers() -> list[tuple[str, Path]]:
+    """[(layer name, path)], lowest first: the packaged database, then the user's (`default_path`)."""
+    return [(PACKAGED, packaged_path()), (USER, default_path())]
+
+
+def max_distance() -> float:
+    """The nearest-bucket limit: `$FA4_MAX_BUCKET_DISTANCE` when set (a number >= 0), else
+    `DEFAULT_MAX_DISTANCE`. A malformed value raises ValueError naming the variable."""
+    text = os.environ.get(MAX_DISTANCE_ENV_VAR, "").strip()
+    if not text:
+        return DEFAULT_MAX_DISTANCE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # also NaN
+        raise ValueError(f"${MAX_DISTANCE_ENV_VAR}={text!r}: want a number >= 0 (log2 bucket steps)")
+    return value
 
 
 def _log2_distance(a: Entry, sq_b: int, sk_b: int, work_b: int) -> float:
@@ -237,29 +295,73 @@ def _log2_distance(a: Entry, sq_b: int, sk_b: int, work_b: int) -> float:
 
 
 class BestConfigDB:
-    """An in-memory view of the database file. Load with `BestConfigDB.load(path)`."""
+    """An in-memory view of one database file (`BestConfigDB.load(path)`) or of a stack of layers
+    (`BestConfigDB.load_layers()`). `entries` are the top entry per key; lookup chooses per key the
+    highest layer's entry that is current (see the module docstring)."""
 
-    def __init__(self, entries: Mapping[str, Entry] | None = None, path: Optional[Path] = None):
+    def __init__(self, entries: Mapping[str, Entry] | None = None, path: Optional[Path] = None,
+                 layer: Optional[str] = None):
         self._entries: dict[str, Entry] = dict(entries or {})
         self.path = path
+        self.layer = layer
+        # lower layers' entries under the top one, per key, lowest first (empty for one file)
+        self._below: dict[str, list[tuple[Optional[str], Entry]]] = {}
+        self._layer_of: dict[str, Optional[str]] = {k: layer for k in self._entries}
+        # [(layer name, path, entry count or None, error or None)], lowest first
+        self.layers: list[tuple[Optional[str], Optional[Path], Optional[int], Optional[str]]] = (
+            [(layer, path, len(self._entries), None)] if path is not None else [])
 
     # ---- reading ------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None) -> "BestConfigDB":
-        """Read the file (a missing file is an empty database; a corrupt one raises DatabaseError)."""
+    def load(cls, path: str | os.PathLike | None = None, layer: Optional[str] = None) -> "BestConfigDB":
+        """Read one file (a missing file is an empty database; a corrupt one, or a path that is not a
+        regular file, raises DatabaseError). `path=None`: the user's database (`default_path`)."""
         p = Path(path) if path is not None else default_path()
-        if not p.exists():
-            return cls({}, p)
+        try:
+            mode = p.stat().st_mode
+        except FileNotFoundError:
+            return cls({}, p, layer)
+        except OSError as exc:
+            raise DatabaseError(f"cannot read best-config database {p}: {exc}") from exc
+        if not stat.S_ISREG(mode):  # a FIFO would block the reader forever, a directory cannot be read
+            raise DatabaseError(f"best-config database {p} is not a regular file")
         try:
             text = p.read_text()
             data = json.loads(text) if text.strip() else {"schema": SCHEMA_VERSION, "entries": []}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DatabaseError(f"cannot read best-config database {p}: {exc}") from exc
-        return cls(_parse(data, p), p)
+        return cls(_parse(data, p), p, layer)
+
+    @classmethod
+    def load_layers(cls, layers: Optional[list[tuple[str, Path]]] = None) -> "BestConfigDB":
+        """The stack of `layers` ([(name, path)], lowest first; default `default_layers()`). A layer
+        that cannot be read is left out and listed in `self.layers` with its error, so a broken user
+        database does not hide the packaged one."""
+        stacked = cls()
+        for name, path in (default_layers() if layers is None else layers):
+            try:
+                db = cls.load(path, name)
+            except DatabaseError as exc:
+                stacked.layers.append((name, Path(path), None, str(exc)))
+                continue
+            stacked.layers.append((name, Path(path), len(db), None))
+            for key, entry in db._entries.items():
+                if key in stacked._entries:
+                    stacked._below.setdefault(key, []).append((stacked._layer_of[key], stacked._entries[key]))
+                stacked._entries[key] = entry
+                stacked._layer_of[key] = name
+        readable = [p for _, p, n, err in stacked.layers if err is None]
+        stacked.path = readable[-1] if readable else None
+        return stacked
+
+    @property
+    def errors(self) -> list[tuple[str, Path, str]]:
+        """[(layer, path, error)] of the layers that could not be read."""
+        return [(name, path, err) for name, path, _, err in self.layers if err is not None]
 
     @property
     def entries(self) -> list[Entry]:
-        """All entries, sorted by key."""
+        """All entries, sorted by key (the top layer's per key)."""
         return [self._entries[k] for k in sorted(self._entries)]
 
     def __len__(self) -> int:
@@ -271,31 +373,87 @@ class BestConfigDB:
     def get(self, key: str) -> Optional[Entry]:
         return self._entries.get(key)
 
-    def lookup(self, arch: str, device_name: str, problem: Any,
-               fingerprint: Optional[str] = None) -> Lookup:
+    def layer_of(self, key: str) -> Optional[str]:
+        """The layer the top entry of `key` comes from."""
+        return self._layer_of.get(key)
+
+    def shadowed(self, key: str) -> list[tuple[Optional[str], Entry]]:
+        """The lower layers' entries of `key` that the top one hides, lowest first."""
+        return list(self._below.get(key, ()))
+
+    def unusable_entries(self, feasible: Optional[Any] = None) -> dict[tuple[Optional[str], str], list[str]]:
+        """{(layer, key): reasons} of every entry of every layer that cannot be used at all
+        (`entry_problems`); pass its keys to `lookup(broken=...)`."""
+        found = {}
+        for key in sorted(self._entries):
+            for layer, entry in self.shadowed(key) + [(self._layer_of.get(key), self._entries[key])]:
+                problems = entry_problems(entry, feasible)
+                if problems:
+                    found[(layer, key)] = problems
+        return found
+
+    def candidate(self, key: str, fingerprint: Optional[str],
+                  broken: frozenset = frozenset()) -> Optional[tuple[Optional[str], Entry]]:
+        """(layer, entry) lookup uses for `key`: the highest layer's current entry, else the highest
+        stale one (reported as stale, never used); entries listed in `broken` ((layer, key)) are
+        skipped. None when the key has no entry left."""
+        if key not in self._entries:
+            return None
+        stack = self._below.get(key, []) + [(self._layer_of.get(key), self._entries[key])]
+        usable = [(layer, e) for layer, e in stack if (layer, key) not in broken]
+        for layer, e in reversed(usable):
+            if not e.is_stale(fingerprint):
+                return layer, e
+        return usable[-1] if usable else None
+
+    def lookup(self, arch: str, device_name: str, problem: Any, fingerprint: Optional[str] = None, *,
+               max_distance: float = math.inf, broken: frozenset = frozenset()) -> Lookup:
         """The best known configuration for a problem on a device.
 
-        Exact: same bucket key. Nearest: same arch, dtype, head_dim, gqa_ratio and causal flag,
-        entries of the same device preferred, then the minimal log2 distance over (seqlen_q,
-        seqlen_k, work) buckets. Entries whose kernel fingerprint differs from `fingerprint` are
+        Exact: same bucket key. Nearest: the closest bucket (minimal log2 distance over (seqlen_q,
+        seqlen_k, work) buckets, ties by key) of the same arch, device, dtype, head_dim, gqa_ratio and
+        causal flag, used only within `max_distance` and when its configuration beat the default at
+        its own shape by more than `NEIGHBOUR_MIN_GAIN` (`Lookup.passed_over` says why not). Entries of
+        other devices are never used. Entries whose kernel fingerprint differs from `fingerprint` are
         never returned; they are listed in `Lookup.stale`. `fingerprint=None` trusts every entry.
+        `broken`: (layer, key) of entries the caller found unusable (`entry_problems`).
         """
         key = entry_key(arch, device_name, problem)
         sq_b, sk_b, work_b = bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem))
-        compatible = [e for e in self._entries.values()
-                      if e.arch == arch and e.dtype == problem.dtype
-                      and e.head_dim == int(problem.head_dim) and e.gqa_ratio == int(problem.gqa_ratio)
-                      and e.causal == bool(problem.causal)]
-        stale = tuple(sorted((e for e in compatible if e.is_stale(fingerprint)), key=lambda e: e.key))
-        fresh = [e for e in compatible if not e.is_stale(fingerprint)]
-        exact = self._entries.get(key)
-        if exact is not None and not exact.is_stale(fingerprint):
-            return Lookup("exact", exact, stale, 0.0)
-        if not fresh:
-            return Lookup("default", None, stale)
-        best = min(fresh, key=lambda e: (e.device != device_name,
-                                         _log2_distance(e, sq_b, sk_b, work_b), e.key))
-        return Lookup("nearest", best, stale, _log2_distance(best, sq_b, sk_b, work_b))
+        stale: list[tuple[Optional[str], Entry]] = []
+        fresh: list[tuple[Optional[str], Entry]] = []
+        for k, top in self._entries.items():
+            if not (top.arch == arch and top.dtype == problem.dtype and top.head_dim == int(problem.head_dim)
+                    and top.gqa_ratio == int(problem.gqa_ratio) and top.causal == bool(problem.causal)):
+                continue
+            found = self.candidate(k, fingerprint, broken)
+            if found is None:
+                continue
+            (fresh if not found[1].is_stale(fingerprint) else stale).append(found)
+        stale_entries = tuple(sorted((e for _, e in stale), key=lambda e: e.key))
+        for layer, e in fresh:
+            if e.key == key:
+                return Lookup("exact", e, stale_entries, 0.0, layer)
+        passed: list[str] = []
+        others = sorted({e.device for _, e in fresh if e.device != device_name})
+        if others:
+            passed.append(f"entries tuned on {', '.join(others)} exist for this kind of problem; they are "
+                          f"not used on {device_name} (another GPU model)")
+        mine = sorted(((_log2_distance(e, sq_b, sk_b, work_b), e.key, layer, e)
+                       for layer, e in fresh if e.device == device_name), key=lambda t: t[:2])
+        if not mine:
+            return Lookup("default", None, stale_entries, passed_over=tuple(passed))
+        distance, _, layer, best = mine[0]
+        if distance > max_distance:
+            passed.append(f"the nearest entry, {best.key}, is {distance:g} log2 bucket steps away, past the "
+                          f"limit of {max_distance:g} (${MAX_DISTANCE_ENV_VAR})")
+            return Lookup("default", None, stale_entries, passed_over=tuple(passed))
+        lost = neighbour_lost_to_default(best)
+        if lost:
+            passed.append(f"the nearest entry, {best.key}, {lost}: the default, which adapts to the shape, "
+                          "is preferred")
+            return Lookup("default", None, stale_entries, passed_over=tuple(passed))
+        return Lookup("nearest", best, stale_entries, distance, layer, tuple(passed))
 
     def stale_entries(self, fingerprints: Mapping[str, str]) -> list[Entry]:
         """Entries whose arch has a current fingerprint in `fingerprints` that differs from theirs."""
@@ -309,15 +467,25 @@ class BestConfigDB:
         if (old is None or old.kernel_fingerprint != entry.kernel_fingerprint
                 or entry.us < old.us):
             self._entries[entry.key] = entry
+            self._layer_of[entry.key] = self.layer
             return True
         return False
+
+    def put(self, entry: Entry) -> None:
+        """Store `entry` for its key, replacing the one there (in memory; `save` writes)."""
+        self._entries[entry.key] = entry
+        self._layer_of[entry.key] = self.layer
 
     def to_json(self) -> str:
         doc = {"schema": SCHEMA_VERSION, "entries": [e.to_dict() for e in self.entries]}
         return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the whole database atomically (temp file + rename) under the lock."""
+        """Write the whole database atomically (temp file + rename) under the lock. A stack of layers
+        is a view: saving it would copy every layer's entries into one file, so it is refused."""
+        if len(self.layers) > 1:
+            raise DatabaseError("a stack of database layers cannot be saved: load the one file to change "
+                                "(BestConfigDB.load(path)) and save that")
         p = Path(path) if path is not None else (self.path or default_path())
         with _locked(p):
             atomic_write(p, self.to_json())
@@ -336,6 +504,56 @@ def record(entry: Entry, path: str | os.PathLike | None = None) -> bool:
     return changed
 
 
+def neighbour_lost_to_default(entry: Entry) -> Optional[str]:
+    """Why a neighbour's configuration should not be borrowed (it did not beat the heuristic default
+    at its own shape by more than `NEIGHBOUR_MIN_GAIN`), or None. Unknown `default_us`: None."""
+    if entry.default_us is None or entry.us <= 0:
+        return None
+    if entry.default_us <= entry.us * (1.0 + NEIGHBOUR_MIN_GAIN):
+        return (f"did not beat the default there ({entry.us:.2f} us vs the default's "
+                f"{entry.default_us:.2f} us, under {NEIGHBOUR_MIN_GAIN:.0%} apart)")
+    return None
+
+
+def entry_problems(entry: Entry, feasible: Optional[Any] = None) -> list[str]:
+    """Why an entry cannot be used at all, whatever the problem: its architecture is unknown, its
+    configuration names an unknown knob or a value out of range, or it cannot run the problem it was
+    tuned on. Empty: usable. Reads the knob model of `fa4.kernels` and its feasibility (`feasible`:
+    another `feasible(config, problem)`, the harness's kernel API)."""
+    from fa4 import kernels
+
+    if entry.arch not in kernels.ARCHS:
+        return [f"unknown architecture {entry.arch!r} (known: {', '.join(kernels.ARCHS)})"]
+    try:
+        config = kernels.Config.from_dict(entry.arch, entry.config)
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"configuration: {exc}"]
+    try:
+        problem = kernels.AttentionProblem(**entry.problem)
+    except (ValueError, TypeError) as exc:
+        return [f"problem: {exc}"]
+    return [f"infeasible for the problem it was tuned on: {r}"
+            for r in (feasible or kernels.feasible)(config, problem)]
+
+
+def merge_databases(databases: list["BestConfigDB"], fingerprints: Mapping[str, Optional[str]]) -> "BestConfigDB":
+    """One database from several (e.g. tuned on several machines): per key, an entry with the current
+    kernel fingerprint of its arch (`fingerprints`; an arch missing or None: every entry counts as
+    current) beats a stale one whatever their times, then the faster wins (ties: the earlier
+    database). Entries are not checked against each other's devices: the device is in the key."""
+    merged = BestConfigDB()
+    for db in databases:
+        for entry in db.entries:
+            old = merged.get(entry.key)
+            if old is None or _merge_rank(entry, fingerprints) < _merge_rank(old, fingerprints):
+                merged.put(entry)
+    return merged
+
+
+def _merge_rank(entry: Entry, fingerprints: Mapping[str, Optional[str]]) -> tuple[bool, float]:
+    return entry.is_stale(fingerprints.get(entry.arch)), entry.us
+
+
 def stale_entries(fingerprints: Mapping[str, str], path: str | os.PathLike | None = None) -> list[Entry]:
     return BestConfigDB.load(path).stale_entries(fingerprints)
 
@@ -343,8 +561,12 @@ def stale_entries(fingerprints: Mapping[str, str], path: str | os.PathLike | Non
 def _parse(data: Any, path: Path) -> dict[str, Entry]:
     if not isinstance(data, dict) or "entries" not in data:
         raise DatabaseError(f"{path}: not a best-config database (no 'entries')")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise DatabaseError(f"{path}: schema {data.get('schema')!r}, this fa4 reads schema {SCHEMA_VERSION}")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise DatabaseError(f"{path}: schema {data.get('schema')!r}, this fa4 reads schemas "
+                            f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    if data.get("schema") == 1 and any(isinstance(e, dict) and ("backend_us" in e or "backend_source" in e)
+                                       for e in data["entries"]):
+        raise DatabaseError(f"{path}: schema 1 has no backend_us or backend_source")
     if not isinstance(data["entries"], list):
         raise DatabaseError(f"{path}: 'entries' must be a list")
     out: dict[str, Entry] = {}

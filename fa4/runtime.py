@@ -75,6 +75,7 @@ class _State:
         self.db: Any = None
         self.db_loaded = False
         self.db_error: str | None = None
+        self.db_broken: frozenset = frozenset()  # (layer, key) of entries that cannot be used
         self.fingerprints: dict[str, str] = {}
         self.devices: dict[int, tuple[str | None, str, tuple[int, int]]] = {}
         self.warned: set[str] = set()
@@ -112,14 +113,15 @@ def _forget_signatures() -> None:
 
 
 def use_config_db(path: str | os.PathLike | None) -> None:
-    """Use another best-config database file for the rest of the process (None: the default, i.e.
-    `fa4.database.default_path()`: `$FA4_CONFIG_DB`, else the user's tuned database, else the packaged
-    one). Forgets cached choices."""
+    """Use exactly this best-config database file for the rest of the process, no other layer (None:
+    the default layers, `fa4.database.default_layers()`: the packaged database, then the user's,
+    `$FA4_CONFIG_DB` or the results directory's). Forgets cached choices."""
     with _STATE.lock:
         _STATE.db_path = None if path is None else os.fspath(path)
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
+        _STATE.db_broken = frozenset()
         _forget_signatures()
 
 
@@ -130,6 +132,7 @@ def reset_caches(compiled: bool = False) -> None:
         _STATE.db = None
         _STATE.db_loaded = False
         _STATE.db_error = None
+        _STATE.db_broken = frozenset()
         _STATE.fingerprints.clear()
         _STATE.warned.clear()
         if compiled:
@@ -146,27 +149,62 @@ def cache_info() -> dict[str, int]:
 
 
 def _database():
-    """The loaded database, or None when it cannot be read (warned once; defaults are used)."""
+    """The loaded database (the default layers, or the one file `use_config_db` named), or None when
+    nothing of it can be read. Each layer that cannot be read and each entry that cannot be used is
+    warned about once, naming the file or the entry (a warning's tag holds the file's identity, so a
+    second broken database in the same process warns too); the rest is used."""
     if _STATE.db_loaded:
         return _STATE.db
     with _STATE.lock:
         if _STATE.db_loaded:
             return _STATE.db
-        try:
-            from fa4 import database
+        from fa4 import database
 
-            _STATE.db = database.BestConfigDB.load(_STATE.db_path)
-            _STATE.db_error = None
-            if _STATE.db.path is not None and not os.path.exists(_STATE.db.path):
-                _warn_once("db-missing", f"fa4: best-config database {_STATE.db.path} does not exist; "
-                                         "running heuristic default configurations")
+        try:
+            if _STATE.db_path is None:
+                db = database.BestConfigDB.load_layers()
+            else:
+                db = database.BestConfigDB.load(_STATE.db_path)
+                if not os.path.exists(db.path):
+                    _warn_once(f"db-missing:{db.path}", f"fa4: best-config database {db.path} does not exist; "
+                                                        "running heuristic default configurations")
         except Exception as exc:  # a broken database must never break a forward pass
-            _STATE.db = None
+            _STATE.db, _STATE.db_broken = None, frozenset()
             _STATE.db_error = f"{type(exc).__name__}: {exc}"
-            _warn_once("db-error", f"fa4: cannot use the best-config database ({_STATE.db_error}); "
-                                   "running heuristic default configurations instead")
+            _warn_once(f"db-error:{_file_identity(_STATE.db_path)}",
+                       f"fa4: cannot use the best-config database ({_STATE.db_error}); running heuristic "
+                       "default configurations instead")
+            _STATE.db_loaded = True
+            return None
+        for layer, path, error in db.errors:
+            _warn_once(f"db-error:{_file_identity(path)}",
+                       f"fa4: cannot use the {layer} best-config database ({error}); its entries are ignored")
+        _STATE.db_error = "; ".join(f"{layer}: {error}" for layer, _, error in db.errors) or None
+        _STATE.db_broken = _broken_entries(db)
+        _STATE.db = db
         _STATE.db_loaded = True
-        return _STATE.db
+        return db
+
+
+def _file_identity(path) -> str:
+    """A path with its modification time and size, so a rewritten file counts as another database."""
+    try:
+        st = os.stat(path)
+        return f"{os.fspath(path)}@{st.st_mtime_ns}:{st.st_size}"
+    except (OSError, TypeError):
+        return str(path)
+
+
+def _broken_entries(db) -> frozenset:
+    """(layer, key) of the entries of every layer that cannot be used at all (unknown knob or value,
+    unknown arch, infeasible where tuned), each warned about once by name; lookup skips them."""
+    unusable = db.unusable_entries()
+    for (layer, key), problems in unusable.items():
+        where = f"the {layer} database" if layer else f"{db.path}"
+        _warn_once(f"db-entry:{_file_identity(db.path)}:{layer}:{key}",
+                   f"fa4: best-config entry {key} in {where} cannot be used ({'; '.join(problems)}); "
+                   "it is skipped")
+    return frozenset(unusable)
 
 
 def _fingerprint(arch: str) -> str | None:
@@ -212,11 +250,15 @@ class Explanation:
     source: str | None = None      # "forced", "exact", "nearest", "default"
     entry: Any = None              # the database entry used, if any
     distance: float | None = None  # log2 bucket distance of a nearest entry
-    database: str | None = None    # which database file, and its state
+    layer: str | None = None       # the database layer of the entry ("packaged", "user"; None: one file)
+    database: str | None = None    # which database file(s), and their state
     compile_key: tuple | None = None
     compiled: bool = False         # already compiled in this process
     reasons: list[str] = field(default_factory=list)  # why our kernel does not run (sdpa path)
     notes: list[str] = field(default_factory=list)
+    # what fastest-backend dispatch would run, per mode ("eager", "graph"), from the entry's measured
+    # times (`fa4.dispatch.Choice`); empty when nothing was measured at this bucket
+    backends: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"fa4.attention on {self.problem} ({self.device}"
@@ -227,6 +269,12 @@ class Explanation:
             lines.append(f"  configuration: {self.config.label()}")
             lines.append(f"  chosen by: {self._source_text()}")
             lines.append(f"  compiled: {'yes, cached in this process' if self.compiled else 'not yet (compiles on first call)'}")
+            if self.backends:
+                lines.append(f"  fastest backend, measured at this bucket ({self.entry.backend_source}):")
+                lines += [f"    {choice}" for choice in self.backends]
+                if any(c.backend != "ours" for c in self.backends):
+                    lines.append("    fa4.attention runs our kernel all the same: dispatch to other backends is "
+                                 "not switched on yet")
         elif self.path == "sdpa":
             lines.append("  runs: torch SDPA (fallback='sdpa'), because:")
             lines += [f"    - {r}" for r in self.reasons]
@@ -247,6 +295,8 @@ class Explanation:
         e = self.entry
         what = "exact database hit" if self.source == "exact" else (
             f"nearest database bucket (log2 distance {self.distance:.2f})")
+        if self.layer:
+            what += f" in the {self.layer} database"
         facts = [f"tuned on {e.device}", f"{e.us:.1f} us", f"{e.tflops:.0f} TFLOP/s"]
         facts += [f"{v:.2f}x vs {k}" for k, v in sorted(e.speedup.items())]
         return f"{what} {e.key} ({', '.join(facts)}; {e.date})"
@@ -279,7 +329,11 @@ def _coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
             except ValueError as exc:
                 raise InvalidInputError(f"config= {exc}") from exc
             return _coerce_config(values, arch, problem)
-        return _config_from_str(config, arch)
+        if config.split(";")[0] in kernels.ARCHS and ";" in config:  # a Config that crossed the op
+            return _config_from_str(config, arch)
+        raise InvalidInputError(
+            f"config={config!r} is not a configuration label: want name=value pairs as fa4tune and "
+            f"fa4.explain print them, e.g. config='tile_n=80 softmax_overlap=off'")
     if isinstance(config, Mapping):
         try:
             return config_text.with_values(kernels.default_config(arch, problem), config)
@@ -306,12 +360,21 @@ def _knobs_from_str(text: str) -> dict:
     values = {}
     for part in text.split(";")[1:]:
         name, _, value = part.partition("=")
-        values[name] = ast.literal_eval(value)
+        try:
+            values[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise InvalidInputError(f"config={text!r}: cannot read the value of {name!r} ({value!r}); "
+                                    "write the configuration as a label, e.g. 'tile_n=80'") from None
     return values
 
 
 def _config_from_str(text: str, arch: str) -> Config:
-    config = Config.from_dict(text.split(";")[0], _knobs_from_str(text))
+    try:
+        config = Config.from_dict(text.split(";")[0], _knobs_from_str(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, InvalidInputError):
+            raise
+        raise InvalidInputError(f"config={text!r}: {exc}") from exc
     if config.arch != arch:
         raise InvalidInputError(f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
     return config
@@ -366,8 +429,14 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
     elif spec.has_no_keys:
         expl.path = "no_keys"
     if expl.path != "kernel":
+        if config is not None and arch is not None and spec.dtype is not None:
+            # a malformed config= is an error even where nothing launches
+            _coerce_config(config, arch, spec.problem(causal, return_lse))
         if config is not None and expl.path == "sdpa":
-            notes.append("config= is ignored: the kernel does not run")
+            message = ("fa4: config= is ignored: PyTorch SDPA runs (fallback='sdpa') because "
+                       + "; ".join(reasons))
+            notes.append(message[len("fa4: "):])
+            _warn_once("sdpa-config:" + "|".join(reasons), message)
         return _Plan(expl, spec, None, causal, return_lse)
 
     problem = spec.problem(causal, return_lse)
@@ -389,7 +458,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
     if config is not None:
         cfg = _coerce_config(config, arch, problem)
-        why = kernels.feasible(cfg, problem)
+        why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
         if why:
             raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
         expl.config, expl.source = cfg, "forced"
@@ -399,10 +468,11 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
     if db is None:
         expl.database = f"unusable ({_STATE.db_error}); defaults are used"
     else:
-        expl.database = f"{db.path} ({len(db)} entries)"
+        expl.database = _describe_database(db)
         fingerprint = _fingerprint(arch)
         try:
-            found = db.lookup(arch, device_name, problem, fingerprint)
+            found = db.lookup(arch, device_name, problem, fingerprint, max_distance=_max_distance(),
+                              broken=_STATE.db_broken)
         except Exception as exc:  # a malformed entry must not break a forward pass either
             _warn_once("db-lookup", f"fa4: best-config database lookup failed ({type(exc).__name__}: "
                                     f"{exc}); running heuristic default configurations")
@@ -417,23 +487,57 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                        f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
             expl.notes.append(message)
             _warn_once("stale:" + "|".join(e.key for e in found.stale), message)
+        if found is not None:
+            expl.notes += list(found.passed_over)
         if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
             try:
                 cfg = Config.from_dict(arch, found.entry.config)
-                why = kernels.feasible(cfg, problem)
+                why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
             except (ValueError, KeyError, TypeError) as exc:  # knobs renamed since the tuning
                 cfg, why = None, [str(exc)]
             if not why:
                 expl.config, expl.source, expl.entry = cfg, found.kind, found.entry
-                expl.distance = found.distance
+                expl.distance, expl.layer = found.distance, found.layer
                 return
             expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
                               f"({'; '.join(why)}); using the heuristic default")
     expl.config, expl.source = kernels.default_config(arch, problem), "default"
-    why = kernels.feasible(expl.config, problem)
+    too_big = checks.launch_reasons(expl.config, problem)
+    if too_big and expl.config.scheduler == "single":
+        # the same tiles, one CTA each, on a 1-D grid: our choice of default, not the user's, so it is
+        # adjusted (and said), where a forced or tuned configuration is refused
+        adjusted = expl.config.replace(scheduler="single_lpt")
+        if not kernels.feasible(adjusted, problem) and not checks.launch_reasons(adjusted, problem):
+            expl.notes.append(f"the heuristic default's scheduler=single cannot launch this shape "
+                              f"({'; '.join(too_big)}): scheduler=single_lpt runs the same tiles instead")
+            expl.config, too_big = adjusted, []
+    why = kernels.feasible(expl.config, problem) + too_big
     if why:
         raise UnsupportedInputError(
             f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")
+
+
+def _describe_database(db) -> str:
+    """The database's files for explain: each layer with its entry count or its error."""
+    parts = []
+    for layer, path, count, error in db.layers:
+        state = f"unusable: {error}" if error else (f"{count} entries" if os.path.exists(path) else "absent")
+        parts.append(f"{layer + ' ' if layer else ''}{path} ({state})")
+    if _STATE.db_broken:
+        parts.append(f"{len(_STATE.db_broken)} unusable entr{'y' if len(_STATE.db_broken) == 1 else 'ies'} skipped")
+    return "; ".join(parts) or "none"
+
+
+def _max_distance() -> float:
+    """The nearest-bucket limit (`fa4.database.max_distance`); a malformed setting warns once and the
+    documented default is used."""
+    from fa4 import database
+
+    try:
+        return database.max_distance()
+    except ValueError as exc:
+        _warn_once(f"max-distance:{exc}", f"fa4: {exc}; using the default limit {database.DEFAULT_MAX_DISTANCE:g}")
+        return database.DEFAULT_MAX_DISTANCE
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -584,6 +688,7 @@ else:  # a CPU build: no kernel launch ever reaches the device check
 
 def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     """A launch on the checked path: empty outputs, no keys, SDPA, or the kernel."""
+    softmax_scale = checks.softmax_scale_value(softmax_scale)
     if launch.kind == _EMPTY:
         out = q.new_empty(launch.out_shape)
         lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
@@ -598,7 +703,7 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     # the kernel (size-1 dimensions re-strided where their strides are not aligned)
     if launch.restride:
         q, k, v = (t.as_strided(t.shape, checks.aligned_strides(t)) for t in (q, k, v))
-    scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
+    scale = launch.default_scale if softmax_scale is None else softmax_scale
     out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
     lse = q.new_empty(launch.lse_shape, dtype=torch.float32) if return_lse else None
     if launch.device_index == _current_cuda_device():
@@ -615,6 +720,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     _STATE.slow_calls += 1
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
+    softmax_scale = checks.softmax_scale_value(softmax_scale)
     plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL:
@@ -680,21 +786,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                       causal, return_lse, config, fallback, allow_untested_sm100)
         last = _STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else _STATE.kernel_launches.get(kernel_key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the checked path says
+    except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
+        # sizes or strides), or an unhashable config: the checked path says
         kernel_key = launch = None
     if launch is not None and launch.device_index == _current_cuda_device():
         out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
-        # float(): the direct launcher passes the scale to the kernel's Float32 parameter unconverted
-        scale = launch.default_scale if softmax_scale is None else float(softmax_scale)
         try:
+            if softmax_scale is None:
+                scale = launch.default_scale
+            else:
+                # float(): the direct launcher passes the scale to the kernel's Float32 parameter
+                # unconverted; x - x is NaN (true) for NaN and infinities, which the checked path names
+                scale = float(softmax_scale)
+                if scale - scale:
+                    raise ValueError
             if return_lse:
                 lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
                 launch.fast_run(q, k, v, out, lse, scale)
                 return out, lse
             launch.fast_run(q, k, v, out, None, scale)
             return out
-        except Exception:  # the compiled function refused these inputs: the checked path says why
-            pass
+        except Exception:  # the compiled function refused these inputs (or the scale is no finite
+            pass           # number): the checked path says why
     return _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                          allow_untested_sm100, kernel_key)
 
@@ -708,7 +821,7 @@ def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, 
                allow_untested_sm100)
         last = _STATE.last
         launch = last[1] if key == last[0] else _STATE.launches.get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable config: the slow path says
+    except (AttributeError, TypeError, RuntimeError):  # see attention; the slow path says
         key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
         launch = _STATE.launches.get(key) if key is not None else None
     if launch is None:
@@ -721,8 +834,10 @@ def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, 
 
 
 def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100):
-    """The signature key when the fast one failed: config mappings frozen; None for non-tensors."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+    """The signature key when the fast one failed: config mappings frozen; None for non-tensors and
+    tensors without sizes or strides (nested, sparse: the slow path refuses them)."""
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+               for t in (q, k, v)):
         return None
     if isinstance(config, Mapping):
         config = ("mapping",) + tuple(sorted(config.items()))
@@ -787,7 +902,29 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                  arch=arch, device_name=device_name)
     if assumed:
         plan.explanation.notes.insert(0, assumed)
+    _explain_backends(plan.explanation)
     return plan.explanation
+
+
+def _explain_backends(expl: Explanation) -> None:
+    """Fill expl.backends from an exact entry's measured times (a neighbour's were measured at another
+    shape, so they decide nothing here). Only explain pays for it: fa4.attention runs ours."""
+    from fa4 import dispatch
+
+    if expl.path != "kernel" or expl.source != "exact" or not expl.entry.backend_us:
+        return
+    host = dispatch.host_us(expl.device_name)
+    for mode in dispatch.MODES:
+        choice = dispatch.choose(expl.entry.backend_us, host, mode)
+        if choice is not None:
+            expl.backends.append(choice)
+    if not host:
+        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
+                          "judged by GPU time alone")
+    for backend in sorted({c.backend for c in expl.backends} - {dispatch.OURS}):
+        why = dispatch.unavailable(backend)
+        if why:
+            expl.notes.append(why)
 
 
 def _assumed_target(device_name: str | None) -> tuple[str, str, str]:

@@ -15,12 +15,15 @@ One row per (shape, variant):
     shape       the shape key (`fa4tune.search.shape_key`), problem: AttentionProblem fields
     variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`)
     outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
-                usable database entry)
+                usable database entry, its error saying why: stale, unusable, too far, another GPU)
     us, tflops  GPU time and rate (null unless ok)
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
                 is missing)
     config      knob values (ours only), lookup: "exact" | "nearest" | "default" (tuned row: how the
                 database answered), db_key (the entry used), max_err, error
+
+    dispatch    {shape: {"eager" | "graph": {"backend", "ratio", "reason"}}}: the implementation
+                fastest-backend dispatch picks from this run's times (`dispatched`)
 """
 
 from __future__ import annotations
@@ -52,12 +55,19 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None) -> dict:
     """Measure every variant of every problem; returns the document described above."""
-    from fa4.database import BestConfigDB
+    from fa4.database import BestConfigDB, entry_key, max_distance
 
     progress = progress or Progress()
     kernels = kernel_api(api)
     fingerprint = kernel_fingerprint(arch, api)
-    db = BestConfigDB.load(db_path)
+    # what fa4.attention reads: the layers (or the one file --db names), with its lookup rules
+    db = BestConfigDB.load(db_path) if db_path is not None else BestConfigDB.load_layers()
+    for layer, path, error in db.errors:
+        progress.message(f"bench: the {layer} database {path} cannot be read ({error}); its entries are left out")
+    unusable = db.unusable_entries(kernels.feasible)
+    for (layer, key), reasons in unusable.items():
+        progress.message(f"bench: entry {key}{f' ({layer})' if layer else ''} cannot be used: {'; '.join(reasons)}")
+    limit = max_distance()
     rows: list[dict] = []
     tasks: dict[int, dict] = {}
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
@@ -66,15 +76,19 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
         for problem in problems:
             key = shape_key(arch, problem)
             base = {"shape": key, "problem": problem.to_dict()}
-            lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint)
+            lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint, max_distance=limit,
+                               broken=frozenset(unusable))
             variants = []
             if lookup.entry is not None:
                 variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
                                  {"lookup": lookup.kind, "db_key": lookup.entry.key}))
             else:
+                why = [f"{len(lookup.stale)} stale"] if lookup.stale else []
+                why += [f"{k} skipped: {'; '.join(r)}" for (_, k), r in unusable.items()
+                        if k == entry_key(arch, device.get("name", ""), problem)]
+                why += list(lookup.passed_over)
                 rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
-                             "error": "no usable database entry"
-                                      + (f" ({len(lookup.stale)} stale)" if lookup.stale else "")})
+                             "error": "no usable database entry" + (f" ({'; '.join(why)})" if why else "")})
             variants.append(("default", kernels.default_config(arch, problem), {}))
             for variant, config, extra in variants:
                 reasons = kernels.feasible(config, problem)
@@ -109,7 +123,32 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     _speedups(rows)
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
             "versions": versions(), "kernel_fingerprint": fingerprint, "timing": timing.describe(),
-            "rows": rows}
+            "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}
+
+
+def dispatched(rows: list[dict], device_name: str) -> dict[str, dict[str, dict]]:
+    """{shape: {mode: {"backend", "ratio", "reason"}}}: what fastest-backend dispatch (`fa4.dispatch`)
+    picks from this run's times, "ours" being what fa4.attention runs (the tuned row, else the
+    default), with the host time per call measured on this GPU model (eager mode)."""
+    from fa4 import dispatch
+
+    host = dispatch.host_us(device_name)
+    times: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("outcome") != "ok" or r.get("us") is None:
+            continue
+        name = {"tuned": "ours", "default": "default"}.get(r["variant"], r["variant"])
+        times.setdefault(r["shape"], {})[name] = float(r["us"])
+    out = {}
+    for shape, measured in times.items():
+        ours = measured.pop("ours", measured.pop("default", None))
+        measured.pop("default", None)
+        if ours is None:
+            continue
+        choices = [dispatch.choose({"ours": ours, **measured}, host, mode) for mode in dispatch.MODES]
+        out[shape] = {c.mode: {"backend": c.backend, "ratio": round(c.ratio, 3), "reason": c.reason}
+                      for c in choices}
+    return out
 
 
 def _speedups(rows: list[dict]) -> None:
@@ -119,6 +158,44 @@ def _speedups(rows: list[dict]) -> None:
         r["speedup_of_tuned"] = round(r["us"] / t, 3) if t and r.get("us") else None
         for key in ("us", "tflops", "max_err", "error", "config", "lookup", "db_key"):
             r.setdefault(key, None)
+
+
+def backend_times(doc: dict) -> dict[str, dict[str, float]]:
+    """{database key: {implementation: GPU us}} of a bench document: for every shape whose tuned row
+    ran an exact database entry, that row's time as "ours" and every peer that ran, all from the one
+    run (`fa4.dispatch` judges the fastest backend from them)."""
+    found: dict[str, dict[str, float]] = {}
+    tuned = {r["shape"]: r for r in doc["rows"]
+             if r["variant"] == "tuned" and r.get("outcome") == "ok" and r.get("lookup") == "exact" and r.get("db_key")}
+    for r in doc["rows"]:
+        row = tuned.get(r["shape"])
+        if row is None or r.get("outcome") != "ok" or r.get("us") is None:
+            continue
+        if r["variant"] == "tuned":
+            found.setdefault(row["db_key"], {})["ours"] = float(r["us"])
+        elif r["variant"] in PEER_NAMES:
+            found.setdefault(row["db_key"], {})[r["variant"]] = float(r["us"])
+    return found
+
+
+def import_backend_times(doc: dict, db) -> tuple[list[str], list[str]]:
+    """Fold a bench's per-implementation times into the entries it measured (in memory). An entry
+    tuned on other kernel sources than the bench ran is left alone. Returns (updated keys, skipped
+    keys with why)."""
+    import dataclasses
+
+    updated, skipped = [], []
+    for key, times in sorted(backend_times(doc).items()):
+        entry = db.get(key)
+        if entry is None:
+            skipped.append(f"{key}: not in the database")
+        elif entry.kernel_fingerprint != doc.get("kernel_fingerprint"):
+            skipped.append(f"{key}: tuned on kernel {entry.kernel_fingerprint}, the bench ran "
+                           f"{doc.get('kernel_fingerprint')}")
+        else:
+            db.put(dataclasses.replace(entry, backend_us=times, backend_source=f"bench {doc['date']}"))
+            updated.append(key)
+    return updated, skipped
 
 
 def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None) -> None:

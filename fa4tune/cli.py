@@ -105,8 +105,9 @@ def arch_option(fn):
 
 def db_option(fn):
     return click.option("--db", "db_path", default=None,
-                        help="best-config database [default: $FA4_CONFIG_DB, else the results directory's "
-                             "best_configs.json, started from the packaged one]")(fn)
+                        help="best-config database file [default: the user's, $FA4_CONFIG_DB or the results "
+                             "directory's best_configs.json; reading without --db also reads the packaged one "
+                             "under it]")(fn)
 
 
 def format_option(fn):
@@ -360,33 +361,113 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
 @format_option
 @db_option
 def best(fmt, db_path):
-    """List the best-config database, with a stale column (kernel fingerprint changed)."""
+    """List the best-config database: the packaged layer, then the user's (later wins per key), with the
+    layer of each entry, the fastest backend measured at its shape (eager / captured, `fa4.dispatch`)
+    and a stale column (kernel fingerprint changed). --db lists that file alone."""
+    from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
     from fa4tune import environment
 
-    try:
-        db = BestConfigDB.load(db_path)
-    except DatabaseError as exc:
-        raise click.ClickException(str(exc)) from exc
-    _echo_err(f"fa4tune best: {db.path}")
+    if db_path is not None:
+        try:
+            db = BestConfigDB.load(db_path, "--db")
+        except DatabaseError as exc:
+            raise click.ClickException(str(exc)) from exc
+    else:
+        db = BestConfigDB.load_layers()
+    for layer, path, count, error in db.layers:
+        _echo_err(f"fa4tune best: {layer} {path}: " + (f"UNUSABLE: {error}" if error else f"{count} entries"))
     current = {arch: environment.kernel_fingerprint(arch) for arch in {e.arch for e in db.entries}}
     out = []
     for e in db.entries:
         fp = current.get(e.arch, "")
         stale = "unknown" if fp.startswith("unavailable") else e.kernel_fingerprint != fp
-        out.append({**e.to_dict(), "stale": stale})
+        choices = [dispatch.choose(e.backend_us, dispatch.host_us(e.device), mode) for mode in dispatch.MODES]
+        out.append({**e.to_dict(), "stale": stale, "layer": db.layer_of(e.key),
+                    "shadows": [layer for layer, _ in db.shadowed(e.key)],
+                    "fastest_backend": {c.mode: c.backend for c in choices if c is not None}})
     if fmt == "json":
         click.echo(json.dumps(out, indent=2, sort_keys=True))
-        return
-    rows = []
-    for d in out:
-        speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
-        rows.append([d["key"], _label(d["arch"], d["config"]), _fmt(d["us"]),
-                     _fmt(d["tflops"], 1), speed, _fmt(d["max_err"], 4),
-                     {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
-                     d["date"]])
-    _table(f"best configurations ({len(rows)})", ["key", "config", "us", "TFLOP/s", "speedup over", "max err",
-                                                  "stale", "from", "date"], rows)
+    else:
+        rows = []
+        for d in out:
+            speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
+            layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
+            fastest = " / ".join(dispatch.TITLES[d["fastest_backend"][m]] for m in dispatch.MODES
+                                 if m in d["fastest_backend"]) or None
+            rows.append([d["key"], layer, _label(d["arch"], d["config"]), _fmt(d["us"]),
+                         _fmt(d["tflops"], 1), speed, fastest, _fmt(d["max_err"], 4),
+                         {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
+                         d["date"]])
+        _table(f"best configurations ({len(rows)})", ["key", "layer", "config", "us", "TFLOP/s", "speedup over",
+                                                      "fastest eager / captured", "max err", "stale", "from",
+                                                      "date"], rows)
+    if db.errors:
+        sys.exit(1)
+
+
+@main.group()
+def db():
+    """Best-config database files: combine them, record a bench's per-implementation times."""
+
+
+@db.command("merge")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", default=None,
+              help="write the merged database here [default: the user's database, $FA4_CONFIG_DB or the results "
+                   "directory's best_configs.json]")
+def db_merge(inputs, out_path):
+    """Combine databases tuned on several machines: per key, a current entry (this checkout's kernel
+    fingerprint) beats a stale one, then the fastest wins. Writes atomically; prints what it kept."""
+    from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases
+    from fa4tune import environment
+
+    try:
+        dbs = [BestConfigDB.load(path) for path in inputs]
+    except DatabaseError as exc:
+        raise click.ClickException(str(exc)) from exc
+    missing = [path for path, d in zip(inputs, dbs) if not os.path.exists(path)]
+    if missing:
+        raise click.ClickException(f"no such database: {', '.join(missing)}")
+    fingerprints = {}
+    for arch in sorted({e.arch for d in dbs for e in d.entries}):
+        fp = environment.kernel_fingerprint(arch)
+        fingerprints[arch] = None if fp.startswith("unavailable") else fp
+    merged = merge_databases(dbs, fingerprints)
+    target = out_path or str(default_path())
+    merged.save(target)
+    for path, d in zip(inputs, dbs):
+        kept = sum(1 for e in d.entries if merged.get(e.key) is e)
+        _echo_err(f"fa4tune db merge: {path}: {len(d)} entries, {kept} kept")
+    stale = sum(1 for e in merged.entries if e.is_stale(fingerprints.get(e.arch)))
+    _echo_err(f"wrote {target}: {len(merged)} entries" + (f", {stale} stale (no current entry for their key)"
+                                                         if stale else ""))
+
+
+@db.command("import-bench")
+@click.argument("bench_path", type=click.Path(exists=True, dir_okay=False))
+@db_option
+def db_import_bench(bench_path, db_path):
+    """Record in each database entry the GPU time of every implementation a bench timed at its shape
+    (ours and the peers, one run), which `fa4.explain` judges the fastest backend from. Entries tuned
+    on other kernel sources than the bench ran are left alone."""
+    from fa4.database import BestConfigDB, DatabaseError, default_path
+    from fa4tune.bench import import_backend_times
+
+    target = db_path or str(default_path())
+    try:
+        doc = json.loads(open(bench_path).read())
+        db = BestConfigDB.load(target)
+    except (OSError, ValueError, DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not isinstance(doc, dict) or "rows" not in doc or "date" not in doc:
+        raise click.ClickException(f"{bench_path} is not a fa4tune bench output (no rows or date)")
+    updated, skipped = import_backend_times(doc, db)
+    for line in skipped:
+        _echo_err(f"skipped {line}")
+    if updated:
+        db.save(target)
+    _echo_err(f"fa4tune db import-bench: {len(updated)} entries of {target} updated from {bench_path}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -452,6 +533,12 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
              r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
+    from fa4.dispatch import TITLES
+
+    _table("fastest backend per shape (fa4.attention runs ours; dispatch is not switched on yet)",
+           ["shape", "eager call", "captured / compiled"],
+           [[shape, *(f"{TITLES[d[m]['backend']]}" + (f" {d[m]['ratio']}x" if d[m]["backend"] != "ours" else "")
+                      for m in ("eager", "graph"))] for shape, d in doc.get("dispatch", {}).items()])
 
 
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)

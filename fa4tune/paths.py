@@ -6,8 +6,8 @@ beside the database, `fa4.database.user_results_dir`). Inside it, with the same 
 committed `results/`:
 
     studies.journal     the optuna storage of every search (`fa4tune search --storage`)
-    best_configs.json   the best-config database the search writes (`--db`); created as a copy of the
-                        packaged database (`fa4/data/best_configs.json`), so tuning adds to what ships
+    best_configs.json   the best-config database the search writes (`--db`): what was tuned here, read
+                        over the packaged database (`fa4/data/best_configs.json`), winning per key
     bench.json          `fa4tune bench` (`--out`)
     report.html         `fa4tune report` (`--out`)
 

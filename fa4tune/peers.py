@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-# the one list of peers, in the order every table and figure shows them, and how they are titled
-PEER_NAMES = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
-PEER_TITLES = {"flash_attn_4": "flash-attn-4", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash (FA2)"}
+from fa4.dispatch import PEERS, TITLES
+
+# the one list of peers (declared with the runtime's dispatch, which chooses among them), in the order
+# every table and figure shows them, and how they are titled
+PEER_NAMES = PEERS
+PEER_TITLES = {name: TITLES[name] for name in PEERS}
 
 
 def _sdpa_call(q, k, v, causal: bool, scale: float, expand_kv: bool):

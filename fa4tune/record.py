@@ -1,14 +1,13 @@
 """The database write: a study's best configuration becomes an entry of the best-config database.
 
 The database itself (format, lock, atomic write, lookup) is `fa4.database`; this is the harness side:
-what of a study goes into an entry, and into which file (`--db`, else `$FA4_CONFIG_DB`, else the
-results directory's `best_configs.json`, started from the packaged database the first time).
+what of a study goes into an entry, and into which file (`--db`, else the user's database: `$FA4_CONFIG_DB`,
+else the results directory's `best_configs.json`). The user's file holds only what was tuned here; the
+runtime reads it over the packaged database (`fa4.database.default_layers`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -17,22 +16,11 @@ from fa4tune.study import best_ok_trial
 
 
 def database_for_writing(path: Optional[str]) -> Path:
-    """The file a search records into. A default database that does not exist yet starts as a copy of
-    the packaged one, so what a user tunes adds to what ships instead of hiding it."""
-    from fa4.database import ENV_VAR, packaged_path
+    """The file a search records into: `path`, else the user's layer (never the packaged database,
+    which is package data)."""
     from fa4tune.paths import database_path
 
-    if path is not None:
-        return Path(path)
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR])
-    target = database_path()
-    packaged = packaged_path()
-    if not target.exists() and packaged.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(packaged, target)
-        target.chmod(0o644)
-    return target
+    return Path(path) if path is not None else database_path()
 
 
 def record_best(study, db_path: Optional[str]) -> Optional[dict]:

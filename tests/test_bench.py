@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 
 import test_search_fakes as fakes
@@ -33,19 +34,24 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
                 AttentionProblem(seqlen_q=8192, seqlen_k=8192, **{**base, "batch": 64}),  # only stale/far
                 AttentionProblem(seqlen_q=1024, seqlen_k=1024, **{**base, "causal": False})]
     monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    said = io.StringIO()
     doc = run_bench("sm90", problems, db_path=str(db), peers=("sdpa_cudnn",), processes=2,
-                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True))
+                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(stream=said))
+    assert "sq1024|sk1024|w8 cannot be used: infeasible for the problem it was tuned on" in said.getvalue()
     rows = {(r["shape"].split("-")[6], r["shape"].split("-")[-1], r["variant"]): r for r in doc["rows"]}
     nearest = rows[("sq2048", "causal", "tuned")]
     assert nearest["lookup"] == "nearest" and nearest["outcome"] == "ok"
     assert nearest["us"] == fakes.fake_us(fast.to_dict()) and nearest["config"] == fast.to_dict()
     assert rows[("sq2048", "causal", "default")]["speedup_of_tuned"] > 1.0
     assert rows[("sq2048", "causal", "sdpa_cudnn")]["us"] == 31.6
-    # the 8192 entry is stale; the nearest fresh one is the 1024 entry (a far bucket, still used)
+    # the 8192 entry is stale; the nearest fresh one, 1024, is too far away (the runtime's rules)
     far = rows[("sq8192", "causal", "tuned")]
-    assert far["lookup"] == "nearest" and far["db_key"].endswith("sq1024|sk1024|w8")
+    assert far["lookup"] == "default" and far["outcome"] == "missing"
+    assert "1 stale" in far["error"] and "past the limit of 2" in far["error"]
+    # an entry infeasible where it was tuned is skipped, as the runtime skips it, and the row says why
     infeasible = rows[("sq1024", "full", "tuned")]
-    assert infeasible["outcome"] == "infeasible" and "shared memory" in infeasible["error"]
+    assert infeasible["outcome"] == "missing" and "skipped: infeasible" in infeasible["error"]
+    assert "shared memory" in infeasible["error"]
     assert rows[("sq1024", "full", "default")]["outcome"] == "ok"
     assert [r["variant"] for r in doc["rows"][:3]] == ["tuned", "default", "sdpa_cudnn"]  # shape order kept
 

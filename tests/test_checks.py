@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -178,3 +180,108 @@ def test_spec_is_a_function_of_the_signature():
     assert spec.dtype == "bf16" and spec.unsupported == ()
     p = spec.problem(causal=True, return_lse=True)
     assert p.gqa_ratio == 4 and p.causal and p.return_lse
+
+
+# --- the remaining bad inputs (issue 12, item 5) -----------------------------------------------------
+
+def test_head_dim_zero_is_an_invalid_call_even_with_the_fallback():
+    q, k, v = qkv(d=0)
+    invalid("head dim is 0", q, k, v)
+    invalid("head dim is 0", q, k, v, fallback="sdpa")  # SDPA's scale 1/sqrt(0) divided by zero
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_nested_and_sparse_tensors_are_named(which):
+    q, k, v = qkv()
+    nested = torch.nested.nested_tensor([torch.randn(4, 2, 64, dtype=F16), torch.randn(5, 2, 64, dtype=F16)],
+                                        layout=torch.jagged)
+    for bad, match in ((nested, f"{which} is a nested tensor"),
+                       (dict(q=q, k=k, v=v)[which].to_sparse(), f"{which} has layout torch.sparse_coo")):
+        t = {**dict(q=q, k=k, v=v), which: bad}
+        invalid(match, t["q"], t["k"], t["v"], fallback="sdpa")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fa4.Fa4Warning)
+            fa4.attention(q, k, v, fallback="sdpa")  # a signature of dense tensors is cached ...
+        invalid(match, t["q"], t["k"], t["v"], fallback="sdpa")  # ... and the bad one still named
+        with pytest.raises(InvalidInputError, match=match):
+            fa4.explain(t["q"], t["k"], t["v"], arch="sm90")
+
+
+@pytest.mark.parametrize("scale,match", [(float("nan"), "finite, got nan"), (float("inf"), "finite, got inf"),
+                                         (-float("inf"), "finite, got -inf"), ("x", "a number, got str"),
+                                         (object(), "a number, got object")])
+def test_softmax_scale_that_is_no_finite_number(scale, match):
+    q, k, v = qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fa4.Fa4Warning)
+        fa4.attention(q, k, v, fallback="sdpa")  # the signature is cached
+    invalid(f"softmax_scale must be {match}", q, k, v, softmax_scale=scale, fallback="sdpa")
+
+
+def test_softmax_scale_values_that_work():
+    assert checks.softmax_scale_value(None) is None
+    assert checks.softmax_scale_value(0.125) == 0.125 and checks.softmax_scale_value(2) == 2.0
+    assert type(checks.softmax_scale_value(torch.tensor(0.5))) is float
+
+
+def test_launch_limits_of_the_grid():
+    from fa4.kernels import AttentionProblem, Config
+
+    single = Config.make("sm90", scheduler="single", pack_gqa=False)
+    ok = AttentionProblem(65_535, 1, 1, 65_535, 65_535, 64)
+    assert checks.launch_reasons(single, ok) == []
+    for problem, what in ((AttentionProblem(65_536, 1, 1, 1, 1, 64), "batch 65536"),
+                          (AttentionProblem(1, 1, 1, 65_536, 65_536, 64), "heads 65536")):
+        [reason] = checks.launch_reasons(single, problem)
+        assert what in reason and "65535" in reason
+        assert checks.launch_reasons(single.replace(scheduler="single_lpt"), problem) == []
+        assert checks.launch_reasons(single.replace(scheduler="static", q_stages=2), problem) == []
+    # GQA packing folds the query heads into the rows: the grid has KV heads
+    packed = AttentionProblem(1, 1, 1, 4 * 20_000, 20_000, 64)
+    assert checks.launch_reasons(single.replace(pack_gqa=True), packed) == []
+    assert checks.launch_reasons(single, packed) != []
+    # every scheduler indexes its tiles with 32-bit integers
+    huge = AttentionProblem(2**16, 2**16, 1, 2**10, 2**10, 64)
+    assert any("tiles >" in r for r in checks.launch_reasons(single.replace(scheduler="single_lpt"), huge))
+    assert any("tiles >" in r for r in checks.launch_reasons(Config.make("sm100"), huge))
+
+
+def test_the_launch_limits_model_the_schedulers_grids():
+    # checks.launch_reasons mirrors these lines of the kernels; when they change, so must it
+    from pathlib import Path
+
+    import fa4.kernels
+
+    source = (Path(fa4.kernels.__file__).parent / "sm90" / "scheduler.py").read_text()
+    assert 'if self.kind == "single":\n            return (self.num_m_blocks, self.num_heads, self.batch)' in source
+    assert "return (cutlass.max(self.num_tasks(), 1), 1, 1)" in source  # single_lpt: 1-D
+    kernel = (Path(fa4.kernels.__file__).parent / "sm90" / "kernel.py").read_text()
+    assert "heads_tile = heads_kv" in kernel and "TileScheduler(self.scheduler_kind, num_m_blocks, heads_tile, batch" in kernel
+    assert "grid=[grid_x, 1, 1]" in (Path(fa4.kernels.__file__).parent / "sm100" / "kernel.py").read_text()
+
+
+@pytest.mark.parametrize("config,match", [
+    ("fast", "config='fast' is not a configuration label: want name=value pairs"),
+    ("", "config='' is not a configuration label"),
+    ("tile_n=", "cannot read 'tile_n=' of configuration"),
+    ("tile_n=80 tile_n=96", "names tile_n twice"),
+    ("tile_n=abc", "tile_n='abc' is not one of"),
+    ("sm90;tile_n=(", r"cannot read the value of 'tile_n' \('\('\)"),
+    ("*;tile_n=[", r"cannot read the value of 'tile_n'"),
+])
+def test_malformed_config_strings_are_named(config, match):
+    meta = qkv(device="meta")
+    with pytest.raises(InvalidInputError, match=match):
+        fa4.explain(*meta, arch="sm90", config=config)
+
+
+def test_a_malformed_config_is_an_error_even_where_nothing_launches():
+    with pytest.raises(InvalidInputError, match="is not one of"):
+        fa4.explain(*qkv(b=0, device="meta"), arch="sm90", config="tile_n=7")
+
+
+def test_a_config_while_sdpa_runs_is_not_ignored_silently():
+    q, k, v = qkv()
+    with pytest.warns(fa4.Fa4Warning, match=r"config= is ignored: PyTorch SDPA runs \(fallback='sdpa'\) because "
+                                            "the tensors are on cpu"):
+        fa4.attention(q, k, v, config={"tile_n": 80}, fallback="sdpa")

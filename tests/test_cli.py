@@ -163,11 +163,59 @@ def test_best_lists_the_database_with_a_stale_column(tmp_path, monkeypatch):
     assert {r["seqlen_q_bucket"]: r["stale"] for r in rows} == {1024: False, 4096: True}
     table = invoke("best", "--db", str(db)).stdout
     assert "STALE" in table and "best configurations (2)" in table
-    env_rows = json.loads(invoke("best", "--format", "json", env={"FA4_CONFIG_DB": str(db)}).stdout)
-    assert len(env_rows) == 2
     (tmp_path / "bad.json").write_text("{")
     bad = CliRunner().invoke(cli.main, ["best", "--db", str(tmp_path / "bad.json")])
     assert bad.exit_code == 1 and "cannot read" in bad.output
+
+
+def test_best_shows_the_layer_of_each_entry(tmp_path, monkeypatch):
+    from fa4 import database
+
+    packaged = BestConfigDB.load(database.packaged_path())
+    mine = tmp_path / "mine.json"
+    record(_entry("current", 1024), mine)                       # a key the package does not have
+    over = packaged.entries[0]                                  # and one it has, tuned again here
+    record(Entry(**{**{f: getattr(over, f) for f in over.__dataclass_fields__}, "us": over.us * 2}), mine)
+    rows = json.loads(invoke("best", "--format", "json", env={"FA4_CONFIG_DB": str(mine)}).stdout)
+    layers = {r["key"]: (r["layer"], r["shadows"]) for r in rows}
+    assert len(rows) == len(packaged) + 1
+    assert layers[over.key] == ("user", ["packaged"])          # later layers win per key
+    assert layers[_entry("current", 1024).key] == ("user", [])
+    assert all(layers[e.key] == ("packaged", []) for e in packaged.entries[1:])
+    # the fastest backend measured at each packaged shape (results/bench.json's times)
+    fastest = {r["key"]: r["fastest_backend"] for r in rows}
+    assert fastest["sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"] == {"eager": "ours",
+                                                                                "graph": "flash_attn_4"}
+    # the search timed SDPA cuDNN (31.6 us) beside ours (30.0): ours, by GPU time (no host times for this GPU)
+    assert fastest[_entry("current", 1024).key] == {"eager": "ours", "graph": "ours"}
+    table = CliRunner().invoke(cli.main, ["best"], env={"FA4_CONFIG_DB": str(mine)})
+    assert "user (over packaged)" in table.stdout and f"user {mine}: 2 entries" in table.stderr
+    (tmp_path / "bad.json").write_text("{")
+    broken = CliRunner().invoke(cli.main, ["best"], env={"FA4_CONFIG_DB": str(tmp_path / "bad.json")})
+    assert broken.exit_code == 1 and "UNUSABLE" in broken.stderr and "packaged" in broken.stdout
+
+
+def test_db_merge_keeps_the_fastest_current_entry(tmp_path, monkeypatch):
+    from fa4tune import environment
+
+    monkeypatch.setattr(environment, "kernel_fingerprint", lambda arch, api="fa4.kernels": "current")
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "out.json"
+    record(_entry("current", 1024), a)
+    faster = _entry("current", 1024)
+    record(Entry(**{**{f: getattr(faster, f) for f in faster.__dataclass_fields__}, "us": 20.0}), b)
+    stale_but_fast = _entry("old", 4096)
+    record(Entry(**{**{f: getattr(stale_but_fast, f) for f in stale_but_fast.__dataclass_fields__}, "us": 1.0}), b)
+    record(_entry("current", 4096), a)
+    result = CliRunner().invoke(cli.main, ["db", "merge", str(a), str(b), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    merged = {e.seqlen_q_bucket: (e.us, e.kernel_fingerprint) for e in BestConfigDB.load(out).entries}
+    assert merged == {1024: (20.0, "current"), 4096: (30.0, "current")}
+    assert f"{a}: 2 entries, 1 kept" in result.stderr and "wrote" in result.stderr
+    # the default output is the user's database
+    result = CliRunner().invoke(cli.main, ["db", "merge", str(a)], env={"FA4_CONFIG_DB": str(tmp_path / "u.json")})
+    assert result.exit_code == 0 and len(BestConfigDB.load(tmp_path / "u.json")) == 2
+    missing = CliRunner().invoke(cli.main, ["db", "merge", str(tmp_path / "none.json")])
+    assert missing.exit_code == 1 and "no such database" in missing.output
 
 
 def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
@@ -196,6 +244,15 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
     full = {r["variant"]: r for r in doc["rows"] if r["shape"].endswith("full")}
     assert full["tuned"]["outcome"] == "missing" and full["tuned"]["lookup"] == "default"
     assert doc["timing"]["method"] == "cuda_graph" and doc["device"]["name"] == "Fake H200"
+    # dispatch from this run's times (fa4.dispatch): no host time was measured on a "Fake H200", so
+    # eager calls are judged by GPU time too; ours (the tuned row, else the default) against the peers
+    picked = doc["dispatch"]
+    assert set(picked) == set(shapes)
+    for shape in shapes:
+        assert picked[shape]["graph"] == picked[shape]["eager"]
+    assert picked[shapes[0]]["graph"]["backend"] == "ours"  # tuned 30.5 us, SDPA cuDNN 31.6
+    assert "than SDPA cuDNN (31.6 us)" in picked[shapes[0]]["graph"]["reason"]
+    assert "fastest backend per shape" in result.stdout
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("shape,variant,outcome,us") and len(lines) == 1 + len(doc["rows"])
 
@@ -213,7 +270,8 @@ def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, 
 
 
 def test_help_version_and_verbosity(fake_compiles):
-    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"]):
+    for args in (["-h"], ["search", "-h"], ["compile-space", "-h"], ["bench", "-h"], ["best", "-h"], ["report", "-h"],
+                 ["db", "-h"], ["db", "merge", "-h"], ["db", "import-bench", "-h"]):
         result = invoke(*args)
         assert result.exit_code == 0 and "Usage:" in result.stdout, args
     version = invoke("--version")

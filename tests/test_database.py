@@ -43,6 +43,26 @@ def test_speedups_are_peer_time_over_ours_and_skip_untimed_peers():
     assert e["config"]["tile_n"] == 128 and e["key"] == e.key
 
 
+def test_schema_1_files_are_read_without_backend_times(tmp_path):
+    old = {k: v for k, v in entry().to_dict().items() if k not in ("backend_us", "backend_source")}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({"schema": 1, "entries": [old]}))
+    [read] = BestConfigDB.load(path).entries
+    assert read.backend_us == {} and read.backend_source == "" and read.us == 30.0
+    path.write_text(json.dumps({"schema": 1, "entries": [entry().to_dict()]}))
+    with pytest.raises(DatabaseError, match="schema 1 has no backend_us"):
+        BestConfigDB.load(path)
+
+
+def test_a_search_result_records_every_implementation_it_timed():
+    e = entry(us=25.0)  # flash_attn_4 was not timed (None)
+    assert e.backend_us == {"ours": 25.0, "sdpa_flash": 53.0, "sdpa_cudnn": 31.6} and e.backend_source == "search"
+    none = Entry.from_result(arch="sm90", device=H200, problem=problem(), config=Config.make("sm90").to_dict(),
+                             us=25.0, tflops=1.0, default_us=None, peers_us={}, max_err=None,
+                             kernel_fingerprint="f", versions={}, study="s", trial=0)
+    assert none.backend_us == {} and none.backend_source == ""
+
+
 def test_round_trip_is_sorted_json_with_schema(tmp_path):
     path = tmp_path / "db.json"
     assert record(entry(problem(sq=4096)), path)
@@ -80,11 +100,11 @@ def test_missing_file_is_empty_and_corrupt_file_raises(tmp_path):
         BestConfigDB.load(bad)
     broken = entry().to_dict()
     broken["key"] = "sm90|elsewhere"
-    bad.write_text(json.dumps({"schema": 1, "entries": [broken]}))
+    bad.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": [broken]}))
     with pytest.raises(DatabaseError, match="does not match"):
         BestConfigDB.load(bad)
     del broken["us"]
-    bad.write_text(json.dumps({"schema": 1, "entries": [broken]}))
+    bad.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": [broken]}))
     with pytest.raises(DatabaseError, match="lacks"):
         BestConfigDB.load(bad)
 
@@ -96,39 +116,33 @@ def test_env_var_selects_the_file(tmp_path, monkeypatch):
     assert path.exists() and len(BestConfigDB.load()) == 1
 
 
-def test_packaged_database_is_valid():
-    monkey_free = os.environ.pop(database.ENV_VAR, None)
-    try:
-        db = BestConfigDB.load()
-        assert db.path.name == "best_configs.json" and db.path.exists()
-    finally:
-        if monkey_free is not None:
-            os.environ[database.ENV_VAR] = monkey_free
+def test_packaged_database_is_valid_and_every_entry_usable():
+    db = BestConfigDB.load(database.packaged_path())
+    assert len(db) > 0 and db.layer_of(db.entries[0].key) is None
+    assert {e.key: database.entry_problems(e) for e in db.entries} == {e.key: [] for e in db.entries}
+
+
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_lookup_exact_nearest_default_and_stale():
     db = BestConfigDB()
     db.merge(entry(problem(sq=1024), us=30.0, tile_n=128))
     db.merge(entry(problem(sq=8192), us=300.0, tile_n=176))
-    db.merge(entry(problem(sq=2048), us=80.0, tile_n=64, device="NVIDIA H100 80GB HBM3"))
+    db.merge(entry(problem(sq=2048), us=25.0, tile_n=64, device=H100))
     db.merge(entry(problem(sq=4096), us=90.0, tile_n=80, fingerprint="old"))
 
     hit = db.lookup("sm90", H200, problem(sq=1000), "fp-1")
     assert hit.kind == "exact" and hit.entry.config["tile_n"] == 128 and hit.distance == 0
     assert [e.config["tile_n"] for e in hit.stale] == [80]
 
-    # 2048 is one doubling from 1024 on the H200 and exact on the H100: the same device wins
-    near = db.lookup("sm90", H200, problem(sq=2048), "fp-1")
+    # 2048 is one doubling from 1024 on the H200 and exact on the H100: only the H200's is used
+    near = db.lookup("sm90", H200, problem(sq=2048), "fp-1", max_distance=2.0)
     assert near.kind == "nearest" and near.entry.config["tile_n"] == 128 and near.distance == 2.0
+    assert any("tuned on NVIDIA H100 80GB HBM3" in why and "another GPU model" in why for why in near.passed_over)
     # 6000 falls in the 8192 bucket: an exact hit
     far = db.lookup("sm90", H200, problem(sq=6000), "fp-1")
     assert far.kind == "exact" and far.entry.config["tile_n"] == 176
-    # 3000 -> 4096: the stale 4096 entry is skipped; 2048 (H100) is nearer but the H200's win
-    mid = db.lookup("sm90", H200, problem(sq=3000), "fp-1")
-    assert mid.kind == "nearest" and mid.entry.device == H200 and mid.distance == 2.0
-    # another device only: nearest from the other device
-    other = db.lookup("sm90", "NVIDIA H100 80GB HBM3", problem(sq=2048), "fp-1")
-    assert other.kind == "exact" and other.entry.config["tile_n"] == 64
     # nothing compatible (head dim, causal, gqa, dtype differ): default
     for p in (problem(d=64), problem(causal=False), problem(hkv=32), problem(dtype="bf16")):
         assert db.lookup("sm90", H200, p, "fp-1").kind == "default"
@@ -137,6 +151,146 @@ def test_lookup_exact_nearest_default_and_stale():
     assert stale.kind == "default" and stale.entry is None and len(stale.stale) == 4
     # fingerprint None trusts every entry
     assert db.lookup("sm90", H200, problem(sq=4096), None).entry.config["tile_n"] == 80
+
+
+def test_another_gpu_models_tuning_is_never_used():
+    db = BestConfigDB()
+    db.merge(entry(problem(sq=1024), us=20.0, device=H100))
+    found = db.lookup("sm90", H200, problem(sq=1024), "fp-1")
+    assert found.kind == "default" and found.entry is None
+    assert found.passed_over == (f"entries tuned on {H100} exist for this kind of problem; they are not used "
+                                 f"on {H200} (another GPU model)",)
+    assert db.lookup("sm90", H100, problem(sq=1024), "fp-1").kind == "exact"
+
+
+def test_nearest_bucket_has_a_distance_limit(monkeypatch):
+    db = BestConfigDB()
+    db.merge(entry(problem(sq=1024), us=20.0, tile_n=96))
+    assert db.lookup("sm90", H200, problem(sq=2048), "fp-1", max_distance=2.0).kind == "nearest"
+    too_far = db.lookup("sm90", H200, problem(sq=4096), "fp-1", max_distance=2.0)
+    assert too_far.kind == "default"
+    assert "4 log2 bucket steps away, past the limit of 2" in too_far.passed_over[0]
+    assert db.lookup("sm90", H200, problem(sq=4096), "fp-1", max_distance=4.0).kind == "nearest"
+    # the limit's default and its environment variable
+    monkeypatch.delenv(database.MAX_DISTANCE_ENV_VAR, raising=False)
+    assert database.max_distance() == database.DEFAULT_MAX_DISTANCE == 2.0
+    monkeypatch.setenv(database.MAX_DISTANCE_ENV_VAR, "6")
+    assert database.max_distance() == 6.0
+    for bad in ("far", "-1", "nan"):
+        monkeypatch.setenv(database.MAX_DISTANCE_ENV_VAR, bad)
+        with pytest.raises(ValueError, match="FA4_MAX_BUCKET_DISTANCE"):
+            database.max_distance()
+
+
+@pytest.mark.parametrize("us,default_us,used", [(20.0, 33.0, True), (30.0, 30.0, False),
+                                                (30.0, 30.2, False), (31.0, 30.0, False), (30.0, None, True)])
+def test_a_neighbour_that_did_not_beat_the_default_is_not_borrowed(us, default_us, used):
+    tuned = entry(problem(sq=1024), us=us, tile_n=96)
+    tuned = Entry(**{**{f: getattr(tuned, f) for f in tuned.__dataclass_fields__}, "default_us": default_us})
+    db = BestConfigDB({tuned.key: tuned})
+    found = db.lookup("sm90", H200, problem(sq=2048), "fp-1", max_distance=2.0)
+    assert (found.kind == "nearest") == used
+    if not used:
+        assert "did not beat the default there" in found.passed_over[0]
+    assert db.lookup("sm90", H200, problem(sq=1024), "fp-1").kind == "exact"  # its own bucket: always
+
+
+def _write(path, *entries):
+    db = BestConfigDB()
+    for e in entries:
+        db.merge(e)
+    db.save(path)
+    return path
+
+
+def test_layers_later_wins_per_key_unless_stale(tmp_path):
+    packaged = _write(tmp_path / "packaged.json", entry(problem(sq=1024), us=30.0, tile_n=128),
+                      entry(problem(sq=4096), us=90.0, tile_n=128))
+    user = _write(tmp_path / "user.json", entry(problem(sq=1024), us=35.0, tile_n=96),
+                  entry(problem(sq=4096), us=80.0, tile_n=64, fingerprint="old"),
+                  entry(problem(sq=8192), us=300.0, tile_n=80))
+    db = BestConfigDB.load_layers([("packaged", packaged), ("user", user)])
+    assert len(db) == 3 and [n for n, *_ in db.layers] == ["packaged", "user"] and db.errors == []
+    k1024, k4096, k8192 = (entry_key("sm90", H200, problem(sq=s)) for s in (1024, 4096, 8192))
+    # the user's layer wins its key even when slower: it was measured on this machine
+    assert db.layer_of(k1024) == "user" and db.get(k1024).config["tile_n"] == 96
+    assert [(layer, e.config["tile_n"]) for layer, e in db.shadowed(k1024)] == [("packaged", 128)]
+    assert db.lookup("sm90", H200, problem(sq=1024), "fp-1").entry.config["tile_n"] == 96
+    # a stale user entry does not hide the packaged current one
+    found = db.lookup("sm90", H200, problem(sq=4096), "fp-1")
+    assert (found.kind, found.layer, found.entry.config["tile_n"]) == ("exact", "packaged", 128)
+    assert db.layer_of(k8192) == "user" and db.shadowed(k8192) == []
+    with pytest.raises(DatabaseError, match="cannot be saved"):  # a view, not a file
+        db.save(tmp_path / "all.json")
+    # an entry found broken in one layer leaves the other layer's
+    found = db.lookup("sm90", H200, problem(sq=1024), "fp-1", broken=frozenset({("user", k1024)}))
+    assert (found.layer, found.entry.config["tile_n"]) == ("packaged", 128)
+
+
+def test_a_broken_layer_is_reported_and_the_others_still_count(tmp_path):
+    packaged = _write(tmp_path / "packaged.json", entry(problem(sq=1024)))
+    broken = tmp_path / "user.json"
+    broken.write_text("{")
+    db = BestConfigDB.load_layers([("packaged", packaged), ("user", broken), ("more", tmp_path / "none.json")])
+    assert len(db) == 1 and db.path == tmp_path / "none.json"
+    [(name, path, error)] = db.errors
+    assert name == "user" and path == broken and "cannot read" in error
+
+
+def test_default_layers_are_the_package_then_the_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4TUNE_HOME", str(tmp_path))
+    monkeypatch.delenv(database.ENV_VAR, raising=False)
+    assert database.default_layers() == [("packaged", database.packaged_path()),
+                                         ("user", tmp_path / "best_configs.json")]
+    monkeypatch.setenv(database.ENV_VAR, str(tmp_path / "elsewhere.json"))
+    assert database.default_layers()[1] == ("user", tmp_path / "elsewhere.json")
+    assert database.default_path() == tmp_path / "elsewhere.json"
+
+
+def test_merge_keeps_the_fastest_current_entry_per_key():
+    a = BestConfigDB()
+    a.merge(entry(problem(sq=1024), us=30.0, tile_n=128))
+    a.merge(entry(problem(sq=2048), us=50.0, tile_n=128))
+    a.merge(entry(problem(sq=4096), us=90.0, tile_n=128))
+    b = BestConfigDB()
+    b.merge(entry(problem(sq=1024), us=29.0, tile_n=96))                     # faster: wins
+    b.merge(entry(problem(sq=2048), us=10.0, tile_n=96, fingerprint="old"))  # faster but stale: loses
+    b.merge(entry(problem(sq=8192), us=300.0, tile_n=96, device=H100))      # another key: kept
+    merged = database.merge_databases([a, b], {"sm90": "fp-1"})
+    assert {(e.seqlen_q_bucket, e.device): e.config["tile_n"] for e in merged.entries} == {
+        (1024, H200): 96, (2048, H200): 128, (4096, H200): 128, (8192, H100): 96}
+    # both stale: the faster; no fingerprint known: every entry counts as current
+    c = BestConfigDB()
+    c.merge(entry(problem(sq=2048), us=40.0, tile_n=80, fingerprint="older"))
+    assert database.merge_databases([b, c], {"sm90": "fp-1"}).get(
+        entry_key("sm90", H200, problem(sq=2048))).config["tile_n"] == 96
+    assert database.merge_databases([a, b], {}).get(
+        entry_key("sm90", H200, problem(sq=2048))).config["tile_n"] == 96
+
+
+def test_a_fifo_or_directory_as_the_database_raises_without_blocking(tmp_path):
+    fifo = tmp_path / "db.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DatabaseError, match="not a regular file"):
+        BestConfigDB.load(fifo)
+    with pytest.raises(DatabaseError, match="not a regular file"):
+        BestConfigDB.load(tmp_path)
+    db = BestConfigDB.load_layers([("user", fifo)])
+    assert len(db) == 0 and "not a regular file" in db.errors[0][2]
+
+
+def test_entry_problems_name_unknown_out_of_range_and_infeasible_configurations():
+    good = entry()
+    assert database.entry_problems(good) == []
+
+    def changed(**fields):
+        return Entry(**{**{f: getattr(good, f) for f in good.__dataclass_fields__}, **fields})
+
+    assert "unknown knob" in database.entry_problems(changed(config={**good.config, "tile_q": 64}))[0]
+    assert "tile_n" in database.entry_problems(changed(config={**good.config, "tile_n": 100000}))[0]
+    assert "unknown architecture 'sm120'" in database.entry_problems(changed(arch="sm120"))[0]
+    infeasible = database.entry_problems(changed(config={**good.config, "q_stages": 2, "scheduler": "single"}))
+    assert infeasible and infeasible[0].startswith("infeasible for the problem it was tuned on: q_stages=2")
 
 
 def test_stale_entries_by_arch(tmp_path):

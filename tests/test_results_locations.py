@@ -5,6 +5,7 @@ package; result files are 0644; the harness uses no private attribute of optuna.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -34,7 +35,27 @@ def test_results_is_not_a_package_and_only_the_database_ships():
     assert not (REPO / "results" / "__init__.py").exists()
     setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "fa4.results" not in setup["packages"] and "fa4.data" in setup["packages"]
-    assert setup["package-data"]["fa4.data"] == ["best_configs.json"]  # the database, nothing else
+    # the database and the host-time table, nothing else
+    assert setup["package-data"]["fa4.data"] == ["best_configs.json", "host_overhead.json"]
+
+
+def test_the_packaged_host_overhead_is_derived_from_the_committed_runs():
+    # results/h200/overhead_*.json are the measurements; fa4/data/host_overhead.json what ships
+    # (fa4tune.host_overhead says how to refresh it)
+    from fa4 import dispatch
+    from fa4tune import host_overhead
+
+    runs = sorted(str(p.relative_to(REPO)) for p in (REPO / "results").glob("*/overhead_*.json"))
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        derived = host_overhead.to_json(host_overhead.derive(runs))
+    finally:
+        os.chdir(cwd)
+    assert dispatch.host_overhead_path().read_text() == derived
+    h200 = dispatch.host_us("NVIDIA H200")
+    assert set(h200) == set(dispatch.IMPLEMENTATIONS)
+    assert h200["ours"] < h200["sdpa_cudnn"] and h200["ours"] < h200["flash_attn_4"]
 
 
 def test_the_results_directory(monkeypatch, tmp_path):
@@ -53,15 +74,13 @@ def test_the_results_directory(monkeypatch, tmp_path):
     assert package not in paths.results_dir().resolve().parents
 
 
-def test_a_search_records_into_a_copy_of_the_packaged_database(monkeypatch, tmp_path):
+def test_a_search_records_into_the_users_layer_never_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("FA4TUNE_HOME", str(tmp_path))
     monkeypatch.delenv(database.ENV_VAR, raising=False)
-    assert database.default_path() == database.packaged_path()    # nothing tuned here yet
     target = database_for_writing(None)
-    assert target == tmp_path / "best_configs.json"
-    assert target.read_bytes() == database.packaged_path().read_bytes()
-    assert target.stat().st_mode & 0o777 == 0o644
-    assert database.default_path() == target                     # the runtime now reads the user's
+    assert target == tmp_path / "best_configs.json" == database.default_path()
+    assert not target.exists()                                   # no copy of the packaged entries
+    assert database.default_layers() == [("packaged", database.packaged_path()), ("user", target)]
     assert database_for_writing(str(tmp_path / "mine.json")) == tmp_path / "mine.json"
     monkeypatch.setenv(database.ENV_VAR, str(tmp_path / "env.json"))
     assert database_for_writing(None) == tmp_path / "env.json" and not (tmp_path / "env.json").exists()

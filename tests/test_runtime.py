@@ -122,9 +122,54 @@ def test_exact_hit_then_nearest_bucket(fake):
     assert (e.source, e.config) == ("exact", tuned)
     assert "exact database hit sm90|NVIDIA H200|fp16|d64|gqa2|full|sq64|sk64|w2" in str(e)
     assert "1.10x vs flash-attn-4" in str(e)
-    e = fa4.explain(*qkv(sq=300, sk=300))
-    assert (e.source, e.config) == ("nearest", tuned) and e.distance == pytest.approx(6.0)
+    e = fa4.explain(*qkv(sq=100, sk=100))
+    assert (e.source, e.config) == ("nearest", tuned) and e.distance == pytest.approx(2.0)
     assert "nearest database bucket" in str(e)
+
+
+def test_nearest_bucket_within_the_limit_only(fake, monkeypatch):
+    add_entry(fake.db_path, seqlen=64)
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(*qkv(sq=300, sk=300))  # bucket 512: 6 log2 steps from 64
+    assert e.source == "default" and any("past the limit of 2" in n for n in e.notes)
+    monkeypatch.setenv(database.MAX_DISTANCE_ENV_VAR, "6")
+    assert fa4.explain(*qkv(sq=300, sk=300)).source == "nearest"
+    monkeypatch.setenv(database.MAX_DISTANCE_ENV_VAR, "far")
+    with pytest.warns(fa4.Fa4Warning, match="FA4_MAX_BUCKET_DISTANCE='far'.*default limit 2"):
+        assert fa4.explain(*qkv(sq=300, sk=300)).source == "default"
+
+
+def test_another_gpu_models_tuning_is_noted_not_used(fake):
+    add_entry(fake.db_path, seqlen=64, device="NVIDIA H100 80GB HBM3")
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(*qkv())
+    assert e.source == "default"
+    assert "note: entries tuned on NVIDIA H100 80GB HBM3 exist" in str(e) and "another GPU model" in str(e)
+
+
+def test_default_layers_packaged_then_user(fake, monkeypatch, tmp_path):
+    packaged, user = tmp_path / "packaged.json", tmp_path / "user.json"
+    add_entry(packaged, seqlen=64, tile_n=64)
+    add_entry(packaged, seqlen=1024, tile_n=112)
+    mine = add_entry(user, seqlen=64, tile_n=80, us=11.0)  # slower than the packaged one, still wins its key
+    monkeypatch.setattr(database, "default_layers", lambda: [("packaged", packaged), ("user", user)])
+    fa4.use_config_db(None)
+    e = fa4.explain(*qkv())
+    assert (e.config, e.layer) == (mine, "user") and "in the user database" in str(e)
+    assert f"packaged {packaged} (2 entries); user {user} (1 entries)" in e.database
+    e = fa4.explain(*qkv(sq=1024, sk=1024))
+    assert (e.source, e.layer, e.config.tile_n) == ("exact", "packaged", 112)
+
+
+def test_a_broken_user_layer_warns_and_the_packaged_one_still_counts(fake, monkeypatch, tmp_path):
+    packaged, user = tmp_path / "packaged.json", tmp_path / "user.json"
+    tuned = add_entry(packaged, seqlen=64, tile_n=64)
+    user.write_text("{")
+    monkeypatch.setattr(database, "default_layers", lambda: [("packaged", packaged), ("user", user)])
+    fa4.use_config_db(None)
+    with pytest.warns(fa4.Fa4Warning, match="cannot use the user best-config database .*user.json"):
+        e = fa4.explain(*qkv())
+    assert e.config == tuned and "unusable" in e.database
 
 
 def test_nearest_requires_same_head_dim_gqa_causal(fake):
@@ -186,14 +231,31 @@ def test_failing_lookup_warns_then_defaults(fake, monkeypatch):
     assert not check(out, None, q, k, v, False)
 
 
-def test_entry_with_unknown_knob_is_skipped(fake):
+@pytest.mark.parametrize("change,reason", [({"tile_q": 64}, "unknown knob"),           # renamed since the tuning
+                                           ({"tile_n": 4096}, "tile_n"),              # out of range
+                                           ({"tile_n": 192}, "infeasible for the problem it was tuned on")])
+def test_an_unusable_entry_is_warned_by_name_and_skipped(fake, change, reason):
     add_entry(fake.db_path, seqlen=64)
+    add_entry(fake.db_path, seqlen=128, tile_n=112)
     raw = json.loads(fake.db_path.read_text())
-    raw["entries"][0]["config"]["tile_q"] = 64  # a knob renamed since the tuning
+    [broken] = [e for e in raw["entries"] if e["seqlen_q_bucket"] == 64]
+    broken["config"].update(change)
     fake.db_path.write_text(json.dumps(raw))
     fa4.use_config_db(fake.db_path)
-    e = fa4.explain(*qkv())
-    assert e.source == "default" and any("unknown knob" in n for n in e.notes)
+    key = broken["key"]
+    with pytest.warns(fa4.Fa4Warning, match=f"best-config entry {key.replace('|', '[|]')} in .* cannot be used .*{reason}"):
+        e = fa4.explain(*qkv())
+    assert e.source == "nearest" and e.config.tile_n == 112  # the broken entry is skipped, not the lookup
+    assert "1 unusable entry skipped" in e.database
+
+
+def test_a_second_broken_database_warns_too(fake, tmp_path):
+    for name in ("first.json", "second.json"):
+        path = tmp_path / name
+        path.write_text("{ not json")
+        fa4.use_config_db(path)
+        with pytest.warns(fa4.Fa4Warning, match=f"cannot use the best-config database .*{name}"):
+            fa4.attention(*qkv())
 
 
 def test_missing_database_warns_once_then_defaults(fake, tmp_path):
@@ -210,10 +272,12 @@ def test_database_from_environment_variable(fake, monkeypatch):
     assert fa4.explain(*qkv()).config == tuned
 
 
-def test_entry_that_does_not_fit_falls_back_to_default_with_a_note(fake):
-    add_entry(fake.db_path, seqlen=64, tile_n=192)  # the stand-in says tile_n=192 does not fit
+def test_entry_that_does_not_fit_falls_back_to_default_with_a_note(fake, monkeypatch):
+    add_entry(fake.db_path, seqlen=64, tile_n=96)  # fits where it was tuned ...
+    monkeypatch.setattr(fake.sm90, "resource_reasons",  # ... but not at longer sequences
+                        lambda config, problem: ["too long"] if config.tile_n == 96 and problem.seqlen_q > 64 else [])
     fa4.use_config_db(fake.db_path)
-    e = fa4.explain(*qkv())
+    e = fa4.explain(*qkv(sq=100, sk=100))
     assert e.source == "default" and any("does not fit" in n for n in e.notes)
 
 
@@ -472,3 +536,36 @@ def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
     torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4)
     if causal and sq > sk:  # rows that see no key
         assert torch.all(out[:, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == -math.inf)
+
+
+# --- CUDA's launch limits ---------------------------------------------------------------------------
+
+def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
+    q, k, v = (torch.empty(70_000, 1, 1, 64, dtype=F16) for _ in range(3))  # batch > 65,535
+    single = Config.make("sm90", scheduler="single", pack_gqa=False)
+    with pytest.raises(InvalidInputError, match="batch 70000 > CUDA's limit of 65535"):
+        fa4.explain(q, k, v, config=single)
+    # a tuned entry that cannot launch here: noted, and the default runs
+    add_entry(fake.db_path, seqlen=1, hq=1, hkv=1, tile_n=96)
+    raw = json.loads(fake.db_path.read_text())
+    raw["entries"][0]["work_bucket"] = database.bucket(70_000)
+    raw["entries"][0]["key"] = raw["entries"][0]["key"].replace("|w1", f"|w{database.bucket(70_000)}")
+    fake.db_path.write_text(json.dumps(raw))
+    fa4.use_config_db(fake.db_path)
+    e = fa4.explain(q, k, v)
+    assert e.source == "default" and any("does not fit" in n and "65535" in n for n in e.notes)
+    # the heuristic default (scheduler=single here) is ours to adjust: the same tiles on a 1-D grid
+    assert e.config == Config.make("sm90").replace(scheduler="single_lpt")
+    assert any("scheduler=single_lpt runs the same tiles instead" in n for n in e.notes)
+    out = fa4.attention(q[:2].normal_(), k[:2].normal_(), v[:2].normal_())  # a small batch keeps `single`
+    assert fake.sm90.launchers[-1].config.scheduler == "single" and out.shape == (2, 1, 1, 64)
+
+
+def test_a_fifo_as_the_database_warns_instead_of_hanging(fake, tmp_path):
+    import os
+
+    fifo = tmp_path / "db.fifo"
+    os.mkfifo(fifo)  # nobody writes to it: reading it would block forever
+    fa4.use_config_db(fifo)
+    with pytest.warns(fa4.Fa4Warning, match="is not a regular file"):
+        assert fa4.explain(*qkv()).source == "default"

@@ -234,3 +234,14 @@ def test_real_sm90_compile_is_accepted():
         compiled, _, smem, seconds = build._compile(config, problem, build.SM_COUNT_H200)
     launcher = runtime._direct_launcher(build.CompiledAttention(compiled, config, problem, smem, seconds))
     assert type(launcher) is tvm_ffi.Function
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_a_scale_that_is_no_finite_number_is_refused_on_the_kernel_path(family, scale):
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    fa4.attention(q, k, v, softmax_scale=0.5)  # the kernel path is taken from now on
+    launches = len(family.calls)
+    with pytest.raises(fa4.InvalidInputError, match="softmax_scale must be finite"):
+        fa4.attention(q, k, v, softmax_scale=scale)
+    assert len(family.calls) == launches  # nothing was launched with it

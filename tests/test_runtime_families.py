@@ -61,8 +61,11 @@ def test_tuned_entry_is_used_on_a_matching_device(empty_database):
     fa4.use_config_db(empty_database)
     e = fa4.explain(*meta_qkv(), arch="sm90", device_name="NVIDIA H200")
     assert (e.source, e.config) == ("exact", tuned)
-    e = fa4.explain(*meta_qkv(sq=3000, sk=3000), arch="sm90", device_name="NVIDIA H200")
+    e = fa4.explain(*meta_qkv(sq=2000, sk=2000), arch="sm90", device_name="NVIDIA H200")
     assert (e.source, e.config) == ("nearest", tuned)
+    e = fa4.explain(*meta_qkv(sq=3000, sk=3000), arch="sm90", device_name="NVIDIA H200")
+    assert e.source == "default"  # 4 log2 bucket steps away: past the default limit
+    assert fa4.explain(*meta_qkv(), arch="sm90", device_name="NVIDIA H100 80GB HBM3").source == "default"
 
 
 def test_b200_needs_opt_in_and_says_untested():
@@ -70,3 +73,11 @@ def test_b200_needs_opt_in_and_says_untested():
         fa4.explain(*meta_qkv(), arch="sm100", device_name="NVIDIA B200")
     e = fa4.explain(*meta_qkv(), arch="sm100", device_name="NVIDIA B200", allow_untested_sm100=True)
     assert e.config.arch == "sm100" and "not yet run on hardware" in str(e)
+
+
+def test_the_real_default_past_the_grid_limits_launches_a_1d_grid():
+    e = fa4.explain(*meta_qkv(sq=8192, sk=8192, hq=70_000, hkv=70_000, d=64), arch="sm90",
+                    device_name="NVIDIA H200")
+    assert e.source == "default" and e.config.scheduler == "single_lpt"
+    assert any("heads 70000 > CUDA's limit of 65535" in n for n in e.notes)
+    assert not fa4.checks.launch_reasons(e.config, AttentionProblem(1, 8192, 8192, 70_000, 70_000, 64))

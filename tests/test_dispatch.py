@@ -1,0 +1,164 @@
+"""Fastest-backend dispatch, the data model: what each implementation costs per call, who wins, and
+where the times come from (a bench folded into the database; the shipped host times)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import fa4
+from fa4 import dispatch
+from fa4.database import BestConfigDB, Entry, record
+from fa4.dispatch import choose
+from fa4.kernels import AttentionProblem, Config
+from fa4tune import cli
+from fa4tune.bench import backend_times, import_backend_times
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = {"ours": 9.6, "flash_attn_4": 83.9, "sdpa_cudnn": 50.8, "sdpa_flash": 53.2}  # the H200's, rounded
+
+
+def test_cost_is_gpu_time_in_a_graph_and_the_larger_of_gpu_and_host_time_eagerly():
+    assert dispatch.call_cost(20.0, 80.0, "graph") == 20.0
+    assert dispatch.call_cost(20.0, 80.0, "eager") == 80.0
+    assert dispatch.call_cost(500.0, 80.0, "eager") == 500.0
+    assert dispatch.call_cost(20.0, None, "eager") == 20.0
+    with pytest.raises(ValueError, match="mode"):
+        dispatch.call_cost(1.0, 1.0, "captured")
+
+
+def test_a_short_shape_flash_attn_4_wins_captured_and_loses_eagerly():
+    # B1 S1024 causal on the H200 (results/bench.json): flash-attn-4's kernel is 2 % faster, its host
+    # time per eager call four times our whole call
+    times = {"ours": 22.03, "flash_attn_4": 21.56, "sdpa_cudnn": 31.04, "sdpa_flash": 54.85}
+    graph = choose(times, HOST, "graph")
+    assert graph.backend == "flash_attn_4" and graph.ratio == pytest.approx(22.03 / 21.56)
+    assert "GPU time 21.6 us vs ours 22.0 us: 1.022x faster" in graph.reason
+    eager = choose(times, HOST, "eager")
+    assert eager.backend == "ours" and eager.ratio == 1.0 and eager.cost_us["flash_attn_4"] == 83.9
+    assert "faster than SDPA cuDNN (50.8 us): fastest" in eager.reason
+
+
+def test_a_long_shape_is_judged_by_gpu_time_in_both_modes():
+    times = {"ours": 1707.1, "flash_attn_4": 1600.0, "sdpa_cudnn": 1815.8}
+    assert choose(times, HOST, "eager").backend == choose(times, HOST, "graph").backend == "flash_attn_4"
+
+
+def test_ours_keeps_a_tie():
+    times = {"ours": 100.0, "sdpa_cudnn": 99.5, "flash_attn_4": 101.0}
+    tie = choose(times, HOST, "graph")
+    assert tie.backend == "ours" and "a tie, ours kept" in tie.reason
+    assert choose({"ours": 100.0, "sdpa_cudnn": 98.9}, HOST, "graph").backend == "sdpa_cudnn"
+
+
+def test_what_cannot_be_judged():
+    assert choose({"flash_attn_4": 10.0}, HOST, "graph") is None          # ours not measured
+    assert choose({}, HOST, "eager") is None
+    alone = choose({"ours": 10.0}, HOST, "eager")
+    assert alone.backend == "ours" and "no other implementation measured" in alone.reason
+    # eager without a host time for a peer: it is left out, and the reason says so
+    partial = choose({"ours": 30.0, "flash_attn_4": 10.0}, {"ours": 9.6}, "eager")
+    assert partial.backend == "ours" and "flash-attn-4 left out: no host time measured" in partial.reason
+    assert choose({"ours": 30.0, "flash_attn_4": 10.0}, {}, "graph").backend == "flash_attn_4"
+    # a GPU model whose host times were never measured: eager calls are judged by GPU time
+    unmeasured = choose({"ours": 30.0, "flash_attn_4": 10.0}, {}, "eager")
+    assert unmeasured.backend == "flash_attn_4" and unmeasured.reason.startswith("GPU time")
+
+
+def test_availability_of_a_peer():
+    assert dispatch.unavailable("ours") is None and dispatch.unavailable("sdpa_cudnn") is None
+    installed = dispatch.unavailable("flash_attn_4")
+    assert installed is None or "flash-attn-4 is not installed here" in installed
+
+
+def test_the_peers_are_declared_once():
+    from fa4tune import peers
+
+    assert peers.PEER_NAMES == dispatch.PEERS and dispatch.IMPLEMENTATIONS == ("ours",) + dispatch.PEERS
+    assert set(dispatch.host_us("NVIDIA H200")) == set(dispatch.IMPLEMENTATIONS)
+    assert dispatch.host_us("NVIDIA H100 80GB HBM3") == {}
+
+
+# --- where the GPU times come from ---------------------------------------------------------------
+
+def _bench_doc():
+    return json.loads((REPO / "results" / "bench.json").read_text())
+
+
+def test_every_packaged_entry_carries_the_bench_times_of_its_shape():
+    doc = _bench_doc()
+    times = backend_times(doc)
+    db = BestConfigDB.load(REPO / "fa4" / "data" / "best_configs.json")
+    assert set(times) == {e.key for e in db.entries}
+    for e in db.entries:
+        assert e.backend_us == times[e.key] and e.backend_source == f"bench {doc['date']}"
+        assert set(e.backend_us) == set(dispatch.IMPLEMENTATIONS)
+    # the row of the README's table: B1 S1024 causal, tuned 22.03, flash-attn-4 21.56, cuDNN 31.04
+    causal = db.get("sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8")
+    assert causal.backend_us["ours"] == pytest.approx(22.032)
+    assert causal.backend_us["flash_attn_4"] == pytest.approx(21.563)
+
+
+def _entry(fingerprint="416c96b19285e07e"):
+    p = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
+    return Entry.from_result(arch="sm90", device="NVIDIA H200", problem=p, config=Config.make("sm90").to_dict(),
+                             us=21.5, tflops=1.0, default_us=22.0, peers_us={}, max_err=None,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=0)
+
+
+def test_import_bench_updates_only_entries_of_the_kernel_the_bench_ran():
+    doc = _bench_doc()
+    db = BestConfigDB()
+    db.merge(_entry())
+    other = BestConfigDB()
+    other.merge(_entry("another0kernel00"))
+    updated, skipped = import_backend_times(doc, db)
+    assert updated == [_entry().key] and db.get(_entry().key).backend_us["sdpa_cudnn"] == pytest.approx(31.042)
+    assert len(skipped) == 13 and all("not in the database" in s for s in skipped)
+    updated, skipped = import_backend_times(doc, other)
+    assert updated == [] and any("tuned on kernel another0kernel00" in s for s in skipped)
+    assert other.get(_entry().key).backend_us == {}
+
+
+def test_import_bench_command(tmp_path):
+    db_path = tmp_path / "db.json"
+    record(_entry(), db_path)
+    result = CliRunner().invoke(cli.main, ["db", "import-bench", str(REPO / "results" / "bench.json"),
+                                           "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    assert "1 entries of" in result.stderr
+    [e] = BestConfigDB.load(db_path).entries
+    assert e.backend_us["ours"] == pytest.approx(22.032)
+    (tmp_path / "x.json").write_text("{}")
+    bad = CliRunner().invoke(cli.main, ["db", "import-bench", str(tmp_path / "x.json"), "--db", str(db_path)])
+    assert bad.exit_code == 1 and "not a fa4tune bench output" in bad.output
+
+
+# --- what explain says ------------------------------------------------------------------------------
+
+def _meta(b, s, hq, hkv, d, dtype=torch.float16):
+    return tuple(torch.empty(b, s, h, d, dtype=dtype, device="meta") for h in (hq, hkv, hkv))
+
+
+def test_explain_says_which_backend_would_run_and_why():
+    fa4.use_config_db(REPO / "fa4" / "data" / "best_configs.json")
+    try:
+        e = fa4.explain(*_meta(1, 1024, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
+        assert e.source == "exact" and [(c.mode, c.backend) for c in e.backends] == [
+            ("eager", "ours"), ("graph", "flash_attn_4")]
+        text = str(e)
+        assert "graph: flash-attn-4 (GPU time 21.6 us vs ours 22.0 us: 1.022x faster)" in text
+        assert "fa4.attention runs our kernel all the same" in text
+        # where ours wins both ways, nothing more is said
+        e = fa4.explain(*_meta(8, 512, 16, 16, 64, torch.bfloat16), causal=True, arch="sm90",
+                        device_name="NVIDIA H200")
+        assert {c.backend for c in e.backends} == {"ours"} and "runs our kernel all the same" not in str(e)
+        # a neighbour's times were measured at another shape: no verdict
+        e = fa4.explain(*_meta(1, 2000, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
+        assert e.source == "nearest" and e.backends == [] and "fastest backend" not in str(e)
+    finally:
+        fa4.use_config_db(None)
