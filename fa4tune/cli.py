@@ -86,6 +86,45 @@ def shape_options(fn):
     return fn
 
 
+def shape_set_options(fn):
+    """--shapes-file and --model: a set of problems instead of the shape options."""
+    fn = click.option("--model", default=None, metavar="NAME",
+                      help="a model preset's shape set (fa4tune.shape_sets.model_names(): llama-3-8b, ...) "
+                           "instead of the shape options")(fn)
+    return click.option("--shapes-file", default=None, type=click.Path(dir_okay=False),
+                        help="a TOML list of problems ([[problem]] tables; FA4_RECORD_SHAPES writes one) "
+                             "instead of the shape options")(fn)
+
+
+_SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen", "seqlen_k", "dtype", "lse")
+
+
+def problems_from_set(shapes_file, model, mask):
+    """The problems of --shapes-file or --model (None when neither is given); --causal/--no-causal keep
+    one mask of the set, the other shape options may not be given with a set."""
+    from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file
+
+    if shapes_file is None and model is None:
+        return None
+    if shapes_file is not None and model is not None:
+        raise click.UsageError("give --shapes-file or --model, not both")
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in _SHAPE_OPTION_NAMES
+             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot be combined with a shape set (--shapes-file/--model); "
+                               "write the shapes into the file instead")
+    try:
+        problems = load_shapes_file(shapes_file) if shapes_file else load_model(model)
+    except ShapeSetError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if mask in ("causal", "full"):
+        problems = [p for p in problems if p.causal == (mask == "causal")]
+        if not problems:
+            raise click.UsageError(f"the shape set has no {'causal' if mask == 'causal' else 'non-causal'} problem")
+    return problems
+
+
 def _check_arch(ctx, param, value: str) -> str:
     # validated when used, not declared as a Choice: the list lives in fa4.kernels, and importing it
     # (torch) on every `fa4tune --help` would make the help slow
@@ -162,6 +201,9 @@ def _resolve_arch(arch: str, gpus: list[dict], need_gpu: bool) -> str:
 
 def _describe_problems(problems) -> str:
     p0 = problems[0]
+    if len({(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.dtype, p.return_lse)
+            for p in problems}) > 1:   # a shape set: name each problem
+        return f"{len(problems)} problems: " + "; ".join(p.label() for p in problems)
     masks = " and ".join("causal" if p.causal else "non-causal" for p in problems)
     return (f"batch {p0.batch}, {p0.heads_q} query heads, {p0.heads_kv} KV heads (gqa {p0.gqa_ratio}), "
             f"head dim {p0.head_dim}, seqlen_q {p0.seqlen_q}, seqlen_k {p0.seqlen_k}, {p0.dtype}, {masks}"
@@ -255,6 +297,7 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 
 @main.command()
 @shape_options
+@shape_set_options
 @arch_option
 @click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True,
               help="configurations per study that pass the feasibility model (infeasible ones are "
@@ -282,7 +325,8 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
-def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, arch, trials, sampler,
+def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
+           trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
            space_path, l2, peers, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
@@ -292,7 +336,8 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     from fa4tune.timing import TimingSettings
     from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    problems = (problems_from_set(shapes_file, model, mask)
+                or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
         _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
@@ -394,6 +439,7 @@ def best(fmt, db_path):
 
 @main.command()
 @shape_options
+@shape_set_options
 @click.option("--shapes", default=None,
               help="space/comma separated shape keys, e.g. 'sq1024-gqa4-causal s4096-bf16-full' "
                    "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full lse; the rest from the shape options)")
@@ -406,7 +452,8 @@ def best(fmt, db_path):
               help="worker processes in all (they compile in parallel)")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
-def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes, arch, db_path,
+def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,
+          arch, db_path,
           out_path, csv_path, fmt, jobs, l2, peers):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune import paths
@@ -415,7 +462,11 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     from fa4tune.timing import TimingSettings
     from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    shape_set = problems_from_set(shapes_file, model, mask)
+    if shape_set and shapes:
+        raise click.UsageError("give --shapes or a shape set (--shapes-file/--model), not both")
+    problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
+                                                  dtype, lse, mask)
     if shapes:
         base = problems[0].to_dict()
         parsed = []

@@ -99,16 +99,28 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
         progress.message(f"{pool.size} worker processes on GPU(s) {settings.gpus} ready in "
                          f"{time.monotonic() - t0:.1f} s: {pool.device.get('name', '?')}")
     summaries = []
+    names = [study_name_of(arch, problem, problems, settings.study_name) for problem in problems]
+    progress.start_set(names)
     try:
-        for problem in problems:
-            name = settings.study_name
-            if name and len(problems) > 1:  # one --study name for several problems: suffix the mask
-                name = f"{name}-{'causal' if problem.causal else 'full'}"
-            summaries.append(run_study(arch, problem, space, storage, pool, settings, progress, name))
+        for problem, name in zip(problems, names):
+            summary = run_study(arch, problem, space, storage, pool, settings, progress, name)
+            progress.study_finished(summary["wall_s"], summary["evaluated_this_run"])
+            summaries.append(summary)
     finally:
         if own_pool:
             pool.close()
     return summaries
+
+
+def study_name_of(arch: str, problem: AttentionProblem, problems: list[AttentionProblem],
+                  given: Optional[str]) -> str:
+    """The study of a problem: its shape key, or a given --study name (suffixed with the mask when two
+    problems differ only by it, and with the shape key when a set holds more)."""
+    if not given or len(problems) == 1:
+        return given or shape_key(arch, problem)
+    if len(problems) == 2 and {p.causal for p in problems} == {False, True}:
+        return f"{given}-{'causal' if problem.causal else 'full'}"
+    return f"{given}-{shape_key(arch, problem)}"
 
 
 def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage, pool: WorkerPool,
@@ -141,8 +153,10 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
 
     loop = TrialLoop(study=study, storage=storage, arch=arch, problem=problem, distributions=distributions,
                      kernels=kernels, pool=pool, settings=settings, progress=progress, owner=owner, name=name)
+    evaluated_before = loop.evaluated()
     wall_s = loop.run()
     summary = summarize(study)
+    summary["evaluated_this_run"] = loop.evaluated() - evaluated_before
     summary["wall_s"] = round(wall_s, 2)
     summary["pool_events"] = dict(pool.events)
     summary["processes"] = pool.size

@@ -89,7 +89,7 @@ class TrialLoop:
         if self.settings.peers:
             self.peers_task = self.pool.submit("peers", {"problem": self.problem.to_dict(), "timing": self.timing,
                                                          "names": list(self.settings.peers)})
-        self.progress.start(self.name, self.settings.trials, self.evaluated())
+        self.progress.start(self.name, self.settings.trials, self.evaluated(), self.settings.timeout_s)
         try:
             while True:
                 self.fill_pool()
