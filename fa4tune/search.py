@@ -88,7 +88,7 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
     """Run (or resume) one study per problem; returns one summary dict per study."""
     progress = progress or Progress()
     space = load_space(arch, settings.space_path)
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.storage, say=progress.message)
     own_pool = pool is None
     if own_pool:
         pool = WorkerPool(settings.process_count(), settings.gpus, evaluator=settings.evaluator,

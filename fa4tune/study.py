@@ -26,14 +26,18 @@ Trials:
     user_attrs: outcome (`fa4tune.outcomes`; "interrupted" only on a trial swept after the harness
       died), us, tflops, compile_s, max_err (vs
       fp32 reference), max_err_sdpa, error (short text), reasons (list, infeasible only), is_default
-      (bool), and when they apply: gpu_s, compile_cached, replay_spread, repeat_of (a configuration
-      already evaluated in this study: its result is copied, not measured again).
+      (bool), and when they apply: gpu_s, compile_cached, replay_spread.
+    A repeat (a configuration the study already holds; rare, `fa4tune.sampler`) is a FAIL trial with
+      only user_attr repeat_of (the number of the trial that holds it): no value, no point in a plot,
+      not counted. Journals written before carry repeats as COMPLETE/PRUNED trials with the result
+      copied and repeat_of set; every reader skips trials with repeat_of.
     state and value:
       COMPLETE, value = GPU µs (minimise)   outcome "ok"
       PRUNED, no value                       every other measured outcome. The TPE sampler gets a
                                              constraint (violated for these), so it treats them as
                                              worse than any working configuration and steers away.
-      FAIL                                    interrupted: the harness died while the trial ran. On the
+      FAIL                                    a repeat (repeat_of), or
+                                              interrupted: the harness died while the trial ran. On the
                                              next run, a RUNNING trial whose owner process is gone
                                              (same host) or whose heartbeat (system attr
                                              "fa4tune:heartbeat", renewed every 10 s) is older than
@@ -51,17 +55,23 @@ from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import versions
 from fa4tune.outcomes import OUTCOMES
 from fa4tune.progress import Progress
+from fa4tune.sampler import params_key, unseen_first  # noqa: F401  (params_key: one definition, used here and by the loop)
 from fa4tune.space import SearchSpace
 from fa4tune.timing import TimingSettings
 
 SAMPLERS = ("tpe", "grid", "random")
 
 
-def params_key(params: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
-
-
 def make_sampler(name: str, seed: int, space: dict, trials: int):
+    """The study's sampler over `space` ({knob: [choices]}); TPE and random are wrapped so that they
+    propose each configuration once (`fa4tune.sampler`)."""
+    import optuna
+
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+    return unseen_first(_make_inner_sampler(name, seed, space, trials), distributions, seed)
+
+
+def _make_inner_sampler(name: str, seed: int, space: dict, trials: int):
     import optuna
 
     if name == "grid":
@@ -193,7 +203,7 @@ def summarize(study) -> dict:
     attrs = study.user_attrs
     counts, distinct = outcome_counts(study)
     trials = study.get_trials(deepcopy=False)
-    interrupted = sum(1 for t in trials if t.state == TrialState.FAIL)
+    interrupted = sum(1 for t in trials if t.state == TrialState.FAIL and "repeat_of" not in t.user_attrs)
     repeats = sum(1 for t in trials if "repeat_of" in t.user_attrs)
     compile_times = [t.user_attrs["compile_s"] for t in trials
                      if t.user_attrs.get("compile_s") and not t.user_attrs.get("compile_cached")

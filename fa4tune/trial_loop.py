@@ -2,8 +2,9 @@
 tell optuna what happened.
 
 Each configuration asked for is, in order:
-- a repeat of one already seen in this study: its result is copied (`repeat_of`), not measured again
-  (when the original is still in flight, the repeat waits for it);
+- a repeat of one already in this study (the sampler avoids them, `fa4tune.sampler`; a race between
+  processes or an exhausted space can still yield one): recorded as a FAIL trial with `repeat_of`,
+  neither measured nor counted;
 - rejected by the kernel's feasibility model: recorded as "infeasible" with its reasons;
 - a compile key that already failed to compile: recorded as that compile error without compiling;
 - otherwise submitted to the pool, at most two per worker in flight.
@@ -46,11 +47,6 @@ class _InFlight:
     compile_key: Any = None
 
 
-def _copyable(result: dict) -> dict:
-    """What a repeat inherits from the configuration it repeats (not its timings of the phases)."""
-    return {k: v for k, v in result.items() if k not in ("repeat_of", "is_default", "compile_s", "gpu_s")}
-
-
 class TrialLoop:
     """Runs one study to its end. `run()` returns the wall seconds it took."""
 
@@ -62,10 +58,8 @@ class TrialLoop:
         self.owner, self.name = owner, name
         self.timing = settings.timing.to_dict()
         self.seen: dict[tuple, int] = {}                    # params key -> first trial number
-        self.finished: dict[int, dict] = {}                 # trial number -> result
         self.failed_keys: dict[Any, str] = {}               # compile key -> its compile error
         self.in_flight: dict[int, _InFlight] = {}           # pool task id -> trial
-        self.waiting_repeats: dict[int, list[_InFlight]] = {}  # trial number -> repeats of it
         self.peers_task: Optional[int] = None
         self.counts, self.distinct = outcome_counts(study)
         self.space_size = math.prod(len(d.choices) for d in distributions.values())
@@ -81,7 +75,6 @@ class TrialLoop:
 
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             self.seen.setdefault(params_key(t.params), t.number)
-            self.finished[t.number] = dict(t.user_attrs)
 
     # -- the loop --
     def run(self) -> float:
@@ -134,17 +127,21 @@ class TrialLoop:
         key = params_key(trial.params)
         if key in self.seen and not entry.is_default:
             self.repeats_in_a_row += 1
-            original = self.seen[key]
-            if original in self.finished:
-                self.finish(entry, {**_copyable(self.finished[original]), "repeat_of": original})
-            else:
-                self.waiting_repeats.setdefault(original, []).append(entry)
+            self.record_repeat(entry, self.seen[key])
             return
         self.repeats_in_a_row = 0
         self.seen[key] = trial.number
         self.distinct += 1
         self.screen_and_submit(entry, Config.from_dict(self.arch, trial.params))
         self.report_progress()
+
+    def record_repeat(self, entry: _InFlight, original: int) -> None:
+        """A configuration the study already holds: no measurement, no value (FAIL plots no point and
+        leaves the sampler's model as it was), not counted."""
+        from optuna.trial import TrialState
+
+        entry.trial.set_user_attr("repeat_of", original)
+        self.study.tell(entry.trial, state=TrialState.FAIL)
 
     def screen_and_submit(self, entry: _InFlight, config: Config) -> None:
         try:
@@ -179,23 +176,18 @@ class TrialLoop:
         self.report_progress()
 
     def finish(self, entry: _InFlight, result: dict) -> None:
-        is_default = entry.is_default and "repeat_of" not in result
+        is_default = entry.is_default
         finish_trial(self.study, entry.trial, result, is_default)
-        number = entry.trial.number
-        self.finished[number] = result
-        if "repeat_of" not in result:
-            self.counts[result["outcome"]] += 1
+        self.counts[result["outcome"]] += 1
         if result["outcome"] == OK and (self.best_us is None or result["us"] < self.best_us):
             self.best_us = result["us"]
         if is_default and result["outcome"] == OK:
             self.default_us = result["us"]
             self.study.set_user_attr("default_us", self.default_us)
-        for waiting in self.waiting_repeats.pop(number, []):
-            self.finish(waiting, {**_copyable(result), "repeat_of": number})
 
     # -- liveness --
     def _alive_entries(self) -> list[_InFlight]:
-        return list(self.in_flight.values()) + [e for es in self.waiting_repeats.values() for e in es]
+        return list(self.in_flight.values())
 
     def heartbeat(self) -> None:
         if time.monotonic() - self.last_beat <= liveness.HEARTBEAT_INTERVAL_S:
