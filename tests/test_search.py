@@ -25,7 +25,7 @@ from fa4tune import liveness
 from fa4tune.liveness import sweep_interrupted
 from fa4tune.outcomes import OUTCOMES
 from fa4tune.progress import Progress
-from fa4tune.search import SearchSettings, run_search
+from fa4tune.search_runner import SearchSettings, run_search
 from fa4tune.shapes import parse_shape, shape_key
 from fa4tune.storage import open_storage
 from fa4tune.pool import WorkerPool
@@ -277,7 +277,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
-from fa4tune.search import SearchSettings, run_search
+from fa4tune.search_runner import SearchSettings, run_search
 if __name__ == "__main__":
     s = SearchSettings(trials={trials}, processes=2, storage={storage!r}, db_path={db!r},
                        evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes")

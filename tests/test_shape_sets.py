@@ -150,7 +150,7 @@ def test_time_left_estimates():
 
 def test_a_search_over_a_set_names_each_study_and_estimates_time_left(tmp_path):
     from test_search import EVALUATOR, settings
-    from fa4tune.search import run_search
+    from fa4tune.search_runner import run_search
     from fa4tune.pool import WorkerPool
 
     problems = load_shapes_file(REPO / "benchmarks" / "h200_grid.toml")[:3]
