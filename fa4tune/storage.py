@@ -31,6 +31,18 @@ _NOT_STORAGE_NAMES = ("best_configs.json", "bench.json")
 _NOT_STORAGE_SUFFIXES = (".html", ".png", ".py", ".csv", ".lock", ".flock")
 
 
+def rdb_url(url: str) -> str:
+    """The SQLAlchemy URL to open: a plain postgresql:// URL names the driver `fa4tune[postgres]`
+    installs (psycopg2), since SQLAlchemy 2.1 would otherwise look for psycopg 3, when only psycopg2
+    is present. Any other URL, or one naming its driver (postgresql+psycopg://), is used as given."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
 def open_storage(spec: str | os.PathLike | None = None,
                  say: Callable[[str], None] | None = None) -> optuna.storages.BaseStorage:
     """The storage a search writes: a journal file path (default: the results directory's) or an RDB
@@ -40,7 +52,7 @@ def open_storage(spec: str | os.PathLike | None = None,
 
     text = str(spec) if spec is not None else str(storage_path())
     if "://" in text:
-        return optuna.storages.RDBStorage(text)
+        return optuna.storages.RDBStorage(rdb_url(text))
     Path(text).parent.mkdir(parents=True, exist_ok=True)
     lock = JournalFlock(text)
     repair = repair_journal(text, lock)
@@ -108,7 +120,7 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     without creating anything in it."""
     kind = storage_kind(spec)
     if kind == "url":
-        return optuna.storages.RDBStorage(spec, skip_table_creation=True)
+        return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
     if kind == "sqlite":
         url = f"sqlite:///file:{Path(spec).resolve()}?mode=ro&uri=true"
         return optuna.storages.RDBStorage(url, skip_table_creation=True)
