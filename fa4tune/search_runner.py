@@ -46,6 +46,7 @@ from fa4tune.storage import open_storage
 from fa4tune.study import SAMPLERS, make_sampler, open_study, search_distributions, summarize, write_study_attrs
 from fa4tune.timing import TimingSettings
 from fa4tune.trial_loop import TrialLoop
+from fa4tune.warm_start import warm_start_configs
 from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 
@@ -67,6 +68,7 @@ class SearchSettings:
     db_path: Optional[str] = None              # None: $FA4_CONFIG_DB, else the results directory's
     record_db: bool = True
     space_path: Optional[str] = None
+    warm_start: bool = True                    # seed new studies from tuned neighbours (fa4tune.warm_start)
     evaluator: str = DEFAULT_EVALUATOR
     kernel_api: str = "fa4.kernels"            # tests inject a CPU model of the kernel API here
 
@@ -123,6 +125,25 @@ def study_name_of(arch: str, problem: AttentionProblem, problems: list[Attention
     return f"{given}-{shape_key(arch, problem)}"
 
 
+def seed_from_neighbours(study, arch: str, problem: AttentionProblem, device: Optional[str], fingerprint: str,
+                         choices: dict, default, db_path: Optional[str], progress: Progress, name: str) -> None:
+    """Enqueue the warm-start configurations of a new study (`fa4tune.warm_start`)."""
+    from fa4.database import BestConfigDB, DatabaseError
+    from fa4tune.record import database_for_writing
+
+    try:
+        db = BestConfigDB.load(database_for_writing(db_path))
+    except DatabaseError as exc:
+        progress.message(f"[{name}] no warm start: {exc}")
+        return
+    seeds = warm_start_configs(db, arch, device, problem, fingerprint, choices, default.to_dict())
+    for config, key in seeds:
+        study.enqueue_trial(config, user_attrs={"warm_start": key}, skip_if_exists=False)
+    if seeds:
+        progress.message(f"[{name}] warm start: {len(seeds)} configuration(s) of tuned neighbours: "
+                         + ", ".join(key for _, key in seeds))
+
+
 def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage, pool: WorkerPool,
               settings: SearchSettings, progress: Progress, study_name: Optional[str] = None) -> dict:
     """Open (or resume) the study of one problem, seed it with the default, run its trial loop, record
@@ -150,6 +171,9 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
     if not any(t.user_attrs.get("is_default") for t in study.get_trials(deepcopy=False)
                if t.state != TrialState.FAIL):
         study.enqueue_trial(default.to_dict(), user_attrs={"is_default": True}, skip_if_exists=False)
+    if settings.warm_start and len(study.get_trials(deepcopy=False)) <= 1:   # new: only the default so far
+        seed_from_neighbours(study, arch, problem, pool.device.get("name"), fingerprint, choices, default,
+                             settings.db_path, progress, name)
 
     loop = TrialLoop(study=study, storage=storage, arch=arch, problem=problem, distributions=distributions,
                      kernels=kernels, pool=pool, settings=settings, progress=progress, owner=owner, name=name)

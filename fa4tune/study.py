@@ -26,7 +26,8 @@ Trials:
     user_attrs: outcome (`fa4tune.outcomes`; "interrupted" only on a trial swept after the harness
       died), us, tflops, compile_s, max_err (vs
       fp32 reference), max_err_sdpa, error (short text), reasons (list, infeasible only), is_default
-      (bool), and when they apply: gpu_s, compile_cached, replay_spread.
+      (bool), and when they apply: gpu_s, compile_cached, replay_spread, warm_start (the key of the
+      database entry a new study was seeded with, `fa4tune.warm_start`).
     A repeat (a configuration the study already holds; rare, `fa4tune.sampler`) is a FAIL trial with
       only user_attr repeat_of (the number of the trial that holds it): no value, no point in a plot,
       not counted. Journals written before carry repeats as COMPLETE/PRUNED trials with the result
