@@ -2,8 +2,13 @@
 `WorkerPool`, its best configuration recorded in the best-config database.
 
 Where each step lives:
+    fa4tune.api          the entry points (`fa4tune search`, `fa4tune.search(...)`): GPUs, settings
     fa4tune.shapes       the study name of a problem (shape key)
+    fa4tune.shape_sets   the problems of a shapes file or a model preset
     fa4tune.storage      the optuna storage (open to write, open to read)
+    fa4tune.journal      the journal file's lock and torn-line repair
+    fa4tune.sampler      the samplers, wrapped to propose each configuration once
+    fa4tune.warm_start   the seeds of a new study from tuned neighbours
     fa4tune.study        a study's lifecycle and what is stored in it (the storage schema)
     fa4tune.liveness     owners and heartbeats: which running trials a killed search left behind
     fa4tune.trial_loop   ask, screen, submit, tell
