@@ -19,7 +19,7 @@ import sys
 import time
 
 from fa4.kernels import AttentionProblem, Config, compile_key, default_config, feasible
-from fa4tune.search import parse_shape
+from fa4tune.shapes import parse_shape
 from fa4tune.timing import TimingSettings, tflops, time_cuda
 from fa4tune.worker import KernelEvaluator
 

@@ -50,7 +50,7 @@ One entry (every field is written; `key` is derived and checked on load):
                         fingerprint makes the entry stale: reported, never trusted by lookup
     versions            {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}
     date                ISO 8601 UTC time of the record
-    study, trial        optuna study name and trial number it came from (storage: fa4tune.search)
+    study, trial        optuna study name and trial number it came from (storage: fa4tune.search_runner)
 
 Writes take an exclusive `fcntl` lock on `<path>.lock`, re-read the file, merge, write a temporary
 file in the same directory, fsync it and rename it over the old one: two searches finishing at once

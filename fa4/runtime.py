@@ -34,7 +34,7 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import checks, fallback as _fallback
-from fa4 import config_text, kernels
+from fa4 import config_text, kernels, record_shapes
 from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
@@ -722,6 +722,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
         checks.check_grad(q, k, v)
     softmax_scale = checks.softmax_scale_value(softmax_scale)
     plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
+    record_shapes.note(plan.spec, causal, return_lse)   # FA4_RECORD_SHAPES; a no-op when unset
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL:
         launch.out_like_q = q.is_contiguous()

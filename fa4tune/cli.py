@@ -1,5 +1,5 @@
-"""The `fa4tune` command line: a thin layer over fa4tune.search, fa4tune.compile_space, fa4tune.bench,
-fa4tune.report and fa4.database.
+"""The `fa4tune` command line: a thin layer over fa4tune.api (search and bench, the same functions the
+Python API runs), fa4tune.compile_space, fa4tune.report and fa4.database.
 
 Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr (`-q` silences
 progress, `-v` adds a line per item). Options mean the same in every command: the shape options come
@@ -17,10 +17,14 @@ from dataclasses import dataclass
 
 import click
 
-from fa4tune.peers import PEER_NAMES
+from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
 from fa4tune.timing import L2_STATES
 
-DEFAULT_SHAPE = {"batch": 1, "heads": 32, "gqa": 4, "head_dim": 128, "seqlen": 1024, "dtype": "fp16"}
+# the shape options' defaults: the API's default problem (one definition)
+DEFAULT_SHAPE = {"batch": DEFAULT_PROBLEM["batch"], "heads": DEFAULT_PROBLEM["heads_q"],
+                 "gqa": DEFAULT_PROBLEM["heads_q"] // DEFAULT_PROBLEM["heads_kv"],
+                 "head_dim": DEFAULT_PROBLEM["head_dim"], "seqlen": DEFAULT_PROBLEM["seqlen_q"],
+                 "dtype": DEFAULT_PROBLEM["dtype"]}
 
 
 @dataclass
@@ -86,6 +90,45 @@ def shape_options(fn):
     return fn
 
 
+def shape_set_options(fn):
+    """--shapes-file and --model: a set of problems instead of the shape options."""
+    fn = click.option("--model", default=None, metavar="NAME",
+                      help="a model preset's shape set (fa4tune.shape_sets.model_names(): llama-3-8b, ...) "
+                           "instead of the shape options")(fn)
+    return click.option("--shapes-file", default=None, type=click.Path(dir_okay=False),
+                        help="a TOML list of problems ([[problem]] tables; FA4_RECORD_SHAPES writes one) "
+                             "instead of the shape options")(fn)
+
+
+_SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen", "seqlen_k", "dtype", "lse")
+
+
+def problems_from_set(shapes_file, model, mask):
+    """The problems of --shapes-file or --model (None when neither is given); --causal/--no-causal keep
+    one mask of the set, the other shape options may not be given with a set."""
+    from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file
+
+    if shapes_file is None and model is None:
+        return None
+    if shapes_file is not None and model is not None:
+        raise click.UsageError("give --shapes-file or --model, not both")
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in _SHAPE_OPTION_NAMES
+             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot be combined with a shape set (--shapes-file/--model); "
+                               "write the shapes into the file instead")
+    try:
+        problems = load_shapes_file(shapes_file) if shapes_file else load_model(model)
+    except ShapeSetError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if mask in ("causal", "full"):
+        problems = [p for p in problems if p.causal == (mask == "causal")]
+        if not problems:
+            raise click.UsageError(f"the shape set has no {'causal' if mask == 'causal' else 'non-causal'} problem")
+    return problems
+
+
 def _check_arch(ctx, param, value: str) -> str:
     # validated when used, not declared as a Choice: the list lives in fa4.kernels, and importing it
     # (torch) on every `fa4tune --help` would make the help slow
@@ -133,40 +176,13 @@ def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
         raise click.UsageError(str(exc)) from exc
 
 
-def detect_gpus() -> list[dict]:
-    """Visible CUDA GPUs: [{"index", "name", "cc": (major, minor)}] (empty without CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return []
-    if not torch.cuda.is_available():
-        return []
-    return [{"index": i, "name": torch.cuda.get_device_name(i), "cc": torch.cuda.get_device_capability(i)}
-            for i in range(torch.cuda.device_count())]
-
-
 def _resolve_arch(arch: str, gpus: list[dict], need_gpu: bool) -> str:
-    if arch != "auto":
-        return arch
-    if gpus:
-        from fa4.arch import arch_of_capability, describe_capabilities
+    from fa4tune.api import NoGpuError, resolve_arch
 
-        found = arch_of_capability(gpus[0]["cc"])
-        if found is None:
-            raise click.ClickException(f"GPU {gpus[0]['name']} (compute capability {gpus[0]['cc'][0]}."
-                                       f"{gpus[0]['cc'][1]}) runs no fa4 kernel: {describe_capabilities()}")
-        return found
-    if need_gpu:
-        raise click.ClickException("no CUDA GPU found")
-    return "sm90"
-
-
-def _describe_problems(problems) -> str:
-    p0 = problems[0]
-    masks = " and ".join("causal" if p.causal else "non-causal" for p in problems)
-    return (f"batch {p0.batch}, {p0.heads_q} query heads, {p0.heads_kv} KV heads (gqa {p0.gqa_ratio}), "
-            f"head dim {p0.head_dim}, seqlen_q {p0.seqlen_q}, seqlen_k {p0.seqlen_k}, {p0.dtype}, {masks}"
-            + (", with LSE" if p0.return_lse else ""))
+    try:
+        return resolve_arch(arch, gpus, need_gpu)
+    except (ValueError, NoGpuError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _table(title: str, columns: list[str], rows: list[list]) -> None:
@@ -208,7 +224,7 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
     except (ValueError, SpaceError) as exc:
         raise click.UsageError(str(exc)) from exc
     jobs = jobs or os.cpu_count() or 2
-    _echo_err(f"fa4tune compile-space: {arch}, {_describe_problems(problems)}; {space.size} configurations "
+    _echo_err(f"fa4tune compile-space: {arch}, {describe_problems(problems)}; {space.size} configurations "
               f"({space.source or 'all declared choices'}), compiling "
               f"{'every feasible one' if not limit else f'up to {limit} feasible ones'} per problem "
               f"with {jobs} processes")
@@ -256,6 +272,7 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 
 @main.command()
 @shape_options
+@shape_set_options
 @arch_option
 @click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True,
               help="configurations per study that pass the feasibility model (infeasible ones are "
@@ -281,47 +298,35 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--space", "space_path", default=None, help="search-space TOML [default: search_spaces/<arch>.toml]")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
+@click.option("--warm-start/--cold-start", default=True, show_default=True,
+              help="seed a new study with the best configurations of its nearest tuned neighbours in the "
+                   "database (same arch, dtype, head dim; both masks)")
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
-def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, arch, trials, sampler,
+def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
+           trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
-           space_path, l2, peers, compile_only):
+           space_path, l2, peers, warm_start, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
-    from fa4tune import paths
-    from fa4tune import search as search_mod
-    from fa4tune.space import SpaceError, load_space
-    from fa4tune.timing import TimingSettings
+    from fa4tune.api import NoGpuError, run_search_set
+    from fa4tune.space import SpaceError
     from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    problems = (problems_from_set(shapes_file, model, mask)
+                or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
         _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
-    gpus = detect_gpus()
-    if not gpus:
-        click.echo("fa4tune search: no CUDA GPU found. A search validates and times kernels on a GPU.\n"
-                   "  --compile-only (or fa4tune compile-space) checks the search space and compiles it on "
-                   "CPU (no GPU needed).", err=True)
+    try:
+        summaries = run_search_set(
+            problems, gpus=detect_gpus(), arch=arch, trials=trials, sampler=sampler, seed=seed, timeout=timeout,
+            trial_timeout=trial_timeout, compile_timeout=compile_timeout, storage=storage, study=study,
+            workers=workers, jobs=jobs, db=db_path, record_db=not no_db, space=space_path, l2=l2, peers=peers,
+            warm_start=warm_start, progress=_verbosity().progress())
+    except NoGpuError as exc:
+        click.echo(f"fa4tune search: {exc}", err=True)
         sys.exit(2)
-    arch = _resolve_arch(arch, gpus, need_gpu=True)
-    _echo_err(f"fa4tune search: arch {arch} (detected: {gpus[0]['name']}); {_describe_problems(problems)}")
-    try:
-        load_space(arch, space_path)
-    except SpaceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if workers > len(gpus):
-        raise click.ClickException(f"--workers {workers} but only {len(gpus)} GPU(s) are visible")
-    settings = search_mod.SearchSettings(
-        trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
-        compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
-        timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
-        db_path=db_path, record_db=not no_db, space_path=space_path)
-    _echo_err(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
-              f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
-              f"{storage or paths.storage_path()}")
-    try:
-        summaries = search_mod.run_search(arch, problems, settings, _verbosity().progress())
-    except (PoolError, ValueError) as exc:
+    except (PoolError, SpaceError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
     broken_default = [s["study"] for s in summaries if s["default_us"] is None]
@@ -452,7 +457,7 @@ def db_import_bench(bench_path, db_path):
     (ours and the peers, one run), which `fa4.explain` judges the fastest backend from. Entries tuned
     on other kernel sources than the bench ran are left alone."""
     from fa4.database import BestConfigDB, DatabaseError, default_path
-    from fa4tune.bench import import_backend_times
+    from fa4tune.bench_runner import import_backend_times
 
     target = db_path or str(default_path())
     try:
@@ -475,6 +480,7 @@ def db_import_bench(bench_path, db_path):
 
 @main.command()
 @shape_options
+@shape_set_options
 @click.option("--shapes", default=None,
               help="space/comma separated shape keys, e.g. 'sq1024-gqa4-causal s4096-bf16-full' "
                    "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full lse; the rest from the shape options)")
@@ -487,16 +493,19 @@ def db_import_bench(bench_path, db_path):
               help="worker processes in all (they compile in parallel)")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
-def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes, arch, db_path,
+def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,
+          arch, db_path,
           out_path, csv_path, fmt, jobs, l2, peers):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
-    from fa4tune import paths
-    from fa4tune.bench import run_bench, write_bench
+    from fa4tune.api import NoGpuError, run_bench_set
     from fa4tune.shapes import parse_shape
-    from fa4tune.timing import TimingSettings
     from fa4tune.pool import PoolError
 
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    shape_set = problems_from_set(shapes_file, model, mask)
+    if shape_set and shapes:
+        raise click.UsageError("give --shapes or a shape set (--shapes-file/--model), not both")
+    problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
+                                                  dtype, lse, mask)
     if shapes:
         base = problems[0].to_dict()
         parsed = []
@@ -510,21 +519,15 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
             else:  # no mask named: the masks of --causal/--no-causal/--both
                 parsed.extend(p.__class__(**{**p.to_dict(), "causal": q.causal}) for q in problems)
         problems = parsed
-    gpus = detect_gpus()
-    if not gpus:
-        click.echo("fa4tune bench: no CUDA GPU found; a benchmark needs one.", err=True)
-        sys.exit(2)
-    arch = _resolve_arch(arch, gpus, need_gpu=True)
-    _echo_err(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s)")
     try:
-        doc = run_bench(arch, problems, db_path=db_path, timing=TimingSettings(l2=l2),
-                        peers=PEER_NAMES if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
-                        progress=_verbosity().progress())
-    except PoolError as exc:
+        doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
+                            jobs=jobs, l2=l2, peers=peers, progress=_verbosity().progress())
+    except NoGpuError as exc:
+        click.echo(f"fa4tune bench: {exc}", err=True)
+        sys.exit(2)
+    except (PoolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    path = out_path or paths.bench_path()
-    write_bench(doc, path, csv_path)
-    _echo_err(f"wrote {path}" + (f" and {csv_path}" if csv_path else ""))
+    arch = doc["arch"]
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return

@@ -7,7 +7,8 @@ for (trial system attribute "fa4tune:owner"), renews a heartbeat on its trials i
 attribute "fa4tune:run:<host>:<pid>:<start>", renewed as often). On the next run, `sweep_interrupted`
 marks FAIL, outcome "interrupted", every RUNNING trial whose owner is gone: checked directly on the same
 host (the pid with the same start time), by heartbeat age elsewhere. A trial killed before its owner was
-written belongs to no one: it is stale when no other run of the study is alive.
+written belongs to no one: it is stale when no other run of the study is alive, or when it started
+more than STALE_AFTER_S ago (a live run claims its trials right after asking).
 
 Everything goes through the storage's public API (`fa4tune.storage.trial_id`).
 """
@@ -100,7 +101,9 @@ def sweep_interrupted(storage, study, now: Optional[float] = None, me: Optional[
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.system_attrs.get(OWNER_ATTR)
         if owner is None:
-            alive = other_run_alive
+            # claimed milliseconds after it is asked: one unclaimed for long was asked by a dead process
+            started = t.datetime_start.timestamp() if t.datetime_start else now
+            alive = other_run_alive and now - started < STALE_AFTER_S
         else:
             alive = _alive(owner, t.system_attrs.get(HEARTBEAT_ATTR), now)
         if alive:

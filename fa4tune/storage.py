@@ -1,8 +1,9 @@
 """The optuna storage of the searches: opening it to write (the search) or only to read (the report).
 
 One storage holds every study: by default an optuna `JournalStorage` over a `JournalFileBackend` (one
-JSON line per operation, a lock file for several processes), `studies.journal` in the results directory
-(`fa4tune.paths`). A `sqlite:///...` URL selects an `RDBStorage` instead.
+JSON line per operation; `fa4tune.journal` locks it with `flock` and repairs a torn line first),
+`studies.journal` in the results directory (`fa4tune.paths`). A URL (`sqlite:///...`,
+`postgresql://...`) selects an `RDBStorage` instead.
 
 Reading must not write: `open_for_reading` opens an SQLite file read-only and only when it already holds
 optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given).
@@ -16,26 +17,51 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import optuna
+
+from fa4tune.journal import JournalFlock, repair_journal
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # files that sit in a results folder but are never a storage
 _NOT_STORAGE_NAMES = ("best_configs.json", "bench.json")
-_NOT_STORAGE_SUFFIXES = (".html", ".png", ".py", ".csv", ".lock")
+_NOT_STORAGE_SUFFIXES = (".html", ".png", ".py", ".csv", ".lock", ".flock")
 
 
-def open_storage(spec: str | os.PathLike | None = None) -> optuna.storages.BaseStorage:
+def rdb_url(url: str) -> str:
+    """The SQLAlchemy URL to open: a plain postgresql:// URL names the driver `fa4tune[postgres]`
+    installs (psycopg2), since SQLAlchemy 2.1 would otherwise look for psycopg 3, when only psycopg2
+    is present. Any other URL, or one naming its driver (postgresql+psycopg://), is used as given."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def open_storage(spec: str | os.PathLike | None = None,
+                 say: Callable[[str], None] | None = None) -> optuna.storages.BaseStorage:
     """The storage a search writes: a journal file path (default: the results directory's) or an RDB
-    URL. The journal's folder is created."""
+    URL. The journal's folder is created; a journal damaged by a killed writer is repaired first
+    (`fa4tune.journal`), and `say` (default: a warning) is told what was done."""
     from fa4tune.paths import storage_path
 
     text = str(spec) if spec is not None else str(storage_path())
     if "://" in text:
-        return optuna.storages.RDBStorage(text)
+        return optuna.storages.RDBStorage(rdb_url(text))
     Path(text).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text))
+    lock = JournalFlock(text)
+    repair = repair_journal(text, lock)
+    if repair is not None:
+        if say is None:
+            warnings.warn(repair.describe(), RuntimeWarning, stacklevel=2)
+        else:
+            say(repair.describe())
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text, lock_obj=lock))
 
 
 def _is_sqlite_file(path: Path) -> bool:
@@ -94,7 +120,7 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     without creating anything in it."""
     kind = storage_kind(spec)
     if kind == "url":
-        return optuna.storages.RDBStorage(spec, skip_table_creation=True)
+        return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
     if kind == "sqlite":
         url = f"sqlite:///file:{Path(spec).resolve()}?mode=ro&uri=true"
         return optuna.storages.RDBStorage(url, skip_table_creation=True)

@@ -26,14 +26,21 @@ Trials:
     user_attrs: outcome (`fa4tune.outcomes`; "interrupted" only on a trial swept after the harness
       died), us, tflops, compile_s, max_err (vs
       fp32 reference), max_err_sdpa, error (short text), reasons (list, infeasible only), is_default
-      (bool), and when they apply: gpu_s, compile_cached, replay_spread, repeat_of (a configuration
-      already evaluated in this study: its result is copied, not measured again).
+      (bool), and when they apply: gpu_s, compile_cached, replay_spread, warm_start (the key of the
+      database entry a new study was seeded with, `fa4tune.warm_start`).
+    A repeat (a configuration the study already holds; rare, `fa4tune.sampler`) is a FAIL trial with
+      only user_attr repeat_of (the number of the trial that holds it): no value, no point in a plot,
+      not counted. Journals written before carry repeats as COMPLETE/PRUNED trials with the result
+      copied and repeat_of set; every reader skips trials with repeat_of.
     state and value:
       COMPLETE, value = GPU µs (minimise)   outcome "ok"
       PRUNED, no value                       every other measured outcome. The TPE sampler gets a
                                              constraint (violated for these), so it treats them as
                                              worse than any working configuration and steers away.
-      FAIL                                    interrupted: the harness died while the trial ran. On the
+      FAIL                                    a repeat (repeat_of), a trial over the study's budget
+                                              (user_attr over_budget: processes sharing the study
+                                              took its last places first), or
+                                              interrupted: the harness died while the trial ran. On the
                                              next run, a RUNNING trial whose owner process is gone
                                              (same host) or whose heartbeat (system attr
                                              "fa4tune:heartbeat", renewed every 10 s) is older than
@@ -51,17 +58,23 @@ from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import versions
 from fa4tune.outcomes import OUTCOMES
 from fa4tune.progress import Progress
+from fa4tune.sampler import params_key, unseen_first  # noqa: F401  (params_key: one definition, used here and by the loop)
 from fa4tune.space import SearchSpace
 from fa4tune.timing import TimingSettings
 
 SAMPLERS = ("tpe", "grid", "random")
 
 
-def params_key(params: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
-
-
 def make_sampler(name: str, seed: int, space: dict, trials: int):
+    """The study's sampler over `space` ({knob: [choices]}); TPE and random are wrapped so that they
+    propose each configuration once (`fa4tune.sampler`)."""
+    import optuna
+
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+    return unseen_first(_make_inner_sampler(name, seed, space, trials), distributions, seed)
+
+
+def _make_inner_sampler(name: str, seed: int, space: dict, trials: int):
     import optuna
 
     if name == "grid":
@@ -98,14 +111,18 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
         attrs = study.user_attrs
         stored_device = (attrs.get("device") or {}).get("name")
         same_device = not device_name or not stored_device or stored_device == device_name
-        if not attrs or (attrs.get("kernel_fingerprint") == fingerprint
-                         and attrs.get("space_fingerprint") == space_fp and same_device
-                         and attrs.get("problem") == problem.to_dict() and attrs.get("arch") == arch):
+
+        def agrees(key, value):
+            # a fact not written yet agrees: another process sharing the storage may be writing them
+            return key not in attrs or attrs[key] == value
+
+        if (agrees("kernel_fingerprint", fingerprint) and agrees("space_fingerprint", space_fp) and same_device
+                and agrees("problem", problem.to_dict()) and agrees("arch", arch)):
             break
-        if attrs.get("problem") != problem.to_dict() or attrs.get("arch") != arch:
+        if not (agrees("problem", problem.to_dict()) and agrees("arch", arch)):
             raise ValueError(f"study {name!r} holds another problem ({attrs.get('problem')}); choose another --study")
-        why = ("kernel fingerprint" if attrs.get("kernel_fingerprint") != fingerprint
-               else "search space" if attrs.get("space_fingerprint") != space_fp else "device")
+        why = ("kernel fingerprint" if not agrees("kernel_fingerprint", fingerprint)
+               else "search space" if not agrees("space_fingerprint", space_fp) else "device")
         progress.message(f"study {name}: its {why} differs from the current one; continuing in a new study")
         previous = name
         n += 1
@@ -117,16 +134,16 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
 
 def write_study_attrs(study, arch: str, problem: AttentionProblem, device: dict, fingerprint: str,
                       timing: TimingSettings, space: SearchSpace) -> None:
-    """The facts every reader of the study needs, written (again) by every run."""
-    study.set_user_attr("arch", arch)
-    study.set_user_attr("problem", problem.to_dict())
-    study.set_user_attr("device", device)
-    study.set_user_attr("versions", versions())
-    study.set_user_attr("kernel_fingerprint", fingerprint)
-    study.set_user_attr("timing", timing.describe())
-    study.set_user_attr("space", space.to_dict())
-    study.set_user_attr("space_fingerprint", space.fingerprint())
-    if "default_us" not in study.user_attrs:
+    """The facts every reader of the study needs, written by the first run and again only where one
+    changed (processes sharing a study write nothing twice)."""
+    stored = study.user_attrs
+    facts = {"arch": arch, "problem": problem.to_dict(), "device": device, "versions": versions(),
+             "kernel_fingerprint": fingerprint, "timing": timing.describe(), "space": space.to_dict(),
+             "space_fingerprint": space.fingerprint()}
+    for key, value in facts.items():
+        if key not in stored or stored[key] != value:
+            study.set_user_attr(key, value)
+    if "default_us" not in stored:
         study.set_user_attr("default_us", None)
 
 
@@ -193,7 +210,9 @@ def summarize(study) -> dict:
     attrs = study.user_attrs
     counts, distinct = outcome_counts(study)
     trials = study.get_trials(deepcopy=False)
-    interrupted = sum(1 for t in trials if t.state == TrialState.FAIL)
+    interrupted = sum(1 for t in trials if t.state == TrialState.FAIL
+                      and t.user_attrs.get("outcome") == "interrupted")
+    over_budget = sum(1 for t in trials if t.user_attrs.get("over_budget"))
     repeats = sum(1 for t in trials if "repeat_of" in t.user_attrs)
     compile_times = [t.user_attrs["compile_s"] for t in trials
                      if t.user_attrs.get("compile_s") and not t.user_attrs.get("compile_cached")
@@ -204,7 +223,7 @@ def summarize(study) -> dict:
         "study": study.study_name, "arch": attrs.get("arch"), "problem": attrs.get("problem"),
         "device": (attrs.get("device") or {}).get("name"), "kernel_fingerprint": attrs.get("kernel_fingerprint"),
         "configurations": distinct, "evaluated": distinct - counts.get("infeasible", 0),
-        "repeats": repeats, "interrupted": interrupted,
+        "repeats": repeats, "interrupted": interrupted, "over_budget": over_budget,
         "outcomes": {o: counts.get(o, 0) for o in OUTCOMES},
         "compile_s_median": round(sorted(compile_times)[len(compile_times) // 2], 3) if compile_times else None,
         # how the parallel compile pays off: compile seconds summed over trials vs the study's wall time

@@ -2,8 +2,9 @@
 tell optuna what happened.
 
 Each configuration asked for is, in order:
-- a repeat of one already seen in this study: its result is copied (`repeat_of`), not measured again
-  (when the original is still in flight, the repeat waits for it);
+- a repeat of one already in this study (the sampler avoids them, `fa4tune.sampler`; a race between
+  processes or an exhausted space can still yield one): recorded as a FAIL trial with `repeat_of`,
+  neither measured nor counted;
 - rejected by the kernel's feasibility model: recorded as "infeasible" with its reasons;
 - a compile key that already failed to compile: recorded as that compile error without compiling;
 - otherwise submitted to the pool, at most two per worker in flight.
@@ -11,6 +12,14 @@ Each configuration asked for is, in order:
 `--trials N` counts the configurations that went to a worker (whatever their outcome), so infeasible
 ones, repeats and interrupted trials do not count. The loop ends when N were evaluated, the space is
 exhausted, the study's time budget is spent, or the sampler keeps proposing repeats.
+
+Several processes may share a study (one storage, e.g. PostgreSQL on several hosts): the budget is the
+study's, counted from the storage (`refresh`); a feasible trial goes to a worker only if the finished
+trials and the claimed lower-numbered trials in flight leave it a place (`within_budget`), else it is
+recorded `over_budget`; a configuration held by a lower-numbered trial of any process is a repeat
+(`held_by_earlier`). A process whose budget is met only with other processes' trials in flight waits
+for them, sweeping those of processes that died (`fa4tune.liveness`), so a killed process's share
+is run by the others.
 
 The loop's state lives in one object (`TrialLoop`), its steps are methods; a crash of the loop marks
 every trial still in flight "interrupted" before it propagates.
@@ -46,11 +55,6 @@ class _InFlight:
     compile_key: Any = None
 
 
-def _copyable(result: dict) -> dict:
-    """What a repeat inherits from the configuration it repeats (not its timings of the phases)."""
-    return {k: v for k, v in result.items() if k not in ("repeat_of", "is_default", "compile_s", "gpu_s")}
-
-
 class TrialLoop:
     """Runs one study to its end. `run()` returns the wall seconds it took."""
 
@@ -61,27 +65,21 @@ class TrialLoop:
         self.kernels, self.pool, self.settings, self.progress = kernels, pool, settings, progress
         self.owner, self.name = owner, name
         self.timing = settings.timing.to_dict()
-        self.seen: dict[tuple, int] = {}                    # params key -> first trial number
-        self.finished: dict[int, dict] = {}                 # trial number -> result
         self.failed_keys: dict[Any, str] = {}               # compile key -> its compile error
         self.in_flight: dict[int, _InFlight] = {}           # pool task id -> trial
-        self.waiting_repeats: dict[int, list[_InFlight]] = {}  # trial number -> repeats of it
         self.peers_task: Optional[int] = None
-        self.counts, self.distinct = outcome_counts(study)
+        self.counts, self.distinct = outcome_counts(study)  # finished trials, every process's
+        self.running_elsewhere = 0                          # claimed trials in flight in other processes
         self.space_size = math.prod(len(d.choices) for d in distributions.values())
         # infeasible configurations are recorded but do not count: --trials N means N that ran
-        self.ask_cap = self.distinct + 20 * settings.trials + 100
+        self.ask_cap = 20 * settings.trials + 100
+        self.asked = 0
         self.repeats_in_a_row = 0
         best = best_ok_trial(study)
         self.best_us = best.value if best else None
         self.default_us = study.user_attrs.get("default_us")
         self.started = 0.0
         self.last_beat = 0.0
-        from optuna.trial import TrialState
-
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            self.seen.setdefault(params_key(t.params), t.number)
-            self.finished[t.number] = dict(t.user_attrs)
 
     # -- the loop --
     def run(self) -> float:
@@ -89,12 +87,17 @@ class TrialLoop:
         if self.settings.peers:
             self.peers_task = self.pool.submit("peers", {"problem": self.problem.to_dict(), "timing": self.timing,
                                                          "names": list(self.settings.peers)})
-        self.progress.start(self.name, self.settings.trials, self.evaluated())
+        self.progress.start(self.name, self.settings.trials, self.evaluated(), self.settings.timeout_s)
         try:
             while True:
+                self.refresh()
                 self.fill_pool()
                 if not self.in_flight and self.peers_task is None and not self.want_more():
-                    break
+                    # another process's trials may still end without counting (killed, swept):
+                    # wait for them while the budget is not met by finished trials alone
+                    if (not self.running_elsewhere or self.evaluated() >= self.settings.trials
+                            or not self.time_left()):
+                        break
                 for task_id, result in self.pool.poll(timeout=POLL_S):
                     self.on_result(task_id, result)
                 self.heartbeat()
@@ -104,16 +107,31 @@ class TrialLoop:
         self.report_progress(final=True)
         return time.monotonic() - self.started
 
+    def refresh(self) -> None:
+        """Counts from the storage: several processes may share the study, and its budget."""
+        from optuna.trial import TrialState
+
+        self.counts, self.distinct = outcome_counts(self.study)
+        mine = {entry.trial.number for entry in self.in_flight.values()}
+        self.running_elsewhere = sum(
+            1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number not in mine and liveness.OWNER_ATTR in t.system_attrs)
+
     def evaluated(self) -> int:
+        """Configurations that finished on a worker, in every process (the budget counts these)."""
         return self.distinct - self.counts.get(INFEASIBLE, 0)
+
+    def pending(self) -> int:
+        return len(self.in_flight) + self.running_elsewhere
 
     def time_left(self) -> bool:
         timeout = self.settings.timeout_s
         return timeout is None or time.monotonic() - self.started < timeout
 
     def want_more(self) -> bool:
-        return (self.evaluated() < self.settings.trials and self.distinct < self.space_size
-                and self.distinct < self.ask_cap and self.time_left()
+        return (self.evaluated() + self.pending() < self.settings.trials
+                and self.distinct + self.pending() < self.space_size
+                and self.asked < self.ask_cap and self.time_left()
                 and self.repeats_in_a_row < MAX_CONSECUTIVE_REPEATS)
 
     def report_progress(self, final: bool = False) -> None:
@@ -128,23 +146,63 @@ class TrialLoop:
 
     def ask_one(self) -> None:
         trial = self.study.ask(self.distributions)
+        self.asked += 1
         # who runs it, so that a later run can tell a live trial from one of a dead process
         tid = liveness.claim_trial(self.storage, self.study, trial.number, self.owner)
         entry = _InFlight(trial, tid, bool(trial.user_attrs.get("is_default")))
-        key = params_key(trial.params)
-        if key in self.seen and not entry.is_default:
+        holder = self.held_by_earlier(trial)
+        # the seeded default runs even when a sampled trial happened to hold its configuration
+        if holder is not None and not (entry.is_default and not holder.user_attrs.get("is_default")):
             self.repeats_in_a_row += 1
-            original = self.seen[key]
-            if original in self.finished:
-                self.finish(entry, {**_copyable(self.finished[original]), "repeat_of": original})
-            else:
-                self.waiting_repeats.setdefault(original, []).append(entry)
+            self.record_repeat(entry, holder.number)
             return
         self.repeats_in_a_row = 0
-        self.seen[key] = trial.number
-        self.distinct += 1
         self.screen_and_submit(entry, Config.from_dict(self.arch, trial.params))
         self.report_progress()
+
+    def held_by_earlier(self, trial):
+        """The lower-numbered trial of any process that holds (or ran) this configuration, else None.
+        The lower number wins, so two processes that drew the same configuration at once agree."""
+        from optuna.trial import TrialState
+
+        key = params_key(trial.params)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                TrialState.RUNNING)):
+            if t.number < trial.number and "repeat_of" not in t.user_attrs and params_key(t.params) == key:
+                return t
+        return None
+
+    def within_budget(self, number: int) -> bool:
+        """Whether trial `number` (feasible, about to go to a worker) fits the study's budget, shared by
+        every process: finished trials that count, and claimed trials in flight with a lower number
+        (whatever they turn out to be), take the places before it."""
+        from optuna.trial import TrialState
+
+        taken = 0
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == number:
+                continue
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                taken += "repeat_of" not in t.user_attrs and t.user_attrs.get("outcome") != INFEASIBLE
+            elif t.state == TrialState.RUNNING and t.number < number and liveness.OWNER_ATTR in t.system_attrs:
+                taken += 1
+        return taken < self.settings.trials
+
+    def record_repeat(self, entry: _InFlight, original: int) -> None:
+        """A configuration the study already holds: no measurement, no value (FAIL plots no point and
+        leaves the sampler's model as it was), not counted."""
+        from optuna.trial import TrialState
+
+        entry.trial.set_user_attr("repeat_of", original)
+        self.study.tell(entry.trial, state=TrialState.FAIL)
+
+    def record_over_budget(self, entry: _InFlight) -> None:
+        """Another process took the study's last places while this trial was asked: not run, not
+        counted (FAIL, user_attr over_budget); its configuration stays free for a later run."""
+        from optuna.trial import TrialState
+
+        entry.trial.set_user_attr("over_budget", True)
+        self.study.tell(entry.trial, state=TrialState.FAIL)
 
     def screen_and_submit(self, entry: _InFlight, config: Config) -> None:
         try:
@@ -157,6 +215,8 @@ class TrialLoop:
             self.finish(entry, {"outcome": INFEASIBLE, "reasons": reasons, "error": "; ".join(reasons)[:400]})
         elif key in self.failed_keys:
             self.finish(entry, {"outcome": "compile_error", "error": self.failed_keys[key], "compile_cached": True})
+        elif not self.within_budget(entry.trial.number):
+            self.record_over_budget(entry)
         else:
             payload = {"arch": self.arch, "config": config.to_dict(), "problem": self.problem.to_dict(),
                        "timing": self.timing, "validate": self.settings.validate}
@@ -179,23 +239,19 @@ class TrialLoop:
         self.report_progress()
 
     def finish(self, entry: _InFlight, result: dict) -> None:
-        is_default = entry.is_default and "repeat_of" not in result
+        is_default = entry.is_default
         finish_trial(self.study, entry.trial, result, is_default)
-        number = entry.trial.number
-        self.finished[number] = result
-        if "repeat_of" not in result:
-            self.counts[result["outcome"]] += 1
+        self.counts[result["outcome"]] += 1   # until the next refresh() recounts from the storage
+        self.distinct += 1
         if result["outcome"] == OK and (self.best_us is None or result["us"] < self.best_us):
             self.best_us = result["us"]
         if is_default and result["outcome"] == OK:
             self.default_us = result["us"]
             self.study.set_user_attr("default_us", self.default_us)
-        for waiting in self.waiting_repeats.pop(number, []):
-            self.finish(waiting, {**_copyable(result), "repeat_of": number})
 
     # -- liveness --
     def _alive_entries(self) -> list[_InFlight]:
-        return list(self.in_flight.values()) + [e for es in self.waiting_repeats.values() for e in es]
+        return list(self.in_flight.values())
 
     def heartbeat(self) -> None:
         if time.monotonic() - self.last_beat <= liveness.HEARTBEAT_INTERVAL_S:
@@ -203,6 +259,10 @@ class TrialLoop:
         self.last_beat = time.monotonic()
         liveness.register_run(self.storage, self.study, self.owner)
         liveness.beat(self.storage, [e.trial_id for e in self._alive_entries()])
+        # trials of a process that died meanwhile (sharing the study) go back to the budget
+        swept = liveness.sweep_interrupted(self.storage, self.study, me=self.owner)
+        if swept:
+            self.progress.message(f"[{self.name}] marked {len(swept)} trial(s) of ended processes interrupted: {swept}")
 
     def abandon(self) -> None:
         """The loop is ending abnormally: its trials in flight will never finish."""

@@ -9,9 +9,9 @@ import json
 import test_search_fakes as fakes
 from fa4.database import Entry, record
 from fa4.kernels import AttentionProblem, Config
-from fa4tune import bench as bench_mod
-from fa4tune.bench import run_bench, write_bench
-from fa4tune.search import Progress
+from fa4tune import bench_runner as bench_mod
+from fa4tune.bench_runner import run_bench, write_bench
+from fa4tune.search_runner import Progress
 
 EVALUATOR = "test_search_fakes:FakeEvaluator"
 

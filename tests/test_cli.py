@@ -11,9 +11,9 @@ from click.testing import CliRunner
 import test_search_fakes as fakes
 from fa4.database import BestConfigDB, Entry, record
 from fa4.kernels import AttentionProblem, Config
-from fa4tune import bench as bench_mod
+from fa4tune import bench_runner as bench_mod
 from fa4tune import cli
-from fa4tune import search as search_mod
+from fa4tune import search_runner as search_mod
 from fa4tune.space import load_space
 
 FAKE_GPU = [{"index": 0, "name": "Fake H200", "cc": (9, 0)}]

@@ -25,7 +25,7 @@ from fa4tune import liveness
 from fa4tune.liveness import sweep_interrupted
 from fa4tune.outcomes import OUTCOMES
 from fa4tune.progress import Progress
-from fa4tune.search import SearchSettings, run_search
+from fa4tune.search_runner import SearchSettings, run_search
 from fa4tune.shapes import parse_shape, shape_key
 from fa4tune.storage import open_storage
 from fa4tune.pool import WorkerPool
@@ -204,8 +204,11 @@ def test_injected_failures_are_classified_and_the_search_continues(tmp_path, mon
     [summary] = run_search("sm90", [MISSION], s, QUIET)
     study = load(tmp_path, summary["study"])
     by_tile = {}
+    # the grid sampler does not know the enqueued default holds its grid point: one repeat at most
+    assert sum("repeat_of" in t.user_attrs for t in study.trials) <= 1
     for t in study.trials:
-        by_tile.setdefault(t.params["tile_n"], set()).add(t.user_attrs["outcome"])
+        if "repeat_of" not in t.user_attrs:
+            by_tile.setdefault(t.params["tile_n"], set()).add(t.user_attrs["outcome"])
     assert by_tile[80] == {"fault"}
     assert by_tile[96] == {"timeout"}
     assert by_tile[112] == {"launch_error"}
@@ -274,7 +277,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
-from fa4tune.search import SearchSettings, run_search
+from fa4tune.search_runner import SearchSettings, run_search
 if __name__ == "__main__":
     s = SearchSettings(trials={trials}, processes=2, storage={storage!r}, db_path={db!r},
                        evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes")
@@ -327,3 +330,31 @@ def test_kill_9_loses_only_the_trials_in_flight(tmp_path):
         assert after[number].state == TrialState.FAIL and after[number].user_attrs["outcome"] == "interrupted"
     assert not [t for t in after.values() if t.state == TrialState.RUNNING]
     assert summary["evaluated"] == 30 and summary["interrupted"] == len(running_before)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_study_holds_one_trial_per_configuration(tmp_path, pool, sampler):
+    """The whole 24-point space asked for: drawn with replacement, TPE and random would propose many
+    configurations twice; each becomes no trial of its own (no duplicate points, no inflated count)."""
+    s = settings(tmp_path, sampler=sampler, trials=40, space_path=str(_write_space(tmp_path)), peers=())
+    [summary] = run_search("sm90", [MISSION], s, QUIET, pool=pool)
+    study = load(tmp_path, summary["study"])
+    keys = [json.dumps(t.params, sort_keys=True) for t in study.trials]
+    assert len(keys) == len(set(keys)) == 24 == summary["configurations"]
+    assert summary["repeats"] == 0 and summary["interrupted"] == 0
+
+
+def test_a_repeat_is_a_fail_trial_without_a_value_and_is_not_counted(tmp_path, pool):
+    """A race between processes can still hand a study a configuration it holds: recorded as FAIL with
+    repeat_of, not measured, not counted, not interrupted."""
+    s = settings(tmp_path, sampler="random", trials=4, peers=())
+    run_search("sm90", [MISSION], s, QUIET, pool=pool)
+    study = load(tmp_path, shape_key("sm90", MISSION))
+    held = next(t for t in study.trials if t.user_attrs.get("outcome") == "ok" and not t.user_attrs["is_default"])
+    study.enqueue_trial(held.params)           # what a concurrent process's identical ask looks like
+    [summary] = run_search("sm90", [MISSION], replace(s, trials=6), QUIET, pool=pool)
+    study = load(tmp_path, summary["study"])
+    [repeat] = [t for t in study.trials if "repeat_of" in t.user_attrs]
+    assert repeat.state == TrialState.FAIL and repeat.value is None and repeat.params == held.params
+    assert repeat.user_attrs == {"repeat_of": held.number}
+    assert summary["repeats"] == 1 and summary["interrupted"] == 0 and summary["evaluated"] == 6

@@ -73,7 +73,7 @@ def test_fault_hang_and_mismatch_in_real_gpu_workers(monkeypatch):
 
 def test_real_search_at_the_mission_shape(tmp_path):
     """Our kernel through the whole search: the seeded default validates and the best is no worse."""
-    from fa4tune.search import Progress, SearchSettings, run_search
+    from fa4tune.search_runner import Progress, SearchSettings, run_search
 
     settings = SearchSettings(trials=8, processes=4, storage=str(tmp_path / "studies.journal"),
                               db_path=str(tmp_path / "db.json"))

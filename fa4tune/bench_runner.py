@@ -12,7 +12,7 @@ rows as CSV too):
      "rows": [ {row}, ... ]}
 
 One row per (shape, variant):
-    shape       the shape key (`fa4tune.search.shape_key`), problem: AttentionProblem fields
+    shape       the shape key (`fa4tune.shapes.shape_key`), problem: AttentionProblem fields
     variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`)
     outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
                 usable database entry, its error saying why: stale, unusable, too far, another GPU)

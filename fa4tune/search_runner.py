@@ -2,8 +2,13 @@
 `WorkerPool`, its best configuration recorded in the best-config database.
 
 Where each step lives:
+    fa4tune.api          the entry points (`fa4tune search`, `fa4tune.search(...)`): GPUs, settings
     fa4tune.shapes       the study name of a problem (shape key)
+    fa4tune.shape_sets   the problems of a shapes file or a model preset
     fa4tune.storage      the optuna storage (open to write, open to read)
+    fa4tune.journal      the journal file's lock and torn-line repair
+    fa4tune.sampler      the samplers, wrapped to propose each configuration once
+    fa4tune.warm_start   the seeds of a new study from tuned neighbours
     fa4tune.study        a study's lifecycle and what is stored in it (the storage schema)
     fa4tune.liveness     owners and heartbeats: which running trials a killed search left behind
     fa4tune.trial_loop   ask, screen, submit, tell
@@ -46,6 +51,7 @@ from fa4tune.storage import open_storage
 from fa4tune.study import SAMPLERS, make_sampler, open_study, search_distributions, summarize, write_study_attrs
 from fa4tune.timing import TimingSettings
 from fa4tune.trial_loop import TrialLoop
+from fa4tune.warm_start import warm_start_configs
 from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 
@@ -67,6 +73,7 @@ class SearchSettings:
     db_path: Optional[str] = None              # None: $FA4_CONFIG_DB, else the results directory's
     record_db: bool = True
     space_path: Optional[str] = None
+    warm_start: bool = True                    # seed new studies from tuned neighbours (fa4tune.warm_start)
     evaluator: str = DEFAULT_EVALUATOR
     kernel_api: str = "fa4.kernels"            # tests inject a CPU model of the kernel API here
 
@@ -88,7 +95,7 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
     """Run (or resume) one study per problem; returns one summary dict per study."""
     progress = progress or Progress()
     space = load_space(arch, settings.space_path)
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.storage, say=progress.message)
     own_pool = pool is None
     if own_pool:
         pool = WorkerPool(settings.process_count(), settings.gpus, evaluator=settings.evaluator,
@@ -99,16 +106,47 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
         progress.message(f"{pool.size} worker processes on GPU(s) {settings.gpus} ready in "
                          f"{time.monotonic() - t0:.1f} s: {pool.device.get('name', '?')}")
     summaries = []
+    names = [study_name_of(arch, problem, problems, settings.study_name) for problem in problems]
+    progress.start_set(names)
     try:
-        for problem in problems:
-            name = settings.study_name
-            if name and len(problems) > 1:  # one --study name for several problems: suffix the mask
-                name = f"{name}-{'causal' if problem.causal else 'full'}"
-            summaries.append(run_study(arch, problem, space, storage, pool, settings, progress, name))
+        for problem, name in zip(problems, names):
+            summary = run_study(arch, problem, space, storage, pool, settings, progress, name)
+            progress.study_finished(summary["wall_s"], summary["evaluated_this_run"])
+            summaries.append(summary)
     finally:
         if own_pool:
             pool.close()
     return summaries
+
+
+def study_name_of(arch: str, problem: AttentionProblem, problems: list[AttentionProblem],
+                  given: Optional[str]) -> str:
+    """The study of a problem: its shape key, or a given --study name (suffixed with the mask when two
+    problems differ only by it, and with the shape key when a set holds more)."""
+    if not given or len(problems) == 1:
+        return given or shape_key(arch, problem)
+    if len(problems) == 2 and {p.causal for p in problems} == {False, True}:
+        return f"{given}-{'causal' if problem.causal else 'full'}"
+    return f"{given}-{shape_key(arch, problem)}"
+
+
+def seed_from_neighbours(study, arch: str, problem: AttentionProblem, device: Optional[str], fingerprint: str,
+                         choices: dict, default, db_path: Optional[str], progress: Progress, name: str) -> None:
+    """Enqueue the warm-start configurations of a new study (`fa4tune.warm_start`)."""
+    from fa4.database import BestConfigDB, DatabaseError
+    from fa4tune.record import database_for_writing
+
+    try:
+        db = BestConfigDB.load(database_for_writing(db_path))
+    except DatabaseError as exc:
+        progress.message(f"[{name}] no warm start: {exc}")
+        return
+    seeds = warm_start_configs(db, arch, device, problem, fingerprint, choices, default.to_dict())
+    for config, key in seeds:
+        study.enqueue_trial(config, user_attrs={"warm_start": key}, skip_if_exists=False)
+    if seeds:
+        progress.message(f"[{name}] warm start: {len(seeds)} configuration(s) of tuned neighbours: "
+                         + ", ".join(key for _, key in seeds))
 
 
 def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage, pool: WorkerPool,
@@ -138,11 +176,16 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
     if not any(t.user_attrs.get("is_default") for t in study.get_trials(deepcopy=False)
                if t.state != TrialState.FAIL):
         study.enqueue_trial(default.to_dict(), user_attrs={"is_default": True}, skip_if_exists=False)
+    if settings.warm_start and len(study.get_trials(deepcopy=False)) <= 1:   # new: only the default so far
+        seed_from_neighbours(study, arch, problem, pool.device.get("name"), fingerprint, choices, default,
+                             settings.db_path, progress, name)
 
     loop = TrialLoop(study=study, storage=storage, arch=arch, problem=problem, distributions=distributions,
                      kernels=kernels, pool=pool, settings=settings, progress=progress, owner=owner, name=name)
+    evaluated_before = loop.evaluated()
     wall_s = loop.run()
     summary = summarize(study)
+    summary["evaluated_this_run"] = loop.evaluated() - evaluated_before
     summary["wall_s"] = round(wall_s, 2)
     summary["pool_events"] = dict(pool.events)
     summary["processes"] = pool.size

@@ -1,0 +1,61 @@
+"""`FA4_RECORD_SHAPES=path`: append each new problem `fa4.attention` sees to a shapes file, so that
+`fa4tune search --shapes-file path` tunes what a real program runs.
+
+The runtime calls `note` only on the first call of a signature (its checked path, `_slow_call`), never
+on the kernel path of later calls, so a program's per-call host time does not change; `note` itself is
+one set lookup for a problem already written by this process. Each new problem is appended as one
+`[[problem]]` table (`fa4tune.shape_sets`), whole, under a lock, so several processes may record into
+one file; a problem recorded by two processes appears twice and is read once. Recording never breaks a
+forward pass: a file that cannot be written warns once and recording stops.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from fa4.kernels import AttentionProblem
+
+RECORD_ENV = "FA4_RECORD_SHAPES"
+
+_path: str | None = os.environ.get(RECORD_ENV) or None
+_seen: set[AttentionProblem] = set()
+
+
+def problem_table(problem: AttentionProblem) -> str:
+    """One `[[problem]]` table of a shapes file, every field single-valued. It lives here, not in
+    `fa4tune.shape_sets` (which reads shapes files), because the runtime does not import the harness."""
+    fields = []
+    for name, value in problem.to_dict().items():
+        text = ("true" if value else "false") if isinstance(value, bool) else (
+            f'"{value}"' if isinstance(value, str) else str(value))
+        fields.append(f"{name} = {text}")
+    return "[[problem]]\n" + "\n".join(fields) + "\n"
+
+
+def note(spec, causal: bool, return_lse: bool) -> None:
+    """Record the problem of these inputs (an `fa4.checks.InputSpec`) if it is new to this process."""
+    global _path
+    if _path is None or spec.dtype is None or spec.is_empty:
+        return
+    try:
+        problem = spec.problem(causal, return_lse)
+    except ValueError:
+        return
+    if problem in _seen:
+        return
+    _seen.add(problem)
+    try:
+        from fa4.files import exclusive_lock
+
+        with exclusive_lock(_path + ".lock"):
+            # one write of the whole table, in append mode: readers never see half a table
+            fd = os.open(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (problem_table(problem) + "\n").encode())
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        warnings.warn(f"fa4: {RECORD_ENV}={_path}: cannot record shapes ({exc}); recording stops",
+                      RuntimeWarning, stacklevel=3)
+        _path = None

@@ -1,0 +1,57 @@
+"""Warm start: a new study begins with the best configurations of its tuned neighbours.
+
+A study with no trials yet is seeded, after the heuristic default, with the configurations of the
+nearest entries of the best-config database that share its architecture, dtype and head dim: up to
+`PER_MASK` of its own causal mode, then up to `PER_MASK` of the other mode (the same tiles often win
+both), nearest first: entries of the same device first, then by GQA ratio, then by the log2 distance
+of the sequence-length and work buckets (as the runtime's nearest lookup, `fa4.database`). Stale
+entries (another kernel fingerprint) are not used, nor configurations outside the study's space.
+Each seeded trial carries user_attr `warm_start`: the key of the entry it came from. Seeds are
+evaluated like any trial (screened, counted in `--trials`); with none to be found, a study starts cold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from fa4.kernels import AttentionProblem
+
+PER_MASK = 2
+
+
+def _distance(entry, problem: AttentionProblem) -> float:
+    from fa4.database import bucket
+
+    work = problem.batch * problem.heads_kv
+    return (abs(math.log2(entry.seqlen_q_bucket) - math.log2(bucket(problem.seqlen_q)))
+            + abs(math.log2(entry.seqlen_k_bucket) - math.log2(bucket(problem.seqlen_k)))
+            + abs(math.log2(entry.work_bucket) - math.log2(bucket(work))))
+
+
+def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionProblem, fingerprint: str,
+                       choices: dict[str, list], default: dict) -> list[tuple[dict, str]]:
+    """[(knob values, database entry key)] to seed a new study with, nearest first (module docstring).
+    `choices` is the study's space ({knob: values}); `default` the configuration seeded anyway."""
+    chosen: list[tuple[dict, str]] = []
+    seen = {tuple(sorted(default.items()))}
+    for causal in (problem.causal, not problem.causal):
+        candidates = [e for e in db.entries
+                      if e.arch == arch and e.dtype == problem.dtype and e.head_dim == problem.head_dim
+                      and e.causal == causal and not e.is_stale(fingerprint)]
+        candidates.sort(key=lambda e: (e.device != device, abs(math.log2(e.gqa_ratio) - math.log2(problem.gqa_ratio)),
+                                       _distance(e, problem), e.key))
+        taken = 0
+        for entry in candidates:
+            config = {k: entry.config.get(k) for k in choices}
+            if any(config[k] not in values for k, values in choices.items()):
+                continue   # outside this study's space (a narrowed --space, or knobs since changed)
+            key = tuple(sorted(config.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            chosen.append((config, entry.key))
+            taken += 1
+            if taken == PER_MASK:
+                break
+    return chosen
