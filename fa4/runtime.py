@@ -34,7 +34,7 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import checks, fallback as _fallback
-from fa4 import config_text, kernels, record_shapes
+from fa4 import compile_cache, config_text, kernels, record_shapes
 from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
@@ -575,7 +575,7 @@ def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
             launcher = _STATE.compiled.get(key)
             if launcher is None:
                 try:
-                    launcher = kernels.compile_attention(config, problem)
+                    launcher = compile_cache.compile_attention(config, problem)
                 except Exception as exc:
                     hint = ""
                     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():

@@ -544,6 +544,33 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
                       for m in ("eager", "graph"))] for shape, d in doc.get("dispatch", {}).items()])
 
 
+@main.group()
+def cache():
+    """The on-disk cache of compiled kernels (fa4.compile_cache; opt-in: FA4TUNE_DISK_CACHE=1)."""
+
+
+@cache.command("info")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def cache_info(fmt):
+    """Where the cache is, whether it is on, and how much it holds."""
+    from fa4 import compile_cache
+
+    facts = compile_cache.info()
+    if fmt == "json":
+        click.echo(json.dumps(facts, indent=2, sort_keys=True))
+        return
+    for name, value in facts.items():
+        click.echo(f"{name:10} {value}")
+
+
+@cache.command("clear")
+def cache_clear():
+    """Remove every cached kernel (they are compiled again on first use)."""
+    from fa4 import compile_cache
+
+    click.echo(f"removed {compile_cache.clear()} cached kernel(s) from {compile_cache.cache_dir()}")
+
+
 from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
 main.add_command(report_command)
 from fa4tune.sass_build import sass_command_factory  # noqa: E402

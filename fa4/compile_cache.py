@@ -1,0 +1,169 @@
+"""On-disk cache of compiled kernels, so that a new process does not compile what an earlier one did.
+
+A compiled sm90 kernel is exported as an object file (host launch code with the cubin inside, the
+DSL's ahead-of-time export) and loaded back through the DSL's JIT linker as the same TVM-FFI function
+the runtime calls: compiling takes 2-9 s per configuration, loading a few milliseconds (measured on
+CPU: export 0.1 s, load 2 ms).
+
+The entry name is a hash of everything the object depends on: the compile key (configuration and
+what of the problem the code depends on), the SM count compiled into persistent grids, the kernel
+source fingerprint, the DSL version and the host machine type. Writes go to a temporary file in the
+cache folder and are renamed into place, so concurrent processes never see half a file and the last
+writer of an entry wins with an identical one. The folder is bounded (oldest entries removed first).
+
+Opt-in (`FA4TUNE_DISK_CACHE=1`) until a cached kernel has been launched on a GPU: the export and the
+load are exercised on CPU, a launch of the loaded function is not. `FA4TUNE_CACHE_DIR` names the
+folder (default `$XDG_CACHE_HOME/fa4tune/kernels`, else `~/.cache/fa4tune/kernels`), and
+`FA4TUNE_CACHE_MAX_MB` its bound (default 2048). `fa4tune cache info|clear` shows or empties it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import tempfile
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+SUFFIX = ".o"
+DEFAULT_MAX_MB = 2048
+CACHED_ARCHS = ("sm90",)  # the families whose compiled objects have a known launch signature
+
+
+def enabled() -> bool:
+    return os.environ.get("FA4TUNE_DISK_CACHE", "") == "1"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("FA4TUNE_CACHE_DIR"):
+        return Path(os.environ["FA4TUNE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fa4tune" / "kernels"
+
+
+def max_bytes() -> int:
+    raw = os.environ.get("FA4TUNE_CACHE_MAX_MB", "")
+    try:
+        return max(0, int(raw)) * 2**20 if raw else DEFAULT_MAX_MB * 2**20
+    except ValueError:
+        warnings.warn(f"fa4: FA4TUNE_CACHE_MAX_MB={raw!r} is not a number; using {DEFAULT_MAX_MB}")
+        return DEFAULT_MAX_MB * 2**20
+
+
+def dsl_version() -> str:
+    try:
+        return metadata.version("nvidia-cutlass-dsl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def entry_name(compile_key: tuple, num_sms: int, fingerprint: str, dsl: str) -> str:
+    """The file name of one compiled kernel: a hash of everything its object code depends on."""
+    text = repr((compile_key, num_sms, fingerprint, dsl, platform.machine()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32] + SUFFIX
+
+
+def function_name(name: str) -> str:
+    """The exported TVM-FFI symbol of an entry: unique per entry, so that objects loaded into one
+    process never share a symbol."""
+    return "fa4_attention_" + name.removesuffix(SUFFIX)
+
+
+def load(name: str, folder: Optional[Path] = None):
+    """The cached TVM-FFI function of `name`, or None. A file that cannot be loaded is removed, with a
+    warning, so the next process compiles afresh."""
+    path = (folder or cache_dir()) / name
+    if not path.is_file():
+        return None
+    from cutlass.runtime import load_module
+
+    try:
+        function = getattr(load_module(str(path), enable_tvm_ffi=True), function_name(name))
+    except Exception as exc:  # a truncated or foreign file: drop it rather than fail every call
+        warnings.warn(f"fa4: cached kernel {path} cannot be loaded ({type(exc).__name__}: {exc}); "
+                      f"removed, it will be compiled again")
+        path.unlink(missing_ok=True)
+        return None
+    os.utime(path)  # recently used: the bound removes the least recently used first
+    return function
+
+
+def store(name: str, jit_function, folder: Optional[Path] = None) -> Optional[Path]:
+    """Export a DSL-compiled function as `name`; None (with a warning) if the export fails."""
+    folder = folder or cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=SUFFIX)
+    os.close(fd)
+    try:
+        jit_function.export_to_c(tmp, function_name(name))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / name)
+    except Exception as exc:
+        Path(tmp).unlink(missing_ok=True)
+        warnings.warn(f"fa4: could not store a compiled kernel in {folder}: {type(exc).__name__}: {exc}")
+        return None
+    trim(folder)
+    return folder / name
+
+
+def entries(folder: Optional[Path] = None) -> list[Path]:
+    folder = folder or cache_dir()
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.glob("*" + SUFFIX) if not p.name.startswith(".")),
+                  key=lambda p: p.stat().st_mtime)
+
+
+def trim(folder: Optional[Path] = None, limit: Optional[int] = None) -> int:
+    """Remove the least recently used entries until the folder is within `limit` bytes; how many."""
+    limit = max_bytes() if limit is None else limit
+    files = entries(folder)
+    total = sum(p.stat().st_size for p in files)
+    removed = 0
+    for path in files:
+        if total <= limit:
+            break
+        total -= path.stat().st_size
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def clear(folder: Optional[Path] = None) -> int:
+    files = entries(folder)
+    for path in files:
+        path.unlink(missing_ok=True)
+    return len(files)
+
+
+def info(folder: Optional[Path] = None) -> dict:
+    files = entries(folder)
+    return {"folder": str(folder or cache_dir()), "enabled": enabled(), "entries": len(files),
+            "bytes": sum(p.stat().st_size for p in files), "max_bytes": max_bytes(),
+            "dsl": dsl_version()}
+
+
+def compile_attention(config, problem):
+    """`fa4.kernels.compile_attention`, through the disk cache when it is enabled (sm90 only)."""
+    from fa4 import kernels
+
+    if not enabled() or config.arch not in CACHED_ARCHS:
+        return kernels.compile_attention(config, problem)
+    from fa4.kernels import sm90
+    from fa4.kernels.sm90 import build
+
+    num_sms = build.device_sm_count()
+    name = entry_name(kernels.compile_key(config, problem), num_sms,
+                      kernels.source_fingerprint(config.arch), dsl_version())
+    function = load(name)
+    if function is not None:
+        return build.CompiledAttention(function, config, problem, sm90.smem_bytes(config, problem),
+                                       compile_seconds=0.0)
+    launcher = kernels.compile_attention(config, problem)
+    # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/sm90/build.py); the
+    # export needs that object, not the wrapper
+    store(name, launcher._fn)
+    return launcher
