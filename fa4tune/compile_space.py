@@ -123,29 +123,31 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
     progress = progress or Progress()
     kernels = kernel_api(api)
     plans = [plan(arch, p, space, limit, kernels, seed, shard) for p in problems]
-    compiled: list[list[dict]] = [[] for _ in plans]
+    compiled: list[list] = [[] for _ in plans]  # (position in the plan, entry)
     total = sum(len(p.picked) for p in plans)
     if total:
         with WorkerPool(max(1, min(processes, total)), [None], evaluator=evaluator, mode="cpu",
                         arch=arch, compile_timeout_s=compile_timeout_s) as pool:
             tasks = {}
             for index, p in enumerate(plans):
-                for config in p.picked:
+                for position, config in enumerate(p.picked):
                     payload = {"arch": arch, "config": config.to_dict(), "problem": p.problem.to_dict()}
-                    tasks[pool.submit("report", payload)] = (index, config)
+                    tasks[pool.submit("report", payload)] = (index, position, config)
             done = 0
             while tasks:
                 for task_id, result in pool.poll(timeout=1.0):
-                    index, config = tasks.pop(task_id)
+                    index, position, config = tasks.pop(task_id)
                     done += 1
                     p = plans[index]
                     entry = {"config": config.to_dict(), "is_default": config == p.default, **result}
                     entry["model_smem_bytes"] = _model_smem(kernels, arch, config, p.problem)
                     entry["problems"] = check_report(arch, entry["model_smem_bytes"], entry)
-                    compiled[index].append(entry)
+                    compiled[index].append((position, entry))
                     progress.detail(f"compiled {done}/{total}: {'ok' if not entry['problems'] else 'PROBLEM'} "
                                     f"{result.get('compile_s', '?')} s {p.problem.label()} {config.label()}")
                     progress.count(done, total, f"compiled ({len(plans)} problem(s))")
+    # the plan's order (the default first), not the order in which the workers finished
+    compiled = [[entry for _, entry in sorted(done_list, key=lambda pair: pair[0])] for done_list in compiled]
     return [{"arch": arch, "problem": p.problem.to_dict(), "space_size": p.total, "feasible": p.feasible,
              "infeasible": p.total - p.feasible, "infeasible_reasons": dict(p.reasons.most_common()),
              "default": p.default.to_dict(), "default_feasible": not kernels.feasible(p.default, p.problem),
