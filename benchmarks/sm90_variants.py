@@ -19,12 +19,10 @@ import sys
 import time
 
 from fa4.kernels import AttentionProblem, Config, compile_key, default_config, feasible
+from fa4tune.api import DEFAULT_PROBLEM
+from fa4tune.evaluator import KernelEvaluator
 from fa4tune.shapes import parse_shape
-from fa4tune.timing import TimingSettings, tflops, time_cuda
-from fa4tune.worker import KernelEvaluator
-
-BASE = AttentionProblem(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8, head_dim=128,
-                        dtype="fp16", causal=False, return_lse=False).to_dict()
+from fa4tune.timing import TimingSettings
 
 
 def compile_variant(config: Config, problem: AttentionProblem, ignore_register_model: bool):
@@ -53,7 +51,7 @@ def main() -> None:
     timing = TimingSettings()
     rows = []
     for text in args.shapes.replace(",", " ").split():
-        _, problem = parse_shape(text, BASE)
+        _, problem = parse_shape(text, DEFAULT_PROBLEM)
         base = default_config("sm90", problem)
         for name, overrides in variants.items():
             row = {"shape": text, "variant": name}
