@@ -31,15 +31,23 @@ def cases():
                    causal=causal, return_lse=lse)
 
 
-def compile_case(case: dict) -> dict:
+def problem_and_config(case: dict):
+    """The problem and configuration a sweep row was compiled for (the row's fields, the rest fixed:
+    kv_stages 2, one Q stage, the persistent LPT loop, packed GQA 32/8). tests/test_sm90_model.py reads
+    the committed table through this too."""
     from fa4.kernels import AttentionProblem, Config
-    from fa4.kernels.sm90 import build, smem_bytes, SMEM_LIMIT_BYTES
     problem = AttentionProblem(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8,
                                head_dim=case["head_dim"], dtype="fp16", causal=case["causal"],
                                return_lse=case["return_lse"])
     config = Config.make("sm90", tile_m=case["tile_m"], tile_n=case["tile_n"], kv_stages=2, q_stages=1,
                          softmax_overlap=case["softmax_overlap"], pv_operand=case["pv_operand"],
                          scheduler="lpt", pack_gqa=True)
+    return problem, config
+
+
+def compile_case(case: dict) -> dict:
+    from fa4.kernels.sm90 import build, smem_bytes, SMEM_LIMIT_BYTES
+    problem, config = problem_and_config(case)
     row = dict(case)
     if smem_bytes(config, problem) > SMEM_LIMIT_BYTES:
         row["outcome"] = "smem"

@@ -3,6 +3,7 @@ a representative sample compiled for sm_90a (no GPU) to hold the resource model 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import tomllib
@@ -154,13 +155,12 @@ def test_register_rejection_matches_a_real_spill():
 REGISTER_TABLE = Path(__file__).resolve().parents[1] / "results" / "sm90_register_table.json"
 
 
-def _table_config_and_problem(row):
-    problem = AttentionProblem(1, 1024, 1024, 32, 8, row["head_dim"], "fp16", causal=row["causal"],
-                               return_lse=row["return_lse"])
-    config = Config.make("sm90", tile_m=row["tile_m"], tile_n=row["tile_n"], kv_stages=2, q_stages=1,
-                         softmax_overlap=row["softmax_overlap"], pv_operand=row["pv_operand"],
-                         scheduler="lpt", pack_gqa=True)
-    return config, problem
+def _sweep_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sm90_register_sweep.py"
+    spec = importlib.util.spec_from_file_location("sm90_register_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_register_model_rejects_every_spill_of_the_ptxas_sweep():
@@ -171,8 +171,9 @@ def test_register_model_rejects_every_spill_of_the_ptxas_sweep():
     compiled = [r for r in rows if r["outcome"] == "ok"]
     assert len(compiled) > 300
     admitted_clean = 0
+    sweep = _sweep_script()
     for row in compiled:
-        config, problem = _table_config_and_problem(row)
+        problem, config = sweep.problem_and_config(row)
         reasons = feasible(config, problem)
         broken = row["spill_bytes"] > 0 or row["wgmma_serialized"]
         if broken:
