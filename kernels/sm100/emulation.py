@@ -47,7 +47,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fa4.kernels.knobs import Config, knob
+from fa4.kernels.knobs import Config
 from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK
 
 LOG2_E = math.log2(math.e)
