@@ -138,3 +138,13 @@ def test_search_modules_stay_focused(module):
     # search.py (now search_runner.py) once held all of these in 823 lines; a module that grows back past this holds two jobs
     lines = (REPO / "fa4tune" / f"{module}.py").read_text().count("\n")
     assert lines < 350, f"fa4tune/{module}.py has {lines} lines: two responsibilities?"
+
+
+def test_committed_results_name_no_machine_paths():
+    """Results carry the commands that made them, with $OUT or relative paths, never a machine's
+    folders (the device's /root/out, a checkout under /work or /home)."""
+    machine = re.compile(r"(?<![\w.$])/(root|work|home)/")
+    offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / "results").rglob("*"))
+                 if p.is_file() and p.suffix in {".json", ".txt", ".log", ".md", ".csv", ".html", ".journal"}
+                 and machine.search(p.read_text(errors="replace"))]
+    assert not offenders, offenders
