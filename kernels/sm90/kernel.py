@@ -24,7 +24,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
-from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass import Boolean, Float32, Int32, Uint32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper_helpers
@@ -450,7 +450,16 @@ class FlashAttentionSm90:
                                            mask_seqlen=False, mask_causal=False)
             self.pingpong_pass()
         else:
-            self.overlap_first_block(ctx, kv_state, n_max - 1)
+            if const_expr(self.causal):
+                self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
+            else:
+                # the first (rightmost) block needs the key-length mask only when Sk is not a
+                # multiple of tile_n; a masked block costs a third more softmax instructions
+                seqlen_k = ctx[-1]
+                if n_max * self.tile_n == seqlen_k:
+                    self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=False)
+                else:
+                    self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
             n_after_first = n_max - 1
             if const_expr(self.causal):
                 n_diag = cutlass.max(n_after_first - n_mask_from, 0)
@@ -516,7 +525,7 @@ class FlashAttentionSm90:
 
     # ---- blocks with intra-warpgroup overlap ---------------------------------------------------
     @cute.jit
-    def overlap_first_block(self, ctx, kv_state, n_block: Int32):
+    def overlap_first_block(self, ctx, kv_state, n_block: Int32, mask_seqlen: cutlass.Constexpr):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
          seqlen_k) = ctx
@@ -525,7 +534,7 @@ class FlashAttentionSm90:
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
                 zero_init=True, wait_pending=0)
         pipe_k.consumer_release(kv_state)
-        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, True,
+        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
                         self.causal)
         self.online_softmax(acc_S, row_max, row_sum, scale_log2, True)
         self.write_p(acc_S, tOrP, tPsP, p_store)
@@ -582,9 +591,16 @@ class FlashAttentionSm90:
                    seqlen_k: Int32, mask_seqlen: cutlass.Constexpr,
                    mask_causal: cutlass.Constexpr):
         """Set scores of invisible keys to -inf: columns >= Sk (mask_seqlen) and, under causal,
-        key j > query i + Sk - Sq. Compares compile-time column offsets against a per-thread limit."""
+        key j > query i + Sk - Sq.
+
+        Per row, the visible columns are a prefix of the thread's fragment. The limit becomes a
+        32-bit keep-mask per 32 fragment elements (one shift), and each element is selected on its
+        bit, which ptxas turns into R2P (7 predicates from one register) and one select per element,
+        instead of a compare and a select per element."""
         if const_expr(mask_seqlen or mask_causal):
             S = L.acc_rows_cols(acc_S)
+            num_cols = cute.size(S.shape[1])
+            # fragment element c holds column c // 2 * 8 + c % 2 of thread 0 (L.acc_rows_cols)
             col_offset = tScS[0, 0][1]
             seqlen_limit = seqlen_k - n_block * self.tile_n - col_offset
             for r in cutlass.range_constexpr(cute.size(S.shape[0])):
@@ -598,9 +614,17 @@ class FlashAttentionSm90:
                         limit = cutlass.min(limit, causal_limit)
                     else:
                         limit = causal_limit
-                for c in cutlass.range_constexpr(cute.size(S.shape[1])):
-                    # a select, not an `if`: a branch per element would carry every S register
-                    S[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else S[r, c]
+                # column limit -> count of visible fragment elements (columns come in pairs every 8)
+                limit = cutlass.max(limit, 0)
+                visible = limit // 8 * 2 + cutlass.min(limit % 8, 2)
+                for chunk in cutlass.range_constexpr((num_cols + 31) // 32):
+                    hidden = cutlass.min(cutlass.max(Int32((chunk + 1) * 32) - visible, 0), 32)
+                    keep = Uint32(0xFFFFFFFF) >> Uint32(cutlass.min(hidden, 31))
+                    if hidden == 32:
+                        keep = Uint32(0)
+                    for i in cutlass.range_constexpr(min(32, num_cols - chunk * 32)):
+                        c = chunk * 32 + i
+                        S[r, c] = S[r, c] if Boolean(keep & Uint32(1 << i)) else -Float32.inf
 
     # ---- softmax -------------------------------------------------------------------------------
     @cute.jit
