@@ -83,6 +83,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pv_operand", ("rs", "ss"), "rs",
          "where the value MMA reads P: registers (rs) or shared memory (ss)",
          codegen=True, archs=SM90),
+    Knob("exp2_poly_columns", (0, 2, 4), 0,
+         "of every 32 exps of a softmax row, how many come from a degree-3 FMA polynomial instead "
+         "of MUFU.EX2 (the exp unit bounds a head-dim-64 block; the FMA pipe has some room)",
+         codegen=True, archs=SM90),
     Knob("exp2_poly_columns", (0, 4, 8), 4,
          "of every 32 keys of a softmax row, how many get exp2 from a degree-3 FMA polynomial "
          "(packed FFMA2) instead of MUFU.EX2: moves work from the exp unit to the FMA pipe",

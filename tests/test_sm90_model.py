@@ -106,12 +106,14 @@ SAMPLE = [
     (dict(tile_n=80, pv_operand="ss", softmax_overlap=False), dict(D64, dtype="bf16")),
     (dict(tile_n=96, kv_stages=3, rescale_threshold=4.0, scheduler="static"), dict(D128, dtype="bf16", causal=True)),
     (dict(tile_n=112, pack_gqa=False, q_stages=2, scheduler="static"), dict(D64, return_lse=True)),
-    (dict(tile_n=144, rescale_threshold=12.0, scheduler="single_lpt"), dict(D64, causal=True)),
+    (dict(tile_n=144, rescale_threshold=12.0, scheduler="single_lpt", exp2_poly_columns=2),
+     dict(D64, causal=True)),
     (dict(tile_n=160, pack_gqa=False), dict(D128, dtype="bf16")),
     (dict(tile_n=176, scheduler="lpt"), dict(D128, causal=True)),
     (dict(tile_n=192, softmax_overlap=False, pv_operand="ss", kv_stages=2), dict(D64, causal=True)),
     (dict(tile_m=192, tile_n=80, pack_gqa=False), dict(D64, dtype="bf16")),
-    (dict(tile_m=192, tile_n=128, scheduler="single_lpt"), dict(D64, causal=True, return_lse=True)),
+    (dict(tile_m=192, tile_n=128, scheduler="single_lpt", exp2_poly_columns=4),
+     dict(D64, causal=True, return_lse=True)),
     (dict(tile_m=64, tile_n=128, pv_operand="ss", scheduler="lpt", q_stages=2), dict(D128, return_lse=True)),
     (dict(pack_gqa=True), dict(D128, heads_q=8, heads_kv=1, causal=True)),  # MQA, ratio 8
 ]

@@ -16,7 +16,7 @@ from ..knobs import Config
 from ..problem import AttentionProblem
 
 ARCH = "sm90"
-SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "build.py")
+SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "build.py", "../fast_exp2.py")
 
 PERSISTENT_SCHEDULERS = ("static", "lpt")  # kernels/sm90/scheduler.py PERSISTENT_KINDS
 SMEM_LIMIT_BYTES = 232_448  # per block on sm_90 (227 KiB)

@@ -35,7 +35,8 @@ def _kernel_for(config: Config, problem: AttentionProblem, num_sms: int):
         tile_m=config.tile_m, tile_n=config.tile_n, kv_stages=config.kv_stages,
         q_stages=config.q_stages, rescale_threshold=config.rescale_threshold,
         scheduler=config.scheduler, pv_operand=config.pv_operand,
-        softmax_overlap=config.softmax_overlap, num_sms=num_sms)
+        softmax_overlap=config.softmax_overlap,
+        exp2_poly_columns=config.exp2_poly_columns, num_sms=num_sms)
 
 
 def _fake_args(problem: AttentionProblem):

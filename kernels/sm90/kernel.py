@@ -17,7 +17,7 @@ max, blocks left of it do no mask work.
 
 
 import math
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import cuda.bindings.driver as cuda
 
@@ -30,6 +30,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper_helpers
 
 from . import layouts as L
+from ..fast_exp2 import exp2_poly, poly_column
 from .scheduler import TileScheduler
 
 LOG2_E = math.log2(math.e)
@@ -54,6 +55,34 @@ def _tree(values: list, combine):
     return values[0]
 
 
+class TileContext(NamedTuple):
+    """What every block step of one tile reads (trace-time values; loop-invariant in the tile)."""
+    tSrQ: Any
+    tSrK: Any
+    tOrP: Any
+    tOrVt: Any
+    tPsP: Any
+    p_store: Any
+    acc_O: Any
+    row_max: Any
+    row_sum: Any
+    tScS: Any
+    t0ScS: Any
+    s_shape: Any
+    tiled_mma_qk: Any
+    tiled_mma_pv: Any
+    pipe_k: Any
+    pipe_v: Any
+    scale_log2: Any
+    m_block: Any
+    seqlen_q: Any
+    seqlen_k: Any
+    # ping-pong named barriers: this warpgroup's turn and the next one's, computed once per
+    # warpgroup so the block loop does not re-derive the warpgroup index (a shuffle) each block
+    bar_turn: Any
+    bar_next: Any
+
+
 class FlashAttentionSm90:
     """One compiled variant of the forward kernel.
 
@@ -63,14 +92,15 @@ class FlashAttentionSm90:
       tiles:      tile_m (64/128/192 -> 1/2/3 consumer warpgroups), tile_n
       pipelines:  kv_stages (K/V ring depth), q_stages (Q buffers; the epilogue stages O in the
                   current Q buffer, so with 1 the next tile's Q waits for this tile's O store)
-      softmax:    rescale_threshold, softmax_overlap, pv_operand ("rs" registers / "ss" smem)
+      softmax:    rescale_threshold, softmax_overlap, pv_operand ("rs" registers / "ss" smem),
+                  exp2_poly_columns (of every 32 exps of a row, how many by FMA polynomial)
       scheduling: scheduler ("single"/"static"/"lpt"), pack_gqa
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
                  gqa_pack_ratio: Optional[int], tile_m: int, tile_n: int, kv_stages: int,
                  q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
-                 softmax_overlap: bool, num_sms: int = 132):
+                 softmax_overlap: bool, exp2_poly_columns: int, num_sms: int = 132):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -84,6 +114,7 @@ class FlashAttentionSm90:
         self.scheduler_kind = scheduler
         self.pv_from_smem = pv_operand == "ss"
         self.overlap = softmax_overlap
+        self.exp2_poly_columns = exp2_poly_columns
         self.num_sms = num_sms
         self._setup_attributes()
 
@@ -397,6 +428,8 @@ class FlashAttentionSm90:
 
         row_max = cute.make_rmem_tensor(self.rows_per_thread, Float32)
         row_sum = cute.make_rmem_tensor(self.rows_per_thread, Float32)
+        bar_turn = BAR_PINGPONG_FIRST + wg_idx
+        bar_next = BAR_PINGPONG_FIRST + (wg_idx + 1) % self.num_wg
 
         if const_expr(self.pingpong):
             if wg_idx == 0:  # the first consumer warpgroup takes the first turn
@@ -416,9 +449,9 @@ class FlashAttentionSm90:
             acc_O.fill(0.0)
             pipe_q.consumer_wait(q_state)
             tSrQ_cur = tSrQ[None, None, None, q_state.index]
-            ctx = (tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS,
-                   t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2,
-                   m_block, seqlen_q, seqlen_k)
+            ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
+                              tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
+                              scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next)
             if n_count > 0:
                 n_mask_from = n_min
                 if const_expr(self.causal):
@@ -434,7 +467,7 @@ class FlashAttentionSm90:
         """All K/V blocks of one tile, rightmost first: the first block carries the seqlen (and
         causal) mask, then the diagonal blocks the causal mask, then the full blocks none."""
         if const_expr(not self.overlap):
-            self.pingpong_wait()
+            self.pingpong_wait(ctx)
             kv_state = self.block_step(ctx, kv_state, n_max - 1, is_first=True, mask_seqlen=True,
                                        mask_causal=self.causal)
             n_after_first = n_max - 1
@@ -448,15 +481,14 @@ class FlashAttentionSm90:
             for i in cutlass.range(n_after_first - n_min, unroll=1):
                 kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i, is_first=False,
                                            mask_seqlen=False, mask_causal=False)
-            self.pingpong_pass()
+            self.pingpong_pass(ctx)
         else:
             if const_expr(self.causal):
                 self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
             else:
                 # the first (rightmost) block needs the key-length mask only when Sk is not a
                 # multiple of tile_n; a masked block costs a third more softmax instructions
-                seqlen_k = ctx[-1]
-                if n_max * self.tile_n == seqlen_k:
+                if n_max * self.tile_n == ctx.seqlen_k:
                     self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=False)
                 else:
                     self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
@@ -475,22 +507,16 @@ class FlashAttentionSm90:
 
     # ---- ping-pong between consumer warpgroups ------------------------------------------------
     @cute.jit
-    def pingpong_wait(self):
+    def pingpong_wait(self, ctx: TileContext):
         """Wait for this warpgroup's turn to issue MMAs."""
         if const_expr(self.pingpong):
-            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4) - 1
-            cute.arch.barrier(barrier_id=BAR_PINGPONG_FIRST + wg, number_of_threads=2 * 128)
+            cute.arch.barrier(barrier_id=ctx.bar_turn, number_of_threads=2 * 128)
 
     @cute.jit
-    def pingpong_pass(self):
+    def pingpong_pass(self, ctx: TileContext):
         """Hand the turn to the next consumer warpgroup."""
         if const_expr(self.pingpong):
-            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4) - 1
-            nxt = wg + 1
-            if nxt == self.num_wg:
-                nxt = 0
-            cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_FIRST + nxt,
-                                     number_of_threads=2 * 128)
+            cute.arch.barrier_arrive(barrier_id=ctx.bar_next, number_of_threads=2 * 128)
 
     # ---- one block without overlap -------------------------------------------------------------
     @cute.jit
@@ -498,17 +524,19 @@ class FlashAttentionSm90:
                    mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k) = ctx
+         seqlen_k, _, _) = ctx
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         pipe_k.consumer_wait(kv_state)
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
                 zero_init=True, wait_pending=-1)
-        self.pingpong_pass()
+        self.pingpong_pass(ctx)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(kv_state)
         self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
                         mask_causal)
-        row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, is_first)
+        row_scale, any_moved = self.online_softmax(
+            acc_S, row_max, row_sum, scale_log2, is_first,
+            all_keys_visible=not (is_first or mask_seqlen or mask_causal))
         self.write_p(acc_S, tOrP, tPsP, p_store)
         if const_expr(not is_first):
             self.rescale_o(acc_O, row_scale, any_moved)
@@ -516,7 +544,7 @@ class FlashAttentionSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.sync_warp()  # a warp's P rows feed only that warp's part of the MMA
         pipe_v.consumer_wait(kv_state)
-        self.pingpong_wait()
+        self.pingpong_wait(ctx)
         L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                 zero_init=False, wait_pending=0)
         pipe_v.consumer_release(kv_state)
@@ -528,7 +556,7 @@ class FlashAttentionSm90:
     def overlap_first_block(self, ctx, kv_state, n_block: Int32, mask_seqlen: cutlass.Constexpr):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k) = ctx
+         seqlen_k, _, _) = ctx
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         pipe_k.consumer_wait(kv_state)
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
@@ -536,7 +564,7 @@ class FlashAttentionSm90:
         pipe_k.consumer_release(kv_state)
         self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
                         self.causal)
-        self.online_softmax(acc_S, row_max, row_sum, scale_log2, True)
+        self.online_softmax(acc_S, row_max, row_sum, scale_log2, True, all_keys_visible=False)
         self.write_p(acc_S, tOrP, tPsP, p_store)
         if const_expr(self.pv_from_smem):
             cute.arch.fence_view_async_shared()
@@ -547,23 +575,24 @@ class FlashAttentionSm90:
         """S of block n_block is computed while P V of the previous block runs."""
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k) = ctx
+         seqlen_k, _, _) = ctx
         prev_state = kv_state.clone()
         kv_state.advance()
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         pipe_k.consumer_wait(kv_state)
-        self.pingpong_wait()
+        self.pingpong_wait(ctx)
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
                 zero_init=True, wait_pending=-1)
         pipe_v.consumer_wait(prev_state)
         L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_state.index],
                 zero_init=False, wait_pending=-1)
-        self.pingpong_pass()
+        self.pingpong_pass(ctx)
         warpgroup.wait_group(1)  # S is ready; P V may still run
         pipe_k.consumer_release(kv_state)
         self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False,
                         mask_causal)
-        row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, False)
+        row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, False,
+                                                   all_keys_visible=not mask_causal)
         warpgroup.wait_group(0)  # P V done: its P registers / smem and O may be touched
         pipe_v.consumer_release(prev_state)
         self.write_p(acc_S, tOrP, tPsP, p_store)
@@ -577,7 +606,7 @@ class FlashAttentionSm90:
     def overlap_last_pv(self, ctx, kv_state):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k) = ctx
+         seqlen_k, _, _) = ctx
         pipe_v.consumer_wait(kv_state)
         L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                 zero_init=False, wait_pending=0)
@@ -629,13 +658,17 @@ class FlashAttentionSm90:
     # ---- softmax -------------------------------------------------------------------------------
     @cute.jit
     def online_softmax(self, acc_S, row_max, row_sum, scale_log2: Float32,
-                       is_first: cutlass.Constexpr):
+                       is_first: cutlass.Constexpr, all_keys_visible: cutlass.Constexpr):
         """S -> P = exp2(S * scale_log2 - basis * scale_log2) in place; returns (per-row O scale,
         whether any row of this warp moved its basis).
 
         The row max and row sum are reduced in ILP_CHAINS independent chains: a single chain of
         tile_n / 4 dependent FMNMX or FADD puts its whole latency on the softmax's critical path,
-        which is what the other warpgroup's MMAs must hide (most visibly at head dim 64)."""
+        which is what the other warpgroup's MMAs must hide (most visibly at head dim 64).
+
+        all_keys_visible: no score of this block is masked, so every row's block max is finite and
+        so is its basis after the update (a -inf basis jumps by +inf, past any threshold): the
+        guard for rows that have seen no key yet is left out."""
         S = L.acc_rows_cols(acc_S)
         num_cols = cute.size(S.shape[1])
         chains = ILP_CHAINS if num_cols % ILP_CHAINS == 0 else 1
@@ -658,15 +691,26 @@ class FlashAttentionSm90:
                 basis = old
                 if jump > Float32(self.rescale_threshold):
                     basis = new
-                    scale = cute.math.exp2((old - new) * scale_log2, fastmath=True)
+                    scale = cute.math.exp2(-jump, fastmath=True)  # the negation is free
                     moved = Boolean(True)
             row_max[r] = basis
             basis_safe = basis
-            if basis == -Float32.inf:
-                basis_safe = Float32(0.0)
+            if const_expr(not all_keys_visible):
+                if basis == -Float32.inf:  # no key seen yet: P = exp2(-inf) = 0, not nan
+                    basis_safe = Float32(0.0)
             bias = basis_safe * scale_log2
-            p_row = cute.math.exp2(S[r, None].load() * scale_log2 - bias, fastmath=True)
-            S[r, None].store(p_row)
+            if const_expr(self.exp2_poly_columns == 0):
+                p_row = cute.math.exp2(S[r, None].load() * scale_log2 - bias, fastmath=True)
+                S[r, None].store(p_row)
+            else:
+                # at head dim 64 the exp unit, not the tensor core, bounds a block: a share of
+                # the row goes through the FMA pipe instead (kernels/fast_exp2.py)
+                for c in cutlass.range_constexpr(num_cols):
+                    x = S[r, c] * scale_log2 - bias
+                    if const_expr(poly_column(c, num_cols, self.exp2_poly_columns)):
+                        S[r, c] = exp2_poly(x)
+                    else:
+                        S[r, c] = cute.math.exp2(x, fastmath=True)
             sums = [S[r, j] for j in range(chains)]
             for c in cutlass.range_constexpr(chains, num_cols, chains):
                 for j in cutlass.range_constexpr(chains):

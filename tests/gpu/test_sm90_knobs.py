@@ -13,7 +13,8 @@ from sm90_cases import run_and_check, shard
 
 # one knob moved away from a base per entry (plus what that value needs to be feasible)
 BASE = dict(tile_m=128, tile_n=128, kv_stages=2, q_stages=1, rescale_threshold=8.0,
-            softmax_overlap=True, pv_operand="rs", scheduler="single", pack_gqa=True)
+            softmax_overlap=True, pv_operand="rs", scheduler="single", pack_gqa=True,
+            exp2_poly_columns=0)
 VARIANTS = [
     dict(),
     dict(tile_m=64),
@@ -39,10 +40,14 @@ VARIANTS = [
     dict(pv_operand="ss"),
     dict(pv_operand="ss", softmax_overlap=False, tile_n=96),
     dict(pack_gqa=False),
+    dict(exp2_poly_columns=2),
+    dict(exp2_poly_columns=4, tile_n=80),
+    dict(exp2_poly_columns=4, rescale_threshold=12.0),
 ]
 # head dim 64 (below): flash-attn-4's 192 x 128 tile, which the register model admits there
 VARIANTS_D64 = [dict(tile_m=192), dict(tile_m=192, scheduler="single_lpt"),
-                dict(tile_m=192, q_stages=2, scheduler="static")]
+                dict(tile_m=192, q_stages=2, scheduler="static"),
+                dict(tile_m=192, exp2_poly_columns=2), dict(tile_m=192, exp2_poly_columns=4)]
 
 
 def _config(variant):
@@ -95,9 +100,10 @@ def test_knob_value_head_dim_64(variant, dtype, causal):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("threshold", [0.0, 8.0, 12.0])
-def test_extreme_logits(dtype, causal, threshold):
+@pytest.mark.parametrize("poly", [0, 4])
+def test_extreme_logits(dtype, causal, threshold, poly):
     prob = AttentionProblem(1, 1000, 1000, 8, 2, 128, dtype, causal=causal, return_lse=True)
-    cfg = _config(dict(rescale_threshold=threshold))
+    cfg = _config(dict(rescale_threshold=threshold, exp2_poly_columns=poly))
     failures = run_and_check(cfg, prob, logit_scale=30.0)
     assert not failures, failures
 
