@@ -63,3 +63,15 @@ def with_values(base: Config, values: Mapping[str, Any]) -> Config:
     if unknown:
         raise ValueError(f"unknown knob(s) for {base.arch}: {', '.join(unknown)}")
     return base.replace(**{name: knob_value(base.arch, name, v) for name, v in values.items()})
+
+
+def display_label(arch: str, values: Mapping[str, Any]) -> str:
+    """The label of a stored configuration for a table or report; never raises. A configuration
+    this version cannot build (tuned before a knob was added, or a value since removed) prints its
+    stored pairs and why it is not usable, so an old database or journal still lists."""
+    try:
+        return Config.from_dict(arch, values).label()
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        pairs = " ".join(f"{k}={v}" for k, v in dict(values).items()) if isinstance(values, Mapping) \
+            else repr(values)
+        return f"{pairs} (not usable here: {exc})"

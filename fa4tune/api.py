@@ -156,7 +156,7 @@ def search_frame(summaries: list[dict]) -> "pandas.DataFrame":
     best configuration (label and knob values). `frame.attrs["summaries"]` keeps the summaries."""
     import pandas as pd
 
-    from fa4.kernels import Config
+    from fa4.config_text import display_label
 
     rows = []
     for s in summaries:
@@ -168,7 +168,7 @@ def search_frame(summaries: list[dict]) -> "pandas.DataFrame":
         row.update({f"n_{outcome}": n for outcome, n in s["outcomes"].items()})
         row.update({"best_us": best.get("us"), "best_tflops": best.get("tflops"), "best_trial": best.get("trial"),
                     "best_is_default": best.get("is_default"), "default_us": s.get("default_us"),
-                    "best_label": Config.from_dict(s["arch"], best["config"]).label() if best else None,
+                    "best_label": display_label(s["arch"], best["config"]) if best else None,
                     "best_config": best.get("config")})
         for peer, data in (s.get("peers") or {}).items():
             row[f"{peer}_us"] = data.get("us") if isinstance(data, dict) else None

@@ -34,6 +34,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from fa4.config_text import display_label
 from fa4.files import atomic_write
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, versions
@@ -207,6 +208,6 @@ def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None)
         writer.writeheader()
         for row in doc["rows"]:
             out = {k: row.get(k) for k in CSV_FIELDS}
-            out["config"] = Config.from_dict(doc["arch"], row["config"]).label() if row.get("config") else ""
+            out["config"] = display_label(doc["arch"], row["config"]) if row.get("config") else ""
             writer.writerow(out)
         atomic_write(csv_path, text.getvalue())

@@ -203,9 +203,9 @@ def _fmt(x, digits=2):
 
 
 def _label(arch: str, config: dict) -> str:
-    from fa4.kernels import Config
+    from fa4.config_text import display_label
 
-    return Config.from_dict(arch, config).label()
+    return display_label(arch, config)
 
 
 # ------------------------------------------------------------------------------------------------

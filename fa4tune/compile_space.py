@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fa4.config_text import display_label
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api
 from fa4tune.outcomes import OK
@@ -175,7 +176,7 @@ def summary_lines(results: list[dict]) -> list[str]:
                      f"{r['failures']} with problems")
         for entry in r["compiled"]:
             if entry["problems"]:
-                config = Config.from_dict(r["arch"], entry["config"]).label()
+                config = display_label(r["arch"], entry["config"])
                 lines.append(f"  PROBLEM {config}: {'; '.join(entry['problems'])}")
         if not r["default_feasible"]:
             lines.append(f"  the default configuration is infeasible for {label}")
@@ -239,7 +240,7 @@ def print_tables(results: list[dict], stream=None) -> None:
             table.add_column(column)
         for entry in sorted(r["compiled"], key=lambda e: bool(e["problems"])):
             report = entry.get("report") if isinstance(entry.get("report"), dict) else {}
-            config = ("default " if entry["is_default"] else "") + Config.from_dict(r["arch"], entry["config"]).label()
+            config = ("default " if entry["is_default"] else "") + display_label(r["arch"], entry["config"])
             spills = (f"{report.get('spill_stores', '-')}/{report.get('spill_loads', '-')}"
                       if "spill_stores" in report else str(report.get("spills", "-")))
             table.add_row(config, str(report.get("registers", "-")), spills, str(report.get("smem_bytes", "-")),

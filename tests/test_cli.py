@@ -168,6 +168,15 @@ def test_best_lists_the_database_with_a_stale_column(tmp_path, monkeypatch):
     assert bad.exit_code == 1 and "cannot read" in bad.output
 
 
+def test_best_lists_an_entry_tuned_before_a_knob_existed(tmp_path):
+    db = tmp_path / "db.json"
+    old = _entry("old", 2048)
+    old.config.pop("pack_gqa")  # as if tuned before the knob was declared
+    record(old, db)
+    table = invoke("best", "--db", str(db)).stdout  # lists it (it raised before)
+    assert "best configurations (1)" in table and "not usable" in table
+
+
 def test_best_shows_the_layer_of_each_entry(tmp_path, monkeypatch):
     from fa4 import database
 

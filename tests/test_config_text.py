@@ -78,3 +78,14 @@ def test_explain_on_cpu_tensors_says_what_it_assumed():
     named = fa4.explain(*qkv(), arch="sm100", device_name="NVIDIA B200", allow_untested_sm100=True)
     assert named.arch == "sm100" and named.device_name == "NVIDIA B200"
     assert not any("on no GPU" in n for n in named.notes)
+
+
+def test_display_label_never_raises():
+    from fa4.config_text import display_label
+
+    full = Config.make("sm90").to_dict()
+    assert display_label("sm90", full) == Config.make("sm90").label()
+    old = {k: v for k, v in full.items() if k != "pack_gqa"}
+    assert display_label("sm90", old).endswith("(not usable here: missing knob(s) for sm90: pack_gqa)")
+    assert "not usable here" in display_label("sm90", {**full, "tile_n": 7})
+    assert "not usable here" in display_label("sm90", 5)
