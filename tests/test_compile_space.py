@@ -67,16 +67,15 @@ class _RecordingPool:
 
 def test_shards_split_the_feasible_configurations(monkeypatch):
     """Shards are disjoint and together cover every feasible configuration; shard 0 has the default."""
-    from fa4.kernels import AttentionProblem, default_config
+    from fa4.kernels import AttentionProblem, default_config, knobs_for
     from fa4tune import compile_space
     from fa4tune.space import SearchSpace
 
     monkeypatch.setattr(compile_space, "WorkerPool", _RecordingPool)
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
-    space = SearchSpace("sm90", (("tile_m", (128,)), ("tile_n", (64, 128, 192)), ("kv_stages", (2, 3)),
-                                 ("q_stages", (1,)), ("rescale_threshold", (8.0,)),
-                                 ("softmax_overlap", (True,)), ("pv_operand", ("rs", "ss")),
-                                 ("scheduler", ("single",)), ("pack_gqa", (True,))))
+    varied = {"tile_n": (64, 128, 192), "kv_stages": (2, 3), "pv_operand": ("rs", "ss")}
+    space = SearchSpace("sm90", tuple((k.name, varied.get(k.name, (k.default,)))
+                                      for k in knobs_for("sm90")))
     shards = []
     for i in range(3):
         _RecordingPool.submitted = []
