@@ -136,6 +136,9 @@ def default_config(problem: AttentionProblem) -> Config:
 
     - head dim 64: 192-row tiles (three consumer warpgroups), as flash-attn-4 does: 84.9 -> 80.1 us
       at B1 S2048 H32/8 full, 55.7 -> 48.6 causal (unless over 5 % of the rows would be padding);
+      causal with 96-key blocks: 47.4 -> 44.1 us there (192 x 128 under the causal mask is the one
+      tile where ptxas keeps the K/V stage index out of uniform registers and spends ~50 more
+      instructions per unmasked block converting descriptors; results/h200/variants_d64c.json);
     - GQA packing when the ratio divides the tile rows (K/V loaded once per group);
     - short key ranges (<= 8 key blocks) over >= 2 waves of tiles: persistent with two Q stages,
       whose next Q and K/V load under this tile's softmax. Full masks: `static` (B16 S1024
@@ -154,6 +157,8 @@ def default_config(problem: AttentionProblem) -> Config:
     fits_192 = -(-rows_192 // 192) * 192 <= rows_192 * 1.05
     if problem.head_dim <= 64 and fits_192 and (ratio == 1 or 192 % ratio == 0):
         config = config.replace(tile_m=192)
+        if problem.causal:
+            config = config.replace(tile_n=96)
     pack = ratio > 1 and config.tile_m % ratio == 0
     config = config.replace(pack_gqa=pack)
     rows = problem.seqlen_q * (ratio if pack else 1)
