@@ -81,6 +81,12 @@ class TileContext(NamedTuple):
     # warpgroup so the block loop does not re-derive the warpgroup index (a shuffle) each block
     bar_turn: Any
     bar_next: Any
+    # two Q buffers: the previous tile's Q buffer (holding its O for the TMA store) is released in
+    # this tile's first block, once its S MMA is issued, not at the end of the previous epilogue
+    pipe_q: Any
+    q_prev: Any
+    q_prev_pending: Any
+    tidx: Any
 
 
 class FlashAttentionSm90:
@@ -130,6 +136,9 @@ class FlashAttentionSm90:
         if self.pack_ratio is not None:
             assert self.tile_m % self.pack_ratio == 0
         self.rows_per_thread = 2  # an m64 wgmma accumulator gives each thread rows r and r + 8
+        # With two Q buffers the store warp need not wait for its O store to be read before the next
+        # tile: the wait (and the Q buffer's release) moves under the next tile's first S MMA.
+        self.defer_q_release = self.q_stages > 1
 
     # ------------------------------------------------------------------------------------------
     # shared memory
@@ -439,6 +448,8 @@ class FlashAttentionSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                 self.kv_stages)
+        q_prev = q_state.clone()
+        q_prev_pending = Boolean(False)
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
@@ -451,16 +462,38 @@ class FlashAttentionSm90:
             tSrQ_cur = tSrQ[None, None, None, q_state.index]
             ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
                               tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
-                              scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next)
+                              scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next,
+                              pipe_q, q_prev, q_prev_pending, tidx)
             if n_count > 0:
                 n_mask_from = n_min
                 if const_expr(self.causal):
                     n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k)
                 kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from)
+            else:
+                self.release_previous_q(ctx)
             self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, mO, mLSE, tma_atom_O,
                           tiled_mma_pv, tidx, m_block, head, batch_idx, seqlen_q, pipe_q, q_state)
+            if const_expr(self.defer_q_release):
+                q_prev = q_state.clone()
+                q_prev_pending = Boolean(True)
             q_state.advance()
             task, valid = sched.next_work(task)
+        if const_expr(self.defer_q_release):
+            # the last tile's O store must be read before the CTA's shared memory goes away
+            if q_prev_pending:
+                if tidx < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    pipe_q.consumer_release(q_prev)
+
+    @cute.jit
+    def release_previous_q(self, ctx: TileContext):
+        """With two Q buffers: wait for the previous tile's O store to be read out of its Q buffer
+        and release the buffer to the producer (the store warp only; see defer_q_release)."""
+        if const_expr(self.defer_q_release):
+            if ctx.q_prev_pending:
+                if ctx.tidx < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    ctx.pipe_q.consumer_release(ctx.q_prev)
 
     @cute.jit
     def mainloop(self, ctx, kv_state, n_min: Int32, n_max: Int32, n_mask_from: Int32):
@@ -524,11 +557,13 @@ class FlashAttentionSm90:
                    mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k, _, _) = ctx
+         seqlen_k, *_) = ctx
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         pipe_k.consumer_wait(kv_state)
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
                 zero_init=True, wait_pending=-1)
+        if const_expr(is_first):
+            self.release_previous_q(ctx)
         self.pingpong_pass(ctx)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(kv_state)
@@ -556,11 +591,13 @@ class FlashAttentionSm90:
     def overlap_first_block(self, ctx, kv_state, n_block: Int32, mask_seqlen: cutlass.Constexpr):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k, _, _) = ctx
+         seqlen_k, *_) = ctx
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         pipe_k.consumer_wait(kv_state)
         L.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
-                zero_init=True, wait_pending=0)
+                zero_init=True, wait_pending=-1)
+        self.release_previous_q(ctx)
+        warpgroup.wait_group(0)
         pipe_k.consumer_release(kv_state)
         self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
                         self.causal)
@@ -575,7 +612,7 @@ class FlashAttentionSm90:
         """S of block n_block is computed while P V of the previous block runs."""
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k, _, _) = ctx
+         seqlen_k, *_) = ctx
         prev_state = kv_state.clone()
         kv_state.advance()
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
@@ -606,7 +643,7 @@ class FlashAttentionSm90:
     def overlap_last_pv(self, ctx, kv_state):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
-         seqlen_k, _, _) = ctx
+         seqlen_k, *_) = ctx
         pipe_v.consumer_wait(kv_state)
         L.wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                 zero_init=False, wait_pending=0)
@@ -797,7 +834,8 @@ class FlashAttentionSm90:
             tOs, tOg = L.tma_copier(tma_atom_O, sO, gO, smem_staged=False, gmem_tiled=False)
             cute.copy(tma_atom_O, tOs, tOg)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            # the Q buffer (holding O) may now be refilled
-            pipe_q.consumer_release(q_state)
+            if const_expr(not self.defer_q_release):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                # the Q buffer (holding O) may now be refilled
+                pipe_q.consumer_release(q_state)
 
