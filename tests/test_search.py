@@ -227,19 +227,12 @@ def test_injected_failures_are_classified_and_the_search_continues(tmp_path, mon
 
 def _write_space(tmp_path) -> Path:
     path = tmp_path / "narrow.toml"
-    # 8 tile_n values x 3 kv_stages, the default among them: each failure class appears
-    path.write_text(textwrap.dedent("""
-        [knobs]
-        tile_m = [128]
-        tile_n = [64, 80, 96, 112, 128, 144, 160, 176]
-        kv_stages = [2, 3, 4]
-        q_stages = [1]
-        rescale_threshold = [8.0]
-        softmax_overlap = [true]
-        pv_operand = ["rs"]
-        scheduler = ["single"]
-        pack_gqa = [true]
-    """))
+    # 8 tile_n values x 3 kv_stages, the default among them: each failure class appears; every other
+    # knob held at its declared default
+    varied = {"tile_n": [64, 80, 96, 112, 128, 144, 160, 176], "kv_stages": [2, 3, 4]}
+    lines = ["[knobs]"] + [f"{k.name} = {json.dumps(varied.get(k.name, [k.default]))}"
+                           for k in knobs_for("sm90")]
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
