@@ -35,7 +35,7 @@ __all__ = [
 
 _HERE = Path(__file__).resolve().parent
 # shared files that decide every family's generated code (with the family's own SOURCE_FILES)
-SHARED_SOURCE_FILES = ("problem.py", "compiling.py")
+SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py")
 
 
 def feasible(config: Config, problem: AttentionProblem) -> list[str]:

@@ -31,7 +31,7 @@ NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is com
                 "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
 # The files that decide the generated code (emulation.py does not).
-SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py")
+SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py")
 DEFAULT_NUM_SMS = B200_NUM_SMS
 # what a right sm_100a compile's PTX holds
 PTX_MARKERS = {

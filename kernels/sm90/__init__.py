@@ -17,6 +17,7 @@ from typing import Optional
 from .. import compiling
 from ..knobs import Config
 from ..problem import AttentionProblem
+from ..scheduling import PERSISTENT_SCHEDULERS
 
 ARCH = "sm90"
 SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py")
@@ -29,7 +30,6 @@ PTX_MARKERS = {
     "stmatrix": re.compile(r"stmatrix"),
 }
 
-PERSISTENT_SCHEDULERS = ("static", "lpt")  # kernels/sm90/scheduler.py PERSISTENT_KINDS
 SMEM_LIMIT_BYTES = 232_448  # per block on sm_90 (227 KiB)
 SUPPORTED_HEAD_DIMS = (64, 128)
 ELEM_BYTES = 2
