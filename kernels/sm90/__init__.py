@@ -136,7 +136,7 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     return reasons
 
 
-TYPICAL_SM_COUNT = DEFAULT_NUM_SMS  # the default's wave arithmetic only needs the order of magnitude
+TYPICAL_SM_COUNT = 132  # the H200's; the default's wave arithmetic only needs the order of magnitude
 
 
 def default_config(problem: AttentionProblem) -> Config:
