@@ -70,10 +70,11 @@ def family(arch: str) -> KernelFamily:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     module = importlib.import_module(f"{__package__}.{arch}")
     if not isinstance(module, KernelFamily):  # a family that lost a member fails here, loudly
-        missing = [n for n in _members() if not hasattr(module, n)]
+        missing = [n for n in protocol_members() if not hasattr(module, n)]
         raise TypeError(f"kernel family {arch} does not implement KernelFamily: missing {missing}")
     return module
 
 
-def _members() -> list[str]:
+def protocol_members() -> list[str]:
+    """The names a family module must have: the protocol's attributes and functions."""
     return list(KernelFamily.__annotations__) + [n for n in vars(KernelFamily) if not n.startswith("_")]

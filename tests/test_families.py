@@ -9,7 +9,7 @@ import pytest
 
 from fa4.kernels import ARCHS, AttentionProblem, Config, KernelFamily, default_config, family, knob
 from fa4.kernels import compiling
-from fa4.kernels.family import _members
+from fa4.kernels.family import protocol_members
 
 PROBLEMS = [AttentionProblem(b, s, s, hq, hkv, d, causal=c)
             for b, s, hq, hkv, d, c in [(1, 1024, 32, 8, 128, False), (1, 1024, 32, 8, 128, True),
@@ -25,7 +25,7 @@ def test_every_family_implements_the_protocol(arch):
 
 
 def test_the_families_functions_have_the_same_signatures():
-    functions = [n for n in _members() if callable(getattr(KernelFamily, n, None))]
+    functions = [n for n in protocol_members() if callable(getattr(KernelFamily, n, None))]
     assert "compile_report" in functions and "make_kernel" in functions
     for name in functions:
         signatures = {arch: str(inspect.signature(getattr(family(arch), name))) for arch in ARCHS}
