@@ -42,8 +42,8 @@ def main(argv=None) -> int:
 
     import fa4
     from fa4 import checks, database, kernels, runtime
-    from fa4.kernels import AttentionProblem, Config
-    from fa4.kernels.sm90.build import CompiledAttention
+    from fa4.kernels import Config
+    from fa4.kernels.compiling import CompiledAttention
 
     nop = tvm_ffi.get_global_func("testing.nop")
     names = ["mQ", "mK", "mV", "mO", "mLSE", "softmax_scale"]

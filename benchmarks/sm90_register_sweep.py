@@ -46,14 +46,15 @@ def problem_and_config(case: dict):
 
 
 def compile_case(case: dict) -> dict:
-    from fa4.kernels.sm90 import build, smem_bytes, SMEM_LIMIT_BYTES
+    from fa4.kernels import compiling
+    from fa4.kernels.sm90 import smem_bytes, SMEM_LIMIT_BYTES
     problem, config = problem_and_config(case)
     row = dict(case)
     if smem_bytes(config, problem) > SMEM_LIMIT_BYTES:
         row["outcome"] = "smem"
         return row
     t0 = time.perf_counter()
-    report = build.compile_report(config, problem)
+    report = compiling.compile_report(config, problem)
     row.update(outcome="ok" if report.get("ok") else "error", seconds=round(time.perf_counter() - t0, 1),
                registers=report.get("registers"), spill_bytes=(report.get("spill_stores") or 0)
                + (report.get("spill_loads") or 0), wgmma_serialized=report.get("wgmma_serialized"),

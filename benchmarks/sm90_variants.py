@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from fa4.kernels import AttentionProblem, Config, compile_key, default_config, feasible
+from fa4.kernels import AttentionProblem, Config, default_config, feasible
 from fa4tune.api import DEFAULT_PROBLEM
 from fa4tune.evaluator import KernelEvaluator
 from fa4tune.shapes import parse_shape
@@ -31,8 +31,8 @@ def compile_variant(config: Config, problem: AttentionProblem, ignore_register_m
         reasons = [r for r in reasons if not r.startswith("registers")]
     if reasons:
         raise ValueError("; ".join(reasons))
-    from fa4.kernels.sm90 import build
-    return build.compile_attention(config, problem, compile_key(config, problem))
+    from fa4.kernels import compiling  # no feasibility check of its own: the caller's rule applies
+    return compiling.compile_attention(config, problem)
 
 
 def main() -> None:

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fa4.kernels import ARCHS  # the families themselves are declared with the knobs
-
-CAPABILITY_ARCH = {(9, 0): "sm90", (10, 0): "sm100"}
-# the DSL's target name of each family (CUTE_DSL_ARCH)
-DSL_TARGET = {"sm90": "sm_90a", "sm100": "sm_100a"}
-assert set(CAPABILITY_ARCH.values()) == set(DSL_TARGET) == set(ARCHS), "a family without a capability"
+# the tables themselves are declared with the kernel families (the compile path targets DSL_TARGET)
+from fa4.kernels.family import CAPABILITY_ARCH, DSL_TARGET  # noqa: F401  (DSL_TARGET re-exported)
 
 
 def arch_of_capability(capability) -> Optional[str]:

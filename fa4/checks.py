@@ -192,8 +192,8 @@ GRID_X_LIMIT = 2**31 - 1
 def launch_reasons(config, problem: AttentionProblem) -> list[str]:
     """Why launching `config` on `problem` would exceed CUDA's grid limits (empty: it would not).
 
-    The grids are those of the kernels' tile schedulers (kernels/sm90/scheduler.py `TileScheduler.grid`;
-    tests/test_checks.py holds this to that code): sm90 `single` launches (m_blocks, heads, batch),
+    The grids are those of the kernels' tile schedulers (`grid_shape` in kernels/sm90/scheduler.py
+    and kernels/sm100/scheduler.py; tests/test_checks.py holds this to that code): sm90 `single` launches (m_blocks, heads, batch),
     where heads are KV heads when GQA packing folds the query heads into the tile rows; every other
     scheduler, and every sm100 one, a 1-D grid of at most one CTA per tile, its tiles numbered by a
     32-bit index. This belongs in the

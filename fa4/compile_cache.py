@@ -152,18 +152,17 @@ def compile_attention(config, problem):
 
     if not enabled() or config.arch not in CACHED_ARCHS:
         return kernels.compile_attention(config, problem)
-    from fa4.kernels import sm90
-    from fa4.kernels.sm90 import build
+    from fa4.kernels import compiling, sm90
 
-    num_sms = build.device_sm_count()
+    num_sms = compiling.device_sm_count()
     name = entry_name(kernels.compile_key(config, problem), num_sms,
                       kernels.source_fingerprint(config.arch), dsl_version())
     function = load(name)
     if function is not None:
-        return build.CompiledAttention(function, config, problem, sm90.smem_bytes(config, problem),
-                                       compile_seconds=0.0)
+        return compiling.CompiledAttention(function, config, problem, sm90.smem_bytes(config, problem),
+                                           compile_seconds=0.0)
     launcher = kernels.compile_attention(config, problem)
-    # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/sm90/build.py); the
+    # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/compiling.py); the
     # export needs that object, not the wrapper
     store(name, launcher._fn)
     return launcher

@@ -627,7 +627,7 @@ def _direct_launcher(compiled):
     DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
     checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
     """
-    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/sm90/build.py)
+    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/compiling.py)
     try:
         import tvm_ffi
     except ImportError:

@@ -3,7 +3,7 @@
 NO BLACKWELL GPU EXISTS HERE: the kernels are compiled on a CPU and never run; the analysis
 (`fa4tune.sass`) reads the generated code, and its throughput estimate is a model.
 
-Ours is compiled through `fa4.kernels.sm100.compile`; the peer (flash-attn-4's sm100 forward) in a
+Ours is compiled through `fa4.kernels.compiling`; the peer (flash-attn-4's sm100 forward) in a
 child process, built with the arguments its `interface.py` would choose for the problem (see
 `_flash_attn4_kernel_args`). `nvdisasm` comes from the nvidia-cuda-nvdisasm wheel.
 """
@@ -52,7 +52,7 @@ def disassemble(cubin: bytes) -> str:
 
 # ours: compiled in this process by the family's own compile path
 def compile_ours(config, problem) -> bytes:
-    from fa4.kernels.sm100.compile import compile_cubin
+    from fa4.kernels.compiling import compile_cubin
     return compile_cubin(config, problem)
 
 

@@ -13,36 +13,29 @@ Public surface, the same for every kernel family:
 - `compile_report(config, problem)`: compile without a GPU and report registers, spills, shared memory.
 - `source_fingerprint(arch)`: a hash of the sources that generate the kernel, to detect stale tunings.
 
-A family (`sm90`, `sm100`) is a subpackage whose `__init__` provides, without importing the DSL:
-`can_implement(problem)`, `resource_reasons(config, problem)`, `resources(config, problem)`,
-`default_config(problem)`, `problem_key(config, problem)`, `compile_attention(config, problem)`,
-`compile_report(config, problem)` and `SOURCE_FILES` (paths relative to the family's folder).
+A family (`sm90`, `sm100`) is a subpackage implementing the protocol `family.KernelFamily` (the
+registry: `family(arch)`); what families share when compiling (target architecture, fake arguments,
+options, the compile cache, the compile-report schema) is `compiling.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 from pathlib import Path
-from types import ModuleType
 
+from .family import KernelFamily, family
 from .knobs import ARCHS, KNOBS, Config, Knob, knob, knobs_for
 from .problem import DTYPES, AttentionProblem
 
 __all__ = [
     "ARCHS", "KNOBS", "DTYPES", "Config", "Knob", "knob", "knobs_for", "AttentionProblem",
-    "family", "feasible", "default_config", "compile_key", "compile_attention", "compile_report",
+    "KernelFamily", "family", "feasible", "default_config", "compile_key", "compile_attention", "compile_report",
     "source_fingerprint",
 ]
 
 _HERE = Path(__file__).resolve().parent
-
-
-def family(arch: str) -> ModuleType:
-    """The kernel family module of one architecture ("sm90" or "sm100")."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
-    return importlib.import_module(f"{__name__}.{arch}")
+# shared files that decide every family's generated code (with the family's own SOURCE_FILES)
+SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py")
 
 
 def feasible(config: Config, problem: AttentionProblem) -> list[str]:
@@ -72,8 +65,8 @@ def compile_report(config: Config, problem: AttentionProblem):
 def source_fingerprint(arch: str) -> str:
     """sha256 (first 16 hex digits) of the sources that decide the generated code of a family."""
     fam = family(arch)
-    fam_dir = Path(fam.__file__).resolve().parent
-    paths = [_HERE / "problem.py"] + [fam_dir / p for p in sorted(fam.SOURCE_FILES)]
+    fam_dir = _HERE / arch
+    paths = [_HERE / p for p in SHARED_SOURCE_FILES] + [fam_dir / p for p in sorted(fam.SOURCE_FILES)]
     digest = hashlib.sha256()
     # this architecture's knob declarations, not the whole knob file: another family's knobs do
     # not change this family's code

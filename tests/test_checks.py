@@ -256,8 +256,13 @@ def test_the_launch_limits_model_the_schedulers_grids():
     assert 'if self.kind == "single":\n            return (self.num_m_blocks, self.num_heads, self.batch)' in source
     assert "return (cutlass.max(self.num_tasks(), 1), 1, 1)" in source  # single_lpt: 1-D
     kernel = (Path(fa4.kernels.__file__).parent / "sm90" / "kernel.py").read_text()
-    assert "heads_tile = heads_kv" in kernel and "TileScheduler(self.scheduler_kind, num_m_blocks, heads_tile, batch" in kernel
-    assert "grid=[grid_x, 1, 1]" in (Path(fa4.kernels.__file__).parent / "sm100" / "kernel.py").read_text()
+    assert "heads_tile = heads_kv" in kernel
+    assert "TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch" in kernel
+    assert "grid=sched.grid_shape()" in kernel
+    sm100 = Path(fa4.kernels.__file__).parent / "sm100"
+    assert "grid=sched.grid_shape()" in (sm100 / "kernel.py").read_text()
+    scheduler = (sm100 / "scheduler.py").read_text()  # one CTA per task, or at most one per SM, on x
+    assert "grid_x = self.num_tasks\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
 
 
 @pytest.mark.parametrize("config,match", [

@@ -19,10 +19,10 @@ PROBLEM = AttentionProblem(1, 256, 256, 8, 2, 64, "fp16", causal=True)
 @pytest.fixture(scope="module")
 def jit_function():
     """The DSL's compiled function of the default configuration, compiled for sm_90a on CPU."""
-    from fa4.kernels.sm90 import build
+    from fa4.kernels import compiling, family
 
-    with build.target_arch(build.TARGET_ARCH):
-        compiled, _, _, _ = build._compile(default_config("sm90", PROBLEM), PROBLEM, 132)
+    compiled, _, _, _ = compiling.compile_kernel(family("sm90"), default_config("sm90", PROBLEM), PROBLEM,
+                                                 132, tvm_ffi=True)
     return compiled
 
 
@@ -72,10 +72,10 @@ def test_the_bound_removes_the_least_recently_used(tmp_path):
 
 
 def _store_in_child(folder: str, name: str) -> None:
-    from fa4.kernels.sm90 import build
+    from fa4.kernels import compiling, family
 
-    with build.target_arch(build.TARGET_ARCH):
-        compiled, _, _, _ = build._compile(default_config("sm90", PROBLEM), PROBLEM, 132)
+    compiled, _, _, _ = compiling.compile_kernel(family("sm90"), default_config("sm90", PROBLEM), PROBLEM,
+                                                 132, tvm_ffi=True)
     assert compile_cache.store(name, compiled, folder=__import__("pathlib").Path(folder)) is not None
 
 

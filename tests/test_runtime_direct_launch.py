@@ -226,13 +226,14 @@ def test_forwarding_wrapper_pointer_args_and_foreign_objects():
 
 def test_real_sm90_compile_is_accepted():
     """The DSL's actual object for our kernel (compiled for sm_90a without a GPU) gets the direct path."""
-    from fa4.kernels.sm90 import build
+    from fa4.kernels import compiling
 
     problem = AttentionProblem(1, 256, 256, 4, 2, 64)
     config = kernels.default_config("sm90", problem)
-    with build.target_arch(build.TARGET_ARCH):
-        compiled, _, smem, seconds = build._compile(config, problem, build.SM_COUNT_H200)
-    launcher = runtime._direct_launcher(build.CompiledAttention(compiled, config, problem, smem, seconds))
+    sm90 = kernels.family("sm90")
+    compiled, _, smem, seconds = compiling.compile_kernel(sm90, config, problem, sm90.DEFAULT_NUM_SMS,
+                                                          tvm_ffi=True)
+    launcher = runtime._direct_launcher(compiling.CompiledAttention(compiled, config, problem, smem, seconds))
     assert type(launcher) is tvm_ffi.Function
 
 

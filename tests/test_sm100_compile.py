@@ -147,7 +147,7 @@ def test_every_space_config_is_rejected_with_a_reason_or_within_budget(problem):
 
 
 def test_sample_covers_every_knob_value_and_is_feasible():
-    from fa4.kernels.sm100.sweep import representative_sample
+    from sm100_sample import representative_sample
     sample = representative_sample()
     assert 6 <= len(sample) <= 20
     for c, p in sample:
@@ -162,7 +162,7 @@ def test_sample_covers_every_knob_value_and_is_feasible():
 @pytest.fixture(scope="module")
 def sample_rows():
     pytest.importorskip("cutlass")
-    from fa4.kernels.sm100.sweep import compile_many, representative_sample
+    from sm100_sample import compile_many, representative_sample
     return compile_many([], jobs=2, pairs=representative_sample())
 
 

@@ -9,15 +9,18 @@ hand, the whole space with `fa4tune compile-space --arch sm100`; the tile algori
 numerics are replayed by `emulation.py` against SDPA; `fa4tune sass` reads the generated SASS per
 warp role beside flash-attn-4's. The first B200 launch may still fault, hang or be wrong.
 
-Family API (no DSL import at module import time):
-`can_implement(problem)`, `resources(config, problem)`, `resource_reasons(config, problem)`,
-`default_config(problem)`, `problem_key(config, problem)`, `compile_attention(config, problem)`,
-`compile_report(config, problem)`, `SOURCE_FILES`.
+Implements `fa4.kernels.family.KernelFamily` (no DSL import at module import time; compiling goes
+through the shared `fa4.kernels.compiling`).
 """
 
 from __future__ import annotations
 
-from ..knobs import Config, knobs_for
+import re
+from typing import Optional
+
+from .. import compiling
+from ..family import CAPABILITY_ARCH
+from ..knobs import Config
 from ..problem import AttentionProblem
 from .plan import (B200_NUM_SMS, REG_BUDGET_PER_THREAD_X4, REGS_MIN, REGS_OTHER, SMEM_LIMIT_BYTES,
                    SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan, kv_ring_deadlock, make_plan)
@@ -28,12 +31,20 @@ NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is com
                 "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
 # The files that decide the generated code (emulation.py does not).
-SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "compile.py")
+SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py")
+DEFAULT_NUM_SMS = B200_NUM_SMS
+# what a right sm_100a compile's PTX holds
+PTX_MARKERS = {
+    "tcgen05.mma": re.compile(r"\btcgen05\.mma\b"),
+    "tcgen05.ld": re.compile(r"\btcgen05\.ld\b"),
+    "tcgen05.st": re.compile(r"\btcgen05\.st\b"),
+    "cp.async.bulk.tensor": re.compile(r"\bcp\.async\.bulk\.tensor\b"),
+}
 
 __all__ = [
-    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "can_implement", "resources",
-    "resource_reasons", "default_config", "problem_key", "compile_attention", "compile_report",
-    "make_plan", "KernelPlan",
+    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "DEFAULT_NUM_SMS", "PTX_MARKERS",
+    "can_implement", "resources", "resource_reasons", "default_config", "problem_key", "make_kernel",
+    "traced_smem_bytes", "compile_attention", "compile_report", "make_plan", "KernelPlan",
 ]
 
 
@@ -143,24 +154,51 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     return reasons
 
 
+# The heuristic default: the knobs' declared defaults (FA4's shape: 2 Q stages, 2 TMEM stages,
+# 128-key blocks, rescale_tile 16, threshold 8, 192 softmax registers), then these rules in order.
+# A model of a kernel that has never run: the search decides on hardware.
+
+def _persistent_scheduler(config: Config, problem: AttentionProblem) -> Config:
+    """Persistent CTAs over the SMs, longest tiles first when causal (as FA4)."""
+    return config.replace(scheduler="lpt" if problem.causal else "static")
+
+
+def _pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Config:
+    """GQA packing when the ratio divides the 128-row tile (K/V loaded once per group)."""
+    return config.replace(pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0)
+
+
+def _exp2_poly_for_head_dim(config: Config, problem: AttentionProblem) -> Config:
+    """The polynomial exp2 share the static estimate of `fa4tune sass` favours: at D=128, 4 of 32
+    keys (the declared default: exp unit 88 % of the tensor floor, est. throughput 1.00; 0: 0.99, 8:
+    1.00 with more issue slots); at D=64, where the exp unit bounds the block, 8 of 32 (est. 0.65 of
+    the floor; 4: 0.57, 0: 0.50)."""
+    return config.replace(exp2_poly_columns=8) if problem.head_dim <= 64 else config
+
+
+# (softmax_regs, kv_stages) tried in this order: the deepest K/V ring that fits, at 192 softmax
+# registers, else 200, else 184; none fitting leaves the declared defaults.
+_FIT_ORDER = tuple((regs, kv) for regs in (192, 200, 184) for kv in (3, 2, 4))
+
+
+def _deepest_kv_ring_that_fits(config: Config, problem: AttentionProblem) -> Config:
+    for regs, kv in _FIT_ORDER:
+        candidate = config.replace(softmax_regs=regs, kv_stages=kv)
+        if not resource_reasons(candidate, problem):
+            return candidate
+    return config
+
+
+DEFAULT_RULES = (_persistent_scheduler, _pack_gqa_when_it_divides, _exp2_poly_for_head_dim,
+                 _deepest_kv_ring_that_fits)
+
+
 def default_config(problem: AttentionProblem) -> Config:
-    """The heuristic default: FA4's shape (2 Q stages, 2 TMEM stages, 128-key blocks), deepest
-    K/V ring that fits (at 192 softmax registers, else 200, else 184), LPT order for causal, GQA
-    packing when the ratio divides the tile, and the
-    polynomial exp2 share the static estimate of `fa4tune sass` favours: at D=128, 4 of 32 keys
-    (exp unit 88 % of the tensor floor, est. throughput 1.00; 0: 0.99, 8: 1.00 with more issue
-    slots); at D=64, where the exp unit bounds the block, 8 of 32 (est. 0.65 of the floor; 4: 0.57,
-    0: 0.50). A model of a kernel that has never run: the search decides on hardware."""
-    base = dict(tile_n=128, q_stages=2, tmem_stages=2, rescale_tile=16, rescale_threshold=8.0,
-                softmax_regs=192, scheduler="lpt" if problem.causal else "static",
-                pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0,
-                exp2_poly_columns=8 if problem.head_dim <= 64 else 4)
-    for regs in (192, 200, 184):
-        for kv in (3, 2, 4):
-            cfg = Config.make(ARCH, kv_stages=kv, **{**base, "softmax_regs": regs})
-            if not resource_reasons(cfg, problem):
-                return cfg
-    return Config.make(ARCH, kv_stages=2, **base)
+    """The knobs' declared defaults, then `DEFAULT_RULES` in order."""
+    config = Config.make(ARCH)
+    for rule in DEFAULT_RULES:
+        config = rule(config, problem)
+    return config
 
 
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
@@ -170,13 +208,35 @@ def problem_key(config: Config, problem: AttentionProblem) -> tuple:
             ("gqa_ratio", problem.gqa_ratio if config.pack_gqa else None))
 
 
-def compile_report(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> dict:
+def make_kernel(config: Config, problem: AttentionProblem, num_sms: int):
+    """The DSL kernel object of one configuration, built from its plan."""
+    from .kernel import FlashAttentionForwardSm100
+    return FlashAttentionForwardSm100(make_plan(config, problem, num_sms=num_sms))
+
+
+def traced_smem_bytes(kernel) -> int:
+    return kernel.shared_storage.size_in_bytes()  # the SharedStorage struct built while tracing
+
+
+def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
     """Compile for sm_100a on this machine (CPU is fine) and report registers, spills, SMEM, PTX."""
-    from .compile import compile_report as _report
-    return _report(config, problem, num_sms=num_sms)
+    return compiling.compile_report(config, problem, num_sms)
 
 
-def compile_attention(config: Config, problem: AttentionProblem):
-    """A launchable kernel; raises unless a Blackwell GPU is present (see `compile.py`)."""
-    from .compile import compile_attention as _compile
-    return _compile(config, problem)
+def compile_attention(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None):
+    """A launchable kernel for the Blackwell GPU in this process: `.run(q, k, v, out, lse, scale)`.
+
+    Refuses on anything but a Blackwell GPU: this kernel has never run on hardware, and the caller
+    (`fa4.attention`) must have asked for it explicitly. Cached per compile key and SM count.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the sm100 kernel needs a Blackwell GPU (sm_100); no CUDA GPU is available")
+    major, minor = torch.cuda.get_device_capability()
+    if CAPABILITY_ARCH.get((major, minor)) != ARCH:
+        raise RuntimeError(
+            f"the sm100 kernel needs a Blackwell GPU of compute capability 10.0 (its sm_100a code runs "
+            f"there only); this GPU is sm_{major}{minor}. Use the sm90 kernel on Hopper, or PyTorch "
+            f"SDPA elsewhere.")
+    return compiling.compile_attention(config, problem, num_sms)

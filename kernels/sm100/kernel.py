@@ -73,6 +73,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
 from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
+from .scheduler import TileScheduler
 
 LOG2_E = math.log2(math.e)
 TMEM_LANES = 128
@@ -328,27 +329,17 @@ class FlashAttentionForwardSm100:
             rows_per_head = seqlen_q
             task_heads = heads_q
         num_m_blocks = (rows_per_head + self.cta_rows - 1) // self.cta_rows
-        num_tasks = num_m_blocks * task_heads * batch
-        if const_expr(self.scheduler == "single"):
-            grid_x = num_tasks
-        else:
-            grid_x = cutlass.min(num_tasks, Int32(self.num_sms))
-
-        # LPT: heads are taken in groups whose K and V (16-bit) fit the L2 budget together
-        kv_bytes_per_head = seqlen_k * (4 * self.head_dim)
-        lpt_group = cutlass.max(Int32(1), Int32(self.plan.lpt_l2_bytes)
-                                // cutlass.max(kv_bytes_per_head, Int32(1)))
-        lpt_group = cutlass.min(lpt_group, num_tasks // cutlass.max(num_m_blocks, Int32(1)))
-        lpt_group = cutlass.max(lpt_group, Int32(1))
+        sched = TileScheduler.create(self.scheduler, num_m_blocks, task_heads, batch, seqlen_k,
+                                     self.head_dim, self.num_sms, self.plan.lpt_l2_bytes)
         scale_log2 = softmax_scale * Float32(LOG2_E)
         self.kernel(
             qk_tiled_mma, pv_tiled_mma,
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_o, tma_o,
             lse_view, softmax_scale, scale_log2,
-            seqlen_q, seqlen_k, heads_q // heads_kv, num_m_blocks, task_heads, num_tasks, lpt_group,
-            sQ_layout, sK_layout, sV_layout, tP_layout, sO_layout,
+            seqlen_q, seqlen_k, heads_q // heads_kv, sched.num_m_blocks, sched.task_heads,
+            sched.num_tasks, sched.lpt_group, sQ_layout, sK_layout, sV_layout, tP_layout, sO_layout,
         ).launch(
-            grid=[grid_x, 1, 1],
+            grid=sched.grid_shape(),
             block=[self.threads_per_cta, 1, 1],
             cluster=[1, 1, 1],
             stream=stream,
@@ -448,16 +439,17 @@ class FlashAttentionForwardSm100:
 
         qk_thr_mma = qk_tiled_mma.get_slice(0)
         pv_thr_mma = pv_tiled_mma.get_slice(0)
+        sched = TileScheduler(self.scheduler, num_m_blocks, task_heads, num_tasks, lpt_group,
+                              self.num_sms)
 
         if warp_idx == self.load_warp:
             cute.arch.setmaxregister_decrease(self.regs_other)
             self.load_role(bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
                            sQ, sK, sV, qk_thr_mma, pv_thr_mma,
-                           seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks, lpt_group)
+                           seqlen_q, seqlen_k, gqa_ratio_rt, sched)
         if warp_idx == self.store_warp:
             cute.arch.setmaxregister_decrease(self.regs_other)
-            self.store_role(bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks, lpt_group,
-                            seqlen_q, seqlen_k)
+            self.store_role(bars, tma_atom_o, tma_o, sO, sched, seqlen_q, seqlen_k)
         if warp_idx == self.store_warp + 1:
             cute.arch.setmaxregister_decrease(self.regs_other)
         if warp_idx == self.mma_warp:
@@ -465,21 +457,20 @@ class FlashAttentionForwardSm100:
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.mma_role(bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
-                          tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads,
-                          num_tasks, lpt_group)
+                          tP_layout, tmem_ptr, seqlen_q, seqlen_k, sched)
         if warp_idx < 4:
             cute.arch.setmaxregister_increase(self.regs_softmax)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.softmax_role(0, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q, seqlen_k,
-                              num_m_blocks, task_heads, num_tasks, lpt_group)
+                              sched)
         if warp_idx >= 4 and warp_idx < 8:
             if const_expr(self.q_stages == 2):
                 cute.arch.setmaxregister_increase(self.regs_softmax)
                 tmem.wait_for_alloc()
                 tmem_ptr = tmem.retrieve_ptr(Float32)
                 self.softmax_role(1, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
-                                  seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group)
+                                  seqlen_k, sched)
             else:
                 cute.arch.setmaxregister_decrease(self.regs_idle_softmax)
         if warp_idx >= 8 and warp_idx < 12:
@@ -488,8 +479,7 @@ class FlashAttentionForwardSm100:
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.correction_role(bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
-                                 scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads,
-                                 num_tasks, lpt_group)
+                                 scale_log2, seqlen_q, seqlen_k, sched)
             # every TMEM reader and writer is done once the last epilogue has read O (the base is
             # read again rather than kept live in a register across the whole task loop)
             tmem.relinquish_alloc_permit()
@@ -498,50 +488,8 @@ class FlashAttentionForwardSm100:
         return
 
     # ------------------------------------------------------------------------------------------
-    # Scheduling and block ranges (every role computes the same values)
+    # Block ranges (every role computes the same values; the task order is scheduler.py's)
     # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def _first_task(self):
-        bidx, _, _ = cute.arch.block_idx()
-        return Int32(bidx)
-
-    @cute.jit
-    def _task_stride(self):
-        if const_expr(self.scheduler == "single"):
-            return Int32(1 << 30)  # one task per CTA
-        else:
-            gdim, _, _ = cute.arch.grid_dim()
-            return Int32(gdim)
-
-    @cute.jit
-    def _task_coords(self, task: Int32, num_m_blocks: Int32, task_heads: Int32, num_tasks: Int32,
-                     lpt_group: Int32):
-        """task index -> (m_block, head, batch) under the configured order."""
-        m_block = Int32(0)
-        head = Int32(0)
-        batch = Int32(0)
-        if const_expr(self.scheduler != "lpt"):
-            m_block = task % num_m_blocks
-            hb = task // num_m_blocks
-            head = hb % task_heads
-            batch = hb // task_heads
-        else:
-            # Longest first: for causal the late m_blocks see the most keys. Heads are taken in
-            # groups sized so the group's K and V stay resident in L2 while all its m_blocks run.
-            # (the group size is computed once at launch: see `__call__`)
-            group = lpt_group
-            num_hb = num_tasks // num_m_blocks
-            per_group = group * num_m_blocks
-            g = task // per_group
-            within = task - g * per_group
-            this_group = cutlass.min(group, num_hb - g * group)
-            m_rev = within // this_group
-            hb = g * group + within % this_group
-            m_block = num_m_blocks - 1 - m_rev
-            head = hb % task_heads
-            batch = hb // task_heads
-        return m_block, head, batch
-
     @cute.jit
     def _block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """(n_end, n_full): the CTA visits KV blocks n_end-1 .. 0; blocks n >= n_full need a mask.
@@ -589,16 +537,15 @@ class FlashAttentionForwardSm100:
     @cute.jit
     def load_role(self, bars, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
                   sQ, sK, sV, qk_thr_mma, pv_thr_mma,
-                  seqlen_q, seqlen_k, gqa_ratio_rt, num_m_blocks, task_heads, num_tasks, lpt_group):
+                  seqlen_q, seqlen_k, gqa_ratio_rt, sched: cutlass.Constexpr):
         Q = self.q_stages
         L = self.mma_lag
         R = self.kv_stages
         kv_count = Int32(0)  # K/V ring items issued by this CTA
         q_count = Int32(0)   # Q tile loads (one per non-empty task)
-        task = self._first_task()
-        while task < num_tasks:
-            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     lpt_group)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             head_kv = head
             if const_expr(not self.pack_gqa):
@@ -654,14 +601,14 @@ class FlashAttentionForwardSm100:
                         cute.copy(tma_atom_v, tVgV[None, n], tVsV[None, slot],
                                   tma_bar_ptr=bars.ptr("kv_full", slot))
                         kv_count += 1
-            task += self._task_stride()
+            task, valid = sched.next_work(task)
 
     # ------------------------------------------------------------------------------------------
     # MMA warp
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def mma_role(self, bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
-                 tP_layout, tmem_ptr, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
+                 tP_layout, tmem_ptr, seqlen_q, seqlen_k, sched: cutlass.Constexpr):
         Q = self.q_stages
         T = self.tmem_stages
         L = self.mma_lag
@@ -679,10 +626,9 @@ class FlashAttentionForwardSm100:
         block_base = Int32(0)  # value MMAs per stage before this task
         k_slot = Int32(0)
         v_slot = Int32(0)
-        task = self._first_task()
-        while task < num_tasks:
-            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     lpt_group)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             total = n_end * Q
             for s in cutlass.range(total + L, unroll=1):
@@ -750,14 +696,14 @@ class FlashAttentionForwardSm100:
                 q_count += 1
             score_base += total
             block_base += n_end
-            task += self._task_stride()
+            task, valid = sched.next_work(task)
 
     # ------------------------------------------------------------------------------------------
     # Softmax warpgroups
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def softmax_role(self, stage: int, bars, mail, qk_thr_mma, tmem_ptr, scale_log2, seqlen_q,
-                     seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
+                     seqlen_k, sched: cutlass.Constexpr):
         Q = self.q_stages
         T = self.tmem_stages
         N = self.tile_n
@@ -791,10 +737,9 @@ class FlashAttentionForwardSm100:
         threshold = Float32(self.rescale_threshold)
         score_base = Int32(0)
         mail_count = Int32(0)
-        task = self._first_task()
-        while task < num_tasks:
-            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     lpt_group)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             # this thread's query position (packed rows map to seq = row // ratio)
             packed_row = m_block * self.cta_rows + stage * self.tile_m + row
@@ -829,7 +774,7 @@ class FlashAttentionForwardSm100:
             bars.arrive("mail_full", stage)
             mail_count += 1
             score_base += n_end * Q
-            task += self._task_stride()
+            task, valid = sched.next_work(task)
 
     @cute.jit
     def _softmax_block(self, masked: cutlass.Constexpr, stage: int, i, n_end, score_base,
@@ -954,7 +899,7 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def correction_role(self, bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
-                        scale_log2, seqlen_q, seqlen_k, num_m_blocks, task_heads, num_tasks, lpt_group):
+                        scale_log2, seqlen_q, seqlen_k, sched: cutlass.Constexpr):
         Q = self.q_stages
         D = self.head_dim
         RT = self.rescale_tile
@@ -985,10 +930,9 @@ class FlashAttentionForwardSm100:
         mail_count = Int32(0)
         o_done_count = Int32(0)
         epi_count = Int32(0)
-        task = self._first_task()
-        while task < num_tasks:
-            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     lpt_group)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             for i in cutlass.range(1, n_end, unroll=1):
                 for q in cutlass.range_constexpr(Q):
@@ -1032,7 +976,7 @@ class FlashAttentionForwardSm100:
             if n_end > 0:
                 o_done_count += 1
             epi_count += 1
-            task += self._task_stride()
+            task, valid = sched.next_work(task)
 
     @cute.jit
     def _rescale_O(self, stage: int, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,
@@ -1114,13 +1058,12 @@ class FlashAttentionForwardSm100:
     # Store warp
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def store_role(self, bars, tma_atom_o, tma_o, sO, num_m_blocks, task_heads, num_tasks, lpt_group,
+    def store_role(self, bars, tma_atom_o, tma_o, sO, sched: cutlass.Constexpr,
                    seqlen_q, seqlen_k):
         epi_count = Int32(0)
-        task = self._first_task()
-        while task < num_tasks:
-            m_block, head, batch = self._task_coords(task, num_m_blocks, task_heads, num_tasks,
-                                                     lpt_group)
+        task, valid = sched.initial_work()
+        while valid:
+            m_block, head, batch = sched.decode(task)
             gO = cute.local_tile(tma_o[None, None, head, batch], self.epi_tile, (None, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_o, 0, cute.make_layout(1),
@@ -1134,6 +1077,6 @@ class FlashAttentionForwardSm100:
                 cute.arch.cp_async_bulk_wait_group(self.q_stages - 1 - q, read=True)
                 bars.arrive_one("epi_empty", q)
             epi_count += 1
-            task += self._task_stride()
+            task, valid = sched.next_work(task)
         # drain before the CTA exits
         cute.arch.cp_async_bulk_wait_group(0, read=False)

@@ -1,8 +1,7 @@
 """The Hopper (sm_90a) family: our FA4-style warp-specialised TMA + wgmma forward kernel.
 
-Family API (see fa4.kernels): can_implement, resources, resource_reasons, default_config,
-problem_key, compile_attention, compile_report, SOURCE_FILES. Importing this module does not import
-the DSL; compiling does (kernel.py, build.py).
+Implements `fa4.kernels.family.KernelFamily`. Importing this module does not import the DSL;
+compiling does (kernel.py, through the shared `fa4.kernels.compiling`).
 
 The resource model mirrors the kernel's SharedStorage (kernel.py `shared_storage`) byte for byte:
 three mbarrier arrays (Q full/empty per Q stage, K and V full/empty per K/V stage), then 1024-byte
@@ -12,13 +11,25 @@ aligned buffers sQ (q_stages x tile_m x D), sK and sV (kv_stages x tile_n x D ea
 
 from __future__ import annotations
 
+import re
+from typing import Optional
+
+from .. import compiling
 from ..knobs import Config
 from ..problem import AttentionProblem
+from ..scheduling import PERSISTENT_SCHEDULERS
 
 ARCH = "sm90"
-SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "build.py", "../fast_exp2.py")
+SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "../fast_exp2.py")
+DEFAULT_NUM_SMS = 132  # the H200's
+# what a right sm_90a compile's PTX holds
+PTX_MARKERS = {
+    "wgmma": re.compile(r"wgmma\.mma_async"),
+    "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
+    "setmaxnreg": re.compile(r"setmaxnreg"),
+    "stmatrix": re.compile(r"stmatrix"),
+}
 
-PERSISTENT_SCHEDULERS = ("static", "lpt")  # kernels/sm90/scheduler.py PERSISTENT_KINDS
 SMEM_LIMIT_BYTES = 232_448  # per block on sm_90 (227 KiB)
 SUPPORTED_HEAD_DIMS = (64, 128)
 ELEM_BYTES = 2
@@ -186,18 +197,34 @@ def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     return key
 
 
-def compile_attention(config: Config, problem: AttentionProblem):
+def make_kernel(config: Config, problem: AttentionProblem, num_sms: int):
+    """The DSL kernel object of one configuration (the SM count is compiled into persistent grids)."""
+    from .kernel import FlashAttentionSm90
+    return FlashAttentionSm90(
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
+        return_lse=problem.return_lse,
+        gqa_pack_ratio=problem.gqa_ratio if config.pack_gqa else None,
+        tile_m=config.tile_m, tile_n=config.tile_n, kv_stages=config.kv_stages,
+        q_stages=config.q_stages, rescale_threshold=config.rescale_threshold,
+        scheduler=config.scheduler, pv_operand=config.pv_operand,
+        softmax_overlap=config.softmax_overlap,
+        exp2_poly_columns=config.exp2_poly_columns, num_sms=num_sms)
+
+
+def traced_smem_bytes(kernel) -> int:
+    return kernel.smem_bytes  # recorded from SharedStorage while tracing (kernel.py `__call__`)
+
+
+def compile_attention(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None):
     """A launchable kernel: `.run(q, k, v, out, lse, softmax_scale)` on torch's current stream.
-    Cached in-process by fa4.kernels.compile_key."""
-    from .. import compile_key
-    from . import build
+    Cached in-process by fa4.kernels.compile_key and SM count (`compiling.compile_attention`)."""
     reasons = can_implement(problem) + resource_reasons(config, problem)
     if reasons:
         raise ValueError(f"infeasible configuration {config.label()}: {'; '.join(reasons)}")
-    return build.compile_attention(config, problem, compile_key(config, problem))
+    return compiling.compile_attention(config, problem, num_sms)
 
 
-def compile_report(config: Config, problem: AttentionProblem) -> dict:
+def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
     """Compile for sm_90a without a GPU: registers, spills, smem (SharedStorage), seconds, PTX markers."""
-    from . import build
-    return build.compile_report(config, problem)
+    return compiling.compile_report(config, problem, num_sms)
+

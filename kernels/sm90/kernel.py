@@ -234,18 +234,16 @@ class FlashAttentionSm90:
         self.kv_bytes = cute.size_in_bytes(self.dtype, sK_one)
 
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
-        kv_unit_bytes = cutlass.max(seqlen_k, 1) * (self.head_dim * 2 * 2)
-        group_heads = cutlass.max(Int32(32 * 1024 * 1024) // kv_unit_bytes, 1)
-        sched = TileScheduler(self.scheduler_kind, num_m_blocks, heads_tile, batch, group_heads,
-                              self.num_sms)
+        sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, seqlen_k,
+                                     self.head_dim, self.num_sms)
         scale_log2 = softmax_scale * Float32(LOG2_E)
 
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, seqlen_q, seqlen_k, ratio_rt, num_m_blocks, heads_tile, batch,
-            group_heads, tiled_mma_qk, tiled_mma_pv, self.sQ_layout, self.sK_layout, self.sV_layout,
+            sched.group_heads, tiled_mma_qk, tiled_mma_pv, self.sQ_layout, self.sK_layout, self.sV_layout,
             self.sP_layout, SharedStorage,
-        ).launch(grid=sched.grid(), block=[self.num_threads, 1, 1], stream=stream,
+        ).launch(grid=sched.grid_shape(), block=[self.num_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------

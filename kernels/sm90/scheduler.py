@@ -1,11 +1,11 @@
-"""Tile schedulers behind one small protocol.
+"""The sm90 kernel's tile scheduler: `fa4.kernels.scheduling.TileScheduler` (the protocol the sm100
+family's scheduler implements too).
 
 A task ("tile") is (m_block, head, batch), where head is a query head, or a KV head when GQA packing
-folds a KV head's query heads into the tile rows. The scheduler decides only the order of tasks and
-which CTA runs which; the kernel does the rest.
+folds a KV head's query heads into the tile rows.
 
-Host side: `TileScheduler.grid()` (the launch grid, on the DSL's runtime values).
-Device side: `initial_work()` and `next_work(work)`; `decode(work)` gives (m_block, head, batch).
+Host side: `TileScheduler.create(...)` from the problem's runtime counts, `grid_shape()` (the launch
+grid). Device side: `initial_work()` and `next_work(task)`; `decode(task)` gives (m_block, head, batch).
 
 - single: one CTA per task, grid (m_blocks, heads, batch), m_block ascending; nothing persists.
 - single_lpt: one CTA per task on a 1-D grid in longest-processing-time order (late m_blocks first,
@@ -19,8 +19,9 @@ Device side: `initial_work()` and `next_work(work)`; `decode(work)` gives (m_blo
 
 from __future__ import annotations
 
+from ..scheduling import PERSISTENT_SCHEDULERS, SchedulerBase
+
 KINDS = ("single", "single_lpt", "static", "lpt")
-PERSISTENT_KINDS = ("static", "lpt")
 L2_BYTES_FOR_KV = 32 * 1024 * 1024  # about two thirds of the H200's 50 MB L2
 
 
@@ -32,41 +33,32 @@ def _device():
     return cutlass, cute, Int32
 
 
-class TileScheduler:
-    """`kind` is a compile-time constant; the counts are runtime values, `num_sms` is compiled in
-    (the kernel is compiled per SM count of the device)."""
+class TileScheduler(SchedulerBase):
+    """`TileScheduler(kind, num_m_blocks, num_heads, batch, group_heads, num_sms)`: `kind` is a
+    compile-time constant; the counts are runtime values, `num_sms` is compiled in (the kernel is
+    compiled per SM count of the device)."""
 
-    def __init__(self, kind: str, num_m_blocks, num_heads, batch, group_heads, num_sms: int):
-        if kind not in KINDS:
-            raise ValueError(f"unknown scheduler {kind!r}; known: {KINDS}")
-        self.kind = kind
-        self.num_m_blocks = num_m_blocks
-        self.num_heads = num_heads
-        self.batch = batch
-        self.group_heads = group_heads
-        self.num_sms = num_sms
-
-    # the DSL carries the scheduler through device loops as its runtime values
-    def __extract_mlir_values__(self):
-        from cutlass.cutlass_dsl import extract_mlir_values
-        values = []
-        for v in (self.num_m_blocks, self.num_heads, self.batch, self.group_heads):
-            values += extract_mlir_values(v)
-        return values
-
-    def __new_from_mlir_values__(self, values):
-        cutlass, cute, Int32 = _device()
-        return TileScheduler(self.kind, *[Int32(v) for v in values], self.num_sms)
+    KINDS = KINDS
+    RUNTIME = ("num_m_blocks", "num_heads", "batch", "group_heads")
 
     @property
     def persistent(self) -> bool:
-        return self.kind in PERSISTENT_KINDS
+        return self.kind in PERSISTENT_SCHEDULERS
 
     def num_tasks(self):
         return self.num_m_blocks * self.num_heads * self.batch
 
     # ---- host / launch ----------------------------------------------------------------------
-    def grid(self):
+    @staticmethod
+    def create(kind: str, num_m_blocks, num_heads, batch, seqlen_k, head_dim: int, num_sms: int):
+        """The scheduler of a launch: the longest-first orders take heads in groups whose K and V
+        (16-bit, `seqlen_k` rows each) fit `L2_BYTES_FOR_KV` together."""
+        cutlass, cute, Int32 = _device()
+        kv_unit_bytes = cutlass.max(seqlen_k, 1) * (head_dim * 2 * 2)
+        group_heads = cutlass.max(Int32(L2_BYTES_FOR_KV) // kv_unit_bytes, 1)
+        return TileScheduler(kind, num_m_blocks, num_heads, batch, group_heads, num_sms)
+
+    def grid_shape(self):
         cutlass, cute, Int32 = _device()
         if self.kind == "single":
             return (self.num_m_blocks, self.num_heads, self.batch)

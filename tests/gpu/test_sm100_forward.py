@@ -65,7 +65,7 @@ def test_extreme_logits_every_threshold(logit_scale, threshold):
 
 def _sample_cases():
     # the CPU compile test's sample: every value of every sm100 knob appears at least once
-    from fa4.kernels.sm100.sweep import representative_sample
+    from sm100_sample import representative_sample  # tests/sm100_sample.py
     return [pytest.param(c, p, id=f"{i}-{p.label()}") for i, (c, p) in enumerate(representative_sample())]
 
 

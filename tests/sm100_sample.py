@@ -1,5 +1,6 @@
-"""The representative sample of sm100 configurations (every knob value at least once) and a parallel
-compile of (configuration, problem) pairs for sm_100a, used by the CPU compile tests.
+"""Test helpers (not shipped): the representative sample of sm100 configurations (every knob value at
+least once) and a parallel compile of (configuration, problem) pairs for sm_100a, used by the CPU
+compile tests (tests/test_sm100_compile.py).
 
 No GPU needed. The kernel has NOT run on hardware: this checks that configurations compile with no
 spills, with tcgen05 and TMA instructions in their PTX, and that the feasibility model's shared memory
@@ -12,9 +13,8 @@ import multiprocessing as mp
 import time
 from typing import Iterable, Optional
 
-from ..knobs import Config
-from ..problem import AttentionProblem
-from . import can_implement, resource_reasons
+from fa4.kernels import AttentionProblem, Config
+from fa4.kernels.sm100 import can_implement, resource_reasons
 
 
 SAMPLE_PROBLEMS = {
@@ -33,7 +33,7 @@ def representative_sample() -> list[tuple[Config, AttentionProblem]]:
     causal with LSE without GQA) so the masking, LSE and bf16 paths are compiled too. The test checks
     the coverage and feasibility: a model change that makes a variant infeasible fails loudly.
     """
-    from . import default_config
+    from fa4.kernels.sm100 import default_config
     base, d64, mha = (SAMPLE_PROBLEMS[k] for k in ("base", "d64_causal_lse_bf16", "d128_causal_lse_mha"))
     start = Config.make("sm100", tile_n=128, kv_stages=2, q_stages=2, tmem_stages=2, rescale_tile=16,
                         rescale_threshold=8.0, scheduler="static", pack_gqa=True, softmax_regs=192,
@@ -72,7 +72,7 @@ def _worker(args):
         return row
     start = time.perf_counter()
     try:
-        from . import compile_report
+        from fa4.kernels.sm100 import compile_report
         rep = compile_report(config, problem)
     except Exception as exc:  # a failing configuration is a result with a reason
         row.update(status="compile_error", reason=f"{type(exc).__name__}: {str(exc)[:300]}",

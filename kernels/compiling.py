@@ -1,0 +1,240 @@
+"""Compiling a family's kernel: what every family shares, in one place.
+
+- the DSL target architecture (`target_arch`, from `family.DSL_TARGET`; the one wrapper around the
+  DSL's private target cache),
+- the fake arguments a kernel is traced with (symbolic batch, lengths, heads and strides, so one
+  compile serves every such problem),
+- the compile options, one in-process cache of launchable kernels (keyed by `compile_key` and SM
+  count), the launchable wrapper, and one compile-report schema (`REPORT_KEYS`).
+
+A family contributes only what is its own (`family.KernelFamily`): the kernel object
+(`make_kernel(config, problem, num_sms)`), the shared memory it traced, its PTX markers and its resource
+model. Nothing here imports the DSL at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from .family import DSL_TARGET, KernelFamily, family
+from .knobs import Config
+from .problem import AttentionProblem
+
+# Every compile report has exactly these keys, whatever the family.
+REPORT_KEYS = (
+    "ok", "arch", "config", "problem", "registers", "spill_stores", "spill_loads", "stack_frame",
+    "wgmma_serialized", "ptxas_warnings", "remarks_excerpt", "smem_bytes", "smem_model_bytes",
+    "threads", "compile_seconds", "ptx_markers",
+)
+
+
+@contextlib.contextmanager
+def target_arch(arch: str):
+    """Trace and compile for the DSL target of family `arch` ("sm90" -> sm_90a, "sm100" -> sm_100a)
+    on any machine, then restore the previous target.
+
+    The DSL checks arch-specific atoms (wgmma, tcgen05, TMA) against its target at trace time. It
+    reads CUTE_DSL_ARCH once and caches it in the DSL singleton's environment manager (a private
+    attribute, `envar._arch`: the only way to change the target of a process that has compiled
+    already), so setting the variable alone works only for the first compile of a process: one that
+    first compiled for sm_100a would keep tracing for sm_100a. Both are set here and both restored;
+    tests/test_sm100_compile.py fails loudly when a DSL upgrade moves the attribute.
+    """
+    from cutlass.cutlass_dsl import BaseDSL
+    target = DSL_TARGET[arch]
+    envar = BaseDSL._get_dsl().envar
+    previous_env = os.environ.get("CUTE_DSL_ARCH")
+    previous_cached = envar._arch
+    os.environ["CUTE_DSL_ARCH"] = target
+    envar.arch = target
+    try:
+        yield
+    finally:
+        envar.arch = previous_cached
+        if previous_env is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous_env
+
+
+def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):
+    """Fake Q, K, V, O, LSE and stream with symbolic batch, sequence lengths, head counts and strides.
+
+    Strides are symbolic multiples of 8 elements (16-byte TMA alignment) with a contiguous head dim,
+    so one compile serves any (B, S, H, D) view the runtime passes. `tvm_ffi`: the stream is the
+    TVM-FFI environment's (torch's current stream), for a launchable compile.
+    """
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[problem.dtype]
+    d = problem.head_dim
+    batch, seq_q, seq_k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    heads_q, heads_kv = cute.sym_int(), cute.sym_int()
+
+    def bshd(seq, heads):
+        stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8),
+                  cute.sym_int64(divisibility=8), 1)
+        return make_fake_tensor(dtype, (batch, seq, heads, d), stride=stride, assumed_align=16)
+
+    q, o = bshd(seq_q, heads_q), bshd(seq_q, heads_q)
+    k, v = bshd(seq_k, heads_kv), bshd(seq_k, heads_kv)
+    lse = None
+    if problem.return_lse:
+        lse = make_fake_tensor(cutlass.Float32, (batch, heads_q, seq_q),
+                               stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return q, k, v, o, lse, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+
+
+def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem, num_sms: int,
+                   options: str = "", tvm_ffi: bool = False):
+    """Trace and compile the family's kernel for its target: (compiled function, kernel object,
+    traced shared-memory bytes, seconds). `options` are the DSL's compile options (`--enable-tvm-ffi`
+    is added for a launchable compile)."""
+    import cutlass
+    import cutlass.cute as cute
+    if tvm_ffi:
+        options = f"--enable-tvm-ffi {options}"
+    with target_arch(fam.ARCH):
+        kernel = fam.make_kernel(config, problem, num_sms)
+        q, k, v, o, lse, stream = fake_arguments(problem, tvm_ffi=tvm_ffi)
+        start = time.perf_counter()
+        compiled = cute.compile[cute.GPUArch(DSL_TARGET[fam.ARCH])](
+            kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream, options=options.strip())
+        seconds = time.perf_counter() - start
+    return compiled, kernel, int(fam.traced_smem_bytes(kernel)), seconds
+
+
+# ------------------------------------------------------------------------------------------------
+# launchable kernels
+
+class CompiledAttention:
+    """A compiled kernel; `.run(q, k, v, out, lse, softmax_scale)` launches on torch's current stream
+    through the DSL's TVM-FFI entry point (torch tensors directly, no per-call DLPack conversion)."""
+
+    def __init__(self, compiled, config: Config, problem: AttentionProblem, smem_bytes: int,
+                 compile_seconds: float):
+        self._fn = compiled
+        self.config = config
+        self.problem = problem
+        self.smem_bytes = smem_bytes
+        self.compile_seconds = compile_seconds
+        self._default_scale = 1.0 / math.sqrt(problem.head_dim)
+
+    def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None) -> None:
+        """Q, out (B, Sq, Hq, D); K, V (B, Sk, Hkv, D); lse (B, Hq, Sq) fp32 exactly when the problem
+        returns LSE. Batch, lengths and heads may differ from the compiled problem; what the code
+        was specialised on (head dim, and the GQA ratio of a packed kernel) may not."""
+        if (lse is None) == self.problem.return_lse:
+            raise ValueError("lse must be given exactly when the problem returns LSE")
+        if q.shape[-1] != self.problem.head_dim:
+            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
+            raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
+                             f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
+        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
+        self._fn(q, k, v, out, lse, scale)
+
+
+def device_sm_count() -> int:
+    """SMs of torch's current CUDA device: a persistent scheduler's grid is compiled in, and an H100
+    PCIe (114 SMs) or an H20 (78) must not get the H200's 132."""
+    import torch
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def compile_attention(config: Config, problem: AttentionProblem,
+                      num_sms: Optional[int] = None) -> CompiledAttention:
+    """A launchable kernel of `config`'s family for the GPU in this process, from the one in-process
+    cache (keyed by `compile_key` and SM count: one compile serves every batch, length and head
+    count)."""
+    from . import compile_key
+    fam = family(config.arch)
+    if num_sms is None:
+        num_sms = device_sm_count()
+    key = (compile_key(config, problem), num_sms)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    compiled, _, smem, seconds = compile_kernel(fam, config, problem, num_sms, tvm_ffi=True)
+    launchable = CompiledAttention(compiled, config, problem, smem, seconds)
+    with _cache_lock:
+        return _cache.setdefault(key, launchable)
+
+
+# ------------------------------------------------------------------------------------------------
+# compiling without a GPU: reports and cubins
+
+def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
+    """Compile for the family's target with fake tensors (a CPU is enough) and report what the
+    compiler says: registers, spills and warnings (ptxas remarks), the traced shared memory beside
+    the model's, the PTX markers, seconds. The keys are `REPORT_KEYS` for every family. Raises
+    whatever the DSL raises when tracing or compiling fails (the caller makes that a result)."""
+    fam = family(config.arch)
+    num_sms = fam.DEFAULT_NUM_SMS if num_sms is None else num_sms
+    with tempfile.TemporaryDirectory(prefix=f"fa4-{fam.ARCH}-") as tmp:
+        remarks_path = os.path.join(tmp, "remarks.yaml")
+        # the device code does not depend on the host calling convention: no TVM-FFI here (a
+        # CPU-only CI machine need not have it)
+        compiled, kernel, smem, seconds = compile_kernel(
+            fam, config, problem, num_sms,
+            options=f"--keep-ptx --dump-dir {tmp} remarks{{ptx}} --remark-output {remarks_path}")
+        remarks = open(remarks_path).read() if os.path.exists(remarks_path) else ""
+        ptx = getattr(compiled, "__ptx__", "") or ""
+    resources = fam.resources(config, problem)
+    report = {
+        "ok": True,
+        "arch": DSL_TARGET[fam.ARCH],
+        "config": config.to_dict(),
+        "problem": problem.to_dict(),
+        **parse_remarks(remarks),
+        "smem_bytes": smem,
+        "smem_model_bytes": resources["smem_bytes"],
+        "threads": resources["threads"],
+        "compile_seconds": round(seconds, 2),
+        "ptx_markers": {name: bool(rx.search(ptx)) for name, rx in fam.PTX_MARKERS.items()},
+    }
+    assert tuple(report) == REPORT_KEYS, "the compile-report schema is REPORT_KEYS"
+    return report
+
+
+def parse_remarks(text: str) -> dict:
+    """Registers, spills, stack and warnings of the kernel from ptxas's remark file."""
+    def numbers(pattern):
+        return [int(m) for m in re.findall(pattern, text)]
+    registers = numbers(r"Used (\d+) registers")
+    stack = numbers(r"(\d+) bytes stack frame")
+    return {
+        "registers": max(registers) if registers else None,
+        "spill_stores": sum(numbers(r"(\d+) bytes spill stores")),
+        "spill_loads": sum(numbers(r"(\d+) bytes spill loads")),
+        "stack_frame": max(stack) if stack else None,
+        # ptxas's "wgmma.mma_async instructions are serialized due to insufficient register resources"
+        "wgmma_serialized": "serialized" in text,
+        "ptxas_warnings": sorted(set(re.findall(r"Performance.*|[Ww]arning[^\n]*", text)))[:10],
+        "remarks_excerpt": text[:1500],
+    }
+
+
+def compile_cubin(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> bytes:
+    """The cubin of one configuration, compiled on this machine (a CPU is enough), for disassembly
+    (`fa4tune sass`)."""
+    fam = family(config.arch)
+    num_sms = fam.DEFAULT_NUM_SMS if num_sms is None else num_sms
+    with tempfile.TemporaryDirectory(prefix=f"fa4-{fam.ARCH}-") as tmp:
+        compiled, _, _, _ = compile_kernel(fam, config, problem, num_sms,
+                                           options=f"--keep-cubin --dump-dir {tmp}")
+        return bytes(compiled.__cubin__)
