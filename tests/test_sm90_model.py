@@ -186,3 +186,13 @@ def test_register_model_rejects_every_spill_of_the_ptxas_sweep():
     clean = sum(1 for r in compiled if not (r["spill_bytes"] or r["wgmma_serialized"])
                 and not (r["pv_operand"] == "rs" and not r["softmax_overlap"]))
     assert admitted_clean >= 0.9 * clean, (admitted_clean, clean)
+
+
+def test_default_rules_are_outside_the_fingerprint():
+    """A default rule picks among configurations and never changes what one compiles to: moving a
+    rule must not mark the tuned database stale."""
+    from fa4.kernels import sm90
+    from fa4.kernels.sm90 import defaults
+
+    assert sm90.default_config is defaults.default_config
+    assert "defaults.py" not in sm90.SOURCE_FILES
