@@ -89,6 +89,9 @@ class _State:
         # (backend, problem label, return_lse) -> why that peer refused a call of this process: auto
         # dispatch passes it over from then on (explain says so)
         self.refused: dict[tuple, str] = {}
+        # (backend, problem label, return_lse) of the peers that ran in this process: flash-attn-4
+        # has compiled for that problem, so a capture of another signature of it may call it
+        self.peers_run: set[tuple] = set()
         self.compiles = 0
         self.slow_calls = 0
 
@@ -148,6 +151,7 @@ def reset_caches(compiled: bool = False) -> None:
         _STATE.refused.clear()
         if compiled:
             _STATE.compiled.clear()
+            _STATE.peers_run.clear()
             _STATE.compiles = 0
         _STATE.slow_calls = 0
 
@@ -940,7 +944,8 @@ def _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallb
     capturing = _capturing()
     graph_mode = in_graph or capturing
     active = launch.graph if graph_mode and launch.graph is not None else launch
-    if capturing and active.kind == _PEER and active.backend == "flash_attn_4":
+    if (capturing and active.kind == _PEER and active.backend == "flash_attn_4"
+            and (active.backend, plan.explanation.problem, return_lse) not in _STATE.peers_run):
         raise NotWarmedUpError(_warmup_message(plan.spec.problem(plan.causal, return_lse),
                                                "flash-attn-4's first call (it compiles)"))
     if launch.graph is not None and not graph_mode and launch.graph.kind == _PEER:
@@ -960,7 +965,9 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
     if launch.kind != _PEER:
         return launch, _run_launch(launch, q, k, v, softmax_scale, return_lse)
     try:
-        return launch, _run_launch(launch, q, k, v, softmax_scale, return_lse)
+        result = _run_launch(launch, q, k, v, softmax_scale, return_lse)
+        _STATE.peers_run.add((launch.backend, plan.explanation.problem, return_lse))
+        return launch, result
     except Exception as exc:  # the peer refused these inputs
         expl = plan.explanation
         title = dispatch.TITLES[launch.backend]
