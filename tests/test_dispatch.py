@@ -128,6 +128,16 @@ def test_import_bench_updates_only_entries_of_the_kernel_the_bench_ran():
     assert other.get(_entry().key).backend_us == {}
 
 
+def test_a_peer_timed_on_expanded_kv_is_not_recorded_for_dispatch():
+    doc = _bench_doc()
+    key = "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"
+    assert "sdpa_cudnn" in backend_times(doc)[key]
+    for r in doc["rows"]:
+        if r["variant"] == "sdpa_cudnn":
+            r["kv_expanded"] = True  # the runtime would have to copy K and V on every call
+    assert all("sdpa_cudnn" not in times for times in backend_times(doc).values())
+
+
 def test_import_bench_command(tmp_path):
     db_path = tmp_path / "db.json"
     record(_entry(), db_path)
