@@ -8,7 +8,8 @@ Three paths, one decision procedure (`_plan`):
   store a `_Launch` for the signature.
 - Kernel path, every later call of a kernel signature: a short key (Q's and K's shapes, the three
   tensors' strides, Q's dtype and device, the flags) finds the `_Launch`, O (and LSE) are allocated and
-  the compiled kernel's TVM-FFI function is called directly (`_direct_launcher`). What the short key
+  the compiled kernel's TVM-FFI function is called directly (`fa4.dsl_internals.direct_launcher`, the
+  one place that reads the DSL's private objects). What the short key
   leaves out is checked by that function itself, in C, on every call: each tensor's dtype, rank, device
   (one for all) and 16-byte data alignment, V's extents against K's, batch against Q's, the head dim and
   the strides (the kernels are compiled with shared symbolic extents and aligned symbolic strides). When
@@ -34,7 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import backends as _backends, checks, dispatch, fallback as _fallback
-from fa4 import compile_cache, config_text, kernels, record_shapes
+from fa4 import compile_cache, config_text, dsl_internals, kernels, record_shapes
 from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
@@ -673,7 +674,7 @@ class _Launch:
                  restride, causal, compiled=None, backend=dispatch.OURS, rows_without_keys=0):
         self.kind = kind
         self.run = run            # the compiled kernel's checked `run`, or a peer's runner
-        self.fast_run = run       # what the fast path calls; see _direct_launcher
+        self.fast_run = run       # what the fast path calls; see fa4.dsl_internals.direct_launcher
         self.compiled = compiled
         self.default_scale = default_scale
         self.out_like_q = out_like_q
@@ -771,71 +772,6 @@ def _peer_runner(plan: _Plan, backend: str):
         return None
 
 
-def _direct_launcher(compiled):
-    """The compiled kernel's TVM-FFI function as a plain `tvm_ffi.Function`, or None.
-
-    `CompiledAttention.run` checks only what the signature fixes (LSE given iff the problem returns
-    it, head dim, packed GQA ratio), then calls the DSL's compiled-function object, whose Python
-    `__call__` checks that it is initialised, converts pointer-address arguments (our kernels take
-    none) and, for `TVMFFIJitCompiledFunctionWithKwargs` (what DSL 4.8 returns for our signature),
-    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`.
-    Once `run` has succeeded for a signature, later calls of that signature can enter TVM-FFI's C call
-    directly and skip those three Python frames. Anything that does not look exactly like that (other
-    DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
-    checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
-    """
-    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/sm90/build.py)
-    try:
-        import tvm_ffi
-    except ImportError:
-        return None
-    execution_args = getattr(fn, "execution_args", None)
-    if execution_args is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
-        return None
-    if isinstance(fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction: positional-only already
-        target = fn
-    else:
-        target = getattr(fn, "_tvm_ffi_function", None)
-        if not _forwards_six_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi):
-            return None
-    if not isinstance(target, tvm_ffi.Function) or target.__chandle__() == 0:
-        return None
-    if type(target) is tvm_ffi.Function:
-        return target
-    # a subclass with a Python __call__: the same handle in a plain Function calls straight into C
-    try:
-        plain = tvm_ffi.convert([target])[0]
-    except Exception:
-        plain = None
-    if type(plain) is tvm_ffi.Function and plain.__chandle__() == target.__chandle__():
-        return plain
-    import types
-    return types.MethodType(tvm_ffi.Function.__call__, target)
-
-
-def _forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
-    """Whether `wrapper` is `def w(a0, ..., a5): return target(a0, ..., a5)` and nothing more."""
-    import dis
-    import inspect
-
-    code = getattr(wrapper, "__code__", None)
-    if code is None or not isinstance(target, tvm_ffi.Function):
-        return False
-    if (code.co_argcount != 6 or code.co_kwonlyargcount or code.co_posonlyargcount
-            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-            or wrapper.__defaults__ or wrapper.__kwdefaults__ or wrapper.__closure__
-            or len(code.co_names) != 1 or wrapper.__globals__.get(code.co_names[0]) is not target):
-        return False
-    loaded: list[str] = []
-    for ins in dis.get_instructions(wrapper):
-        if ins.opname.startswith("LOAD_FAST"):  # LOAD_FAST_LOAD_FAST (3.13) loads a pair
-            loaded += list(ins.argval) if isinstance(ins.argval, tuple) else [ins.argval]
-        elif ins.opname in ("LOAD_CONST", "LOAD_DEREF", "LOAD_ATTR", "BUILD_TUPLE", "BUILD_MAP",
-                            "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
-            return False
-    return loaded == list(code.co_varnames[:6])
-
-
 if hasattr(torch._C, "_cuda_getDevice"):
     _current_cuda_device = torch._C._cuda_getDevice
 else:  # a CPU build: no kernel launch ever reaches the device check
@@ -921,7 +857,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     if launch.kind == _KERNEL and launch.fast_run is launch.run and not (launch.graph is not None and in_graph):
         # `run` accepted this signature: later calls may skip its signature-only checks (a run in
         # graph mode ran the graph launch, so it says nothing of this one)
-        launch.fast_run = _direct_launcher(launch.compiled) or launch.run
+        launch.fast_run = dsl_internals.direct_launcher(launch.compiled) or launch.run
     if (kernel_key is not None and key is not None and launch.kind == _KERNEL and not launch.restride
             and launch.fast_run is not launch.run and launch.device_index == _current_cuda_device()):
         # a compiled TVM-FFI function, which checks what kernel_key leaves out (see attention)
