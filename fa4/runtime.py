@@ -1,4 +1,4 @@
-"""`fa4.attention`: choose a configuration for the inputs, compile it once, launch it cheaply.
+"""`fa4.attention`: choose an implementation and configuration for the inputs, compile once, launch cheaply.
 
 Three paths, one decision procedure (`_plan`):
 - Slow path, once per input signature (shapes, strides, dtypes, devices, flags): check the inputs,
@@ -18,6 +18,11 @@ Three paths, one decision procedure (`_plan`):
   and the flags) finds the `_Launch`, the data pointers are checked, and the launch runs: the kernel,
   SDPA, or no launch for empty inputs. No torch.library dispatch on either path: the custom op in
   `fa4.ops` serves torch.compile, which enters it through `torch.compiler.is_compiling()` below.
+
+`_plan` also picks, per mode (eager; CUDA-graph capture or torch.compile), the implementation to run
+(`fa4.dispatch`, `fa4.backends`): a `_Launch` of a peer, or of ours, with the other mode's launch
+attached where it differs (`_Launch.graph`; only such launches check for a capture on the fast path).
+The custom op enters `_checked_call` in graph mode and shares the cached launches.
 
 `explain(...)` runs the same `_plan` without compiling and says what would run and why.
 """
@@ -257,7 +262,8 @@ def _sm100_allowed(flag: bool) -> bool:
 class Explanation:
     """What `fa4.attention` does with some inputs, and why. `str()` reads as a short report."""
 
-    path: str                      # "kernel", "sdpa", "empty" (no launch), "no_keys" (O = 0, LSE = -inf)
+    path: str                      # "kernel" (a launch: ours or a peer, see `runs`), "sdpa" (fallback),
+    #                                "empty" (no launch), "no_keys" (O = 0, LSE = -inf)
     problem: str                   # the problem's label
     device: str
     arch: str | None = None
@@ -1060,7 +1066,9 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
             fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
             arch: str | None = None, device_name: str | None = None) -> Explanation:
-    """Which configuration `attention` would run on these inputs and why; compiles and launches nothing.
+    """Which implementation (per mode: eager, CUDA-graph capture / torch.compile) and which configuration
+    `attention` would run on these inputs, and why, with the measured ratio; compiles and launches
+    nothing.
 
     The arguments are those of `attention`; `arch` ("sm90", "sm100") and `device_name` (as torch names
     the GPU, e.g. "NVIDIA H200") ask about another GPU. Inputs that are not on a CUDA device (CPU or meta
