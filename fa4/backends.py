@@ -57,12 +57,20 @@ def import_error(name: str) -> Optional[str]:
     return unavailable(name)
 
 
-def inapplicable(name: str, *, return_lse: bool) -> list[str]:
-    """Why a peer cannot give our semantics for a call (empty: it can). Causal alignment, scale and
-    GQA every peer handles (see the module docstring); LSE only flash-attn-4 returns."""
+def inapplicable(name: str, *, return_lse: bool, causal: bool = False, seqlen_q: int = 0,
+                 seqlen_k: int = 0) -> list[str]:
+    """Why a peer cannot give our semantics for a call, or would not be the implementation that runs
+    (empty: it can). Scale and GQA every peer handles (see the module docstring); LSE only
+    flash-attn-4 returns. A bottom-right causal mask with Sq != Sk reaches SDPA as
+    `causal_lower_right`, which torch computes with its own flash or memory-efficient kernel where
+    those take the inputs, whatever backend is pinned: for cuDNN that call would not be cuDNN's."""
+    why = []
     if name in SDPA_PEERS and return_lse:
-        return [f"{TITLES[name]} returns no LSE (return_lse=True)"]
-    return []
+        why.append(f"{TITLES[name]} returns no LSE (return_lse=True)")
+    if name == "sdpa_cudnn" and causal and seqlen_q != seqlen_k:
+        why.append("SDPA cuDNN with a bottom-right causal mask and Sq != Sk: torch runs its own flash or "
+                   "memory-efficient kernel for causal_lower_right, not cuDNN")
+    return why
 
 
 def _sdpa_mask(seqlen_q: int, seqlen_k: int, causal: bool) -> dict:

@@ -506,7 +506,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, b
     key = kernels.compile_key(expl.config, problem)
     expl.compile_key = key
     expl.compiled = key in _STATE.compiled
-    _choose_backends(expl, backend, return_lse)
+    _choose_backends(expl, backend, problem)
     return _Plan(expl, spec, problem, causal, return_lse)
 
 
@@ -520,7 +520,8 @@ def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backe
     if spec.dtype is None:
         why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
     missing = _backends.unavailable(backend)
-    why += ([missing] if missing else []) + _backends.inapplicable(backend, return_lse=return_lse)
+    why += ([missing] if missing else []) + _backends.inapplicable(
+        backend, return_lse=return_lse, causal=causal, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k)
     if why:
         raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {'; '.join(why)}")
     expl.runs = {mode: backend for mode in dispatch.MODES}
@@ -532,13 +533,14 @@ def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backe
     return _Plan(expl, spec, None, causal, return_lse)
 
 
-def _choose_backends(expl: Explanation, backend: str, return_lse: bool) -> None:
+def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem) -> None:
     """Fill expl.runs (and expl.backends, expl.notes): per mode, the implementation to run.
 
     backend="ours" runs ours. "auto": an exact database entry's measured times (a neighbour's were
     measured at another shape, so they decide nothing here), among the implementations installed here
     and able to give this call our semantics, judged by `fa4.dispatch.choose`; ours without an entry,
     without times, or where it wins or ties."""
+    return_lse = problem.return_lse
     expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
     if backend == dispatch.OURS:
         expl.forced_backend = backend
@@ -549,7 +551,9 @@ def _choose_backends(expl: Explanation, backend: str, return_lse: bool) -> None:
     for name in measured:
         if name == dispatch.OURS or name not in dispatch.PEERS:
             continue
-        why = [_backends.unavailable(name)] + _backends.inapplicable(name, return_lse=return_lse)
+        why = [_backends.unavailable(name)] + _backends.inapplicable(
+            name, return_lse=return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
+            seqlen_k=problem.seqlen_k)
         refused = _STATE.refused.get((name, expl.problem, return_lse))
         why += [f"{dispatch.TITLES[name]} refused this call earlier in this process ({refused})"] if refused else []
         why = [w for w in why if w]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from fa4.backends import SDPA_PEERS, import_error, runner, short_error
+from fa4.backends import SDPA_PEERS, import_error, inapplicable, runner, short_error
 from fa4.dispatch import PEERS, TITLES
 
 # the one list of peers (declared with the runtime's dispatch, which chooses among them), in the order
@@ -34,6 +34,9 @@ def peer_call(name: str, q, k, v, causal: bool, scale: float) -> tuple[Callable[
     tried once more on K and V expanded to the query heads (before timing; notes say so)."""
     if name not in PEER_NAMES:
         raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEER_NAMES)}")
+    why = inapplicable(name, return_lse=False, causal=causal, seqlen_q=q.shape[1], seqlen_k=k.shape[1])
+    if why:  # it would time another implementation under this peer's name
+        raise RuntimeError("; ".join(why))
     run = runner(name, causal)
     group = q.shape[2] // k.shape[2]
     errors = []

@@ -152,6 +152,17 @@ def test_lse_calls_are_served_only_by_a_peer_that_returns_lse(fake, peers):
     assert peers.names() == ["flash_attn_4"] and lse.shape == (1, 4, 64)
 
 
+def test_cudnn_is_no_candidate_where_torch_would_run_another_kernel_for_it(fake, peers):
+    # a bottom-right causal mask with Sq != Sk reaches SDPA as causal_lower_right, which torch computes
+    # with its own flash or memory-efficient kernel whatever backend is pinned
+    q, k, v = qkv(sq=48, sk=64)
+    with pytest.raises(UnsupportedInputError, match="SDPA cuDNN with a bottom-right causal mask and Sq != Sk"):
+        fa4.attention(q, k, v, causal=True, backend="sdpa_cudnn")
+    fa4.attention(q, k, v, causal=False, backend="sdpa_cudnn")  # no mask: cuDNN's own
+    fa4.attention(q, k, v, causal=True, backend="sdpa_flash")
+    assert peers.names() == ["sdpa_cudnn", "sdpa_flash"]
+
+
 def test_rows_without_keys_follow_our_rule_after_a_peer(fake, peers):
     q, k, v = qkv(sq=80, sk=64)  # causal: the first 16 query rows see no key
     out, lse = fa4.attention(q, k, v, causal=True, return_lse=True, backend="flash_attn_4")
