@@ -164,8 +164,8 @@ def test_auto_runs_the_implementation_the_database_measured_fastest(name, own_da
 
 
 def test_graph_only_winner_runs_under_cuda_graph_capture(own_database, ran):
-    """The README's B1 S1024 causal: flash-attn-4's kernel 2 % faster, so it runs under a capture;
-    eagerly ours runs where this GPU's host times say so (the H200's do)."""
+    """The README's B1 S1024 causal: flash-attn-4's kernel 2 % faster, so it runs under a capture and
+    through the custom op; eagerly ours runs where this GPU's host times say so (the H200's do)."""
     needs("flash_attn_4")
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
     record_times(own_database, problem, {"ours": 22.03, "flash_attn_4": 21.56})
@@ -177,6 +177,10 @@ def test_graph_only_winner_runs_under_cuda_graph_capture(own_database, ran):
     ran.clear()
     assert_correct(fa4.attention(q, k, v, causal=True), q, k, v, True, False)
     assert ran == ([] if eager == dispatch.OURS else ["flash_attn_4"])
+    # the custom op (what torch.compile calls) runs graph mode's choice
+    op_out, _ = torch.ops.fa4.attention(q, k, v, True, None, False, None, "error", False)
+    assert ran[-1] == "flash_attn_4"
+    assert_correct(op_out, q, k, v, True, False)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
