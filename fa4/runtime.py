@@ -442,6 +442,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, b
         raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    another_gpu = arch is not None  # explain for a GPU the tensors are not on
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
         raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
     spec = checks.inspect_inputs(q, k, v)
@@ -473,7 +474,7 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, b
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
                        device_name=device_name, notes=notes)
     if backend in dispatch.PEERS:
-        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend)
+        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
     if reasons:
         if fallback != "sdpa":
             raise UnsupportedInputError(
@@ -510,13 +511,14 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, b
     return _Plan(expl, spec, problem, causal, return_lse)
 
 
-def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend) -> _Plan:
-    """backend= names a peer: it runs in every mode, or the call raises saying why it cannot."""
+def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> _Plan:
+    """backend= names a peer: it runs in every mode, or the call raises saying why it cannot
+    (`another_gpu`: explained for a GPU the tensors are not on, so their device is no reason)."""
     title = dispatch.TITLES[backend]
     if config is not None:
         raise InvalidInputError(f"config= configures our kernel, but backend={backend!r} runs {title}: "
                                 "pass one or the other")
-    why = checks.device_reasons(spec)
+    why = [] if another_gpu else checks.device_reasons(spec)
     if spec.dtype is None:
         why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
     missing = _backends.unavailable(backend)

@@ -250,3 +250,10 @@ def test_warmup_arguments(fake):
                            device="cpu", causal=True)
     assert [e.problem for e in explained] == ["B1 Sq64 Sk64 H4/2 D64 bf16 full", "B1 Sq64 Sk64 H4/2 D64 fp16 causal"]
     assert fa4.cache_info()["compiles"] == 2
+
+
+def test_explain_a_forced_peer_for_another_gpu(peers):
+    meta = tuple(torch.empty(1, 128, h, 64, dtype=torch.float16, device="meta") for h in (4, 2, 2))
+    e = fa4.explain(*meta, backend="flash_attn_4", arch="sm90", device_name="NVIDIA H200")
+    assert e.runs == {"eager": "flash_attn_4", "graph": "flash_attn_4"}
+    assert "runs: flash-attn-4 (forced: backend='flash_attn_4')" in str(e)
