@@ -214,10 +214,10 @@ def main(argv=None) -> int:
         scale = launch.default_scale
         shipped = launch.fast_run
         add("fa4.attention's checked path",
-            lambda: runtime._checked_call(q, k, v, causal, None, False, None, "error", False, None),
+            lambda: runtime._checked_call(q, k, v, causal, None, False, None, "error", False, "auto", None),
             "full signature key and pointer checks, as every call went before the kernel path")
         if shipped is launch.run:
-            rows.append({"name": "direct launcher", "error": "not taken: fa4.runtime._direct_launcher "
+            rows.append({"name": "direct launcher", "error": "not taken: fa4.dsl_internals.direct_launcher "
                          "refused this compiled function (the fast path calls the checked run)"})
         add("compiled kernel .run only (preallocated O)",
             lambda: (launch.run(q, k, v, out_buf, None, scale), out_buf)[1],

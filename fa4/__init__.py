@@ -2,15 +2,18 @@
 
     out = fa4.attention(q, k, v, causal=True)        # q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), fp16/bf16
     out, lse = fa4.attention(q, k, v, return_lse=True)
-    print(fa4.explain(q, k, v, causal=True))         # which configuration would run, and why
+    print(fa4.explain(q, k, v, causal=True))         # which implementation and configuration, and why
+    fa4.warmup([(q, k, v)], causal=True)             # compile ahead (before a CUDA-graph capture)
 """
 
 from fa4 import ops as _ops  # registers the custom op fa4::attention  # noqa: F401
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
-from fa4.runtime import (Explanation, Fa4Warning, KernelCompileError, attention, cache_info, explain,
-                         reset_caches, use_config_db)
+from fa4.runtime import (Explanation, Fa4Warning, KernelCompileError, NotWarmedUpError, attention, cache_info,
+                         explain, reset_caches, use_config_db)
+from fa4.compile_ahead import warmup
 
 __all__ = [
-    "attention", "explain", "Explanation", "use_config_db", "cache_info", "reset_caches",
-    "Fa4Error", "InvalidInputError", "UnsupportedInputError", "KernelCompileError", "Fa4Warning",
+    "attention", "explain", "warmup", "Explanation", "use_config_db", "cache_info", "reset_caches",
+    "Fa4Error", "InvalidInputError", "UnsupportedInputError", "KernelCompileError", "NotWarmedUpError",
+    "Fa4Warning",
 ]

@@ -17,14 +17,14 @@ The rule: our kernel runs unless another implementation's cost is lower by more 
 ours stays where it wins or ties. A call with no measurement (no entry, or an entry without
 `backend_us`) runs ours.
 
-`fa4.attention` itself always runs our kernel today; `fa4.explain` reports what this module would
-choose, and why, with the measured ratio.
+`fa4.attention` runs what this module chooses among the implementations installed and applicable to
+the call (`fa4.backends`: how each is called, whether it can give our semantics); `fa4.explain` says
+which runs in each mode, and why, with the measured ratio.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +40,6 @@ MODES = ("eager", "graph")
 # Differences below this fraction are timing noise (repeated runs move by ~1 %): a tie, which ours keeps.
 TIMING_NOISE = 0.01
 HOST_OVERHEAD_SCHEMA = 1
-# the Python module each peer needs at run time
-_PEER_MODULES = {"flash_attn_4": "flash_attn.cute", "sdpa_cudnn": "torch", "sdpa_flash": "torch"}
 
 
 @dataclass(frozen=True)
@@ -99,18 +97,6 @@ def choose(backend_us: Mapping[str, float], host_us: Mapping[str, float], mode: 
     ratio = cost[OURS] / cost[best]
     return Choice(mode, best, cost, ratio,
                   f"{what} {cost[best]:.1f} us vs ours {cost[OURS]:.1f} us: {ratio:.3f}x faster{skipped}")
-
-
-def unavailable(backend: str) -> Optional[str]:
-    """Why a peer cannot run in this process (its package is not installed), else None."""
-    if backend == OURS:
-        return None
-    module = _PEER_MODULES[backend]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package that is missing
-        found = False
-    return None if found else f"{TITLES[backend]} is not installed here (no module {module})"
 
 
 def host_overhead_path() -> Path:

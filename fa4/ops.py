@@ -2,7 +2,8 @@
 opaque node with known output shapes.
 
 The eager `fa4.attention` does not go through it (dispatch costs microseconds a call); it enters the op
-only while torch.compile traces. The op always returns a pair: O (B, Sq, Hq, D), contiguous, and LSE
+only while torch.compile traces. The op runs the runtime in graph mode: fastest-backend dispatch judges
+implementations by GPU time there (`fa4.dispatch`), as under CUDA-graph capture. The op always returns a pair: O (B, Sq, Hq, D), contiguous, and LSE
 (B, Hq, Sq) fp32, or an empty (0,) tensor when return_lse is False (an op output cannot be None).
 `config` travels as a string (`fa4.runtime.config_to_str`): the schema has no Config type.
 
@@ -20,7 +21,7 @@ import torch
 from fa4 import runtime
 
 SCHEMA = ("attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, bool return_lse, "
-          "str? config, str fallback, bool allow_untested_sm100) -> (Tensor, Tensor)")
+          "str? config, str fallback, bool allow_untested_sm100, str backend=\"auto\") -> (Tensor, Tensor)")
 
 _LIB = torch.library.Library("fa4", "DEF")
 _LIB.define(SCHEMA)
@@ -28,7 +29,8 @@ _LIB.impl("attention", runtime.forward_for_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("fa4::attention", lib=_LIB)
-def _attention_fake(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
+def _attention_fake(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
+                    backend="auto"):
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse_shape = (batch, heads_q, seqlen_q) if return_lse else (0,)

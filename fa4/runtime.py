@@ -1,4 +1,4 @@
-"""`fa4.attention`: choose a configuration for the inputs, compile it once, launch it cheaply.
+"""`fa4.attention`: choose an implementation and configuration for the inputs, compile once, launch cheaply.
 
 Three paths, one decision procedure (`_plan`):
 - Slow path, once per input signature (shapes, strides, dtypes, devices, flags): check the inputs,
@@ -8,7 +8,8 @@ Three paths, one decision procedure (`_plan`):
   store a `_Launch` for the signature.
 - Kernel path, every later call of a kernel signature: a short key (Q's and K's shapes, the three
   tensors' strides, Q's dtype and device, the flags) finds the `_Launch`, O (and LSE) are allocated and
-  the compiled kernel's TVM-FFI function is called directly (`_direct_launcher`). What the short key
+  the compiled kernel's TVM-FFI function is called directly (`fa4.dsl_internals.direct_launcher`, the
+  one place that reads the DSL's private objects). What the short key
   leaves out is checked by that function itself, in C, on every call: each tensor's dtype, rank, device
   (one for all) and 16-byte data alignment, V's extents against K's, batch against Q's, the head dim and
   the strides (the kernels are compiled with shared symbolic extents and aligned symbolic strides). When
@@ -17,6 +18,11 @@ Three paths, one decision procedure (`_plan`):
   and the flags) finds the `_Launch`, the data pointers are checked, and the launch runs: the kernel,
   SDPA, or no launch for empty inputs. No torch.library dispatch on either path: the custom op in
   `fa4.ops` serves torch.compile, which enters it through `torch.compiler.is_compiling()` below.
+
+`_plan` also picks, per mode (eager; CUDA-graph capture or torch.compile), the implementation to run
+(`fa4.dispatch`, `fa4.backends`): a `_Launch` of a peer, or of ours, with the other mode's launch
+attached where it differs (`_Launch.graph`; only such launches check for a capture on the fast path).
+The custom op enters `_checked_call` in graph mode and shares the cached launches.
 
 `explain(...)` runs the same `_plan` without compiling and says what would run and why.
 """
@@ -33,14 +39,16 @@ from typing import Any, Mapping
 
 import torch
 
-from fa4 import checks, fallback as _fallback
-from fa4 import compile_cache, config_text, kernels, record_shapes
+from fa4 import backends as _backends, checks, dispatch, fallback as _fallback
+from fa4 import compile_cache, config_text, dsl_internals, kernels, record_shapes
 from fa4.arch import arch_of_capability, describe_capabilities
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
 
 ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
 FALLBACKS = ("error", "sdpa")
+# backend=: "auto" runs the fastest measured implementation (fa4.dispatch), a name forces that one
+BACKENDS = ("auto",) + dispatch.IMPLEMENTATIONS
 
 UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
                            "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
@@ -53,6 +61,11 @@ MAX_SIGNATURES = 4096
 
 class KernelCompileError(Fa4Error, RuntimeError):
     """Compiling the chosen configuration failed (a bug in a kernel, or a missing DSL)."""
+
+
+class NotWarmedUpError(Fa4Error, RuntimeError):
+    """The first call of a shape came while a CUDA graph was being captured, and it needs a compile
+    (ours or flash-attn-4's), which cannot happen inside a capture. The message says what to warm up."""
 
 
 class Fa4Warning(UserWarning):
@@ -79,6 +92,12 @@ class _State:
         self.fingerprints: dict[str, str] = {}
         self.devices: dict[int, tuple[str | None, str, tuple[int, int]]] = {}
         self.warned: set[str] = set()
+        # (backend, problem label, return_lse) -> why that peer refused a call of this process: auto
+        # dispatch passes it over from then on (explain says so)
+        self.refused: dict[tuple, str] = {}
+        # (backend, problem label, return_lse) of the peers that ran in this process: flash-attn-4
+        # has compiled for that problem, so a capture of another signature of it may call it
+        self.peers_run: set[tuple] = set()
         self.compiles = 0
         self.slow_calls = 0
 
@@ -135,8 +154,10 @@ def reset_caches(compiled: bool = False) -> None:
         _STATE.db_broken = frozenset()
         _STATE.fingerprints.clear()
         _STATE.warned.clear()
+        _STATE.refused.clear()
         if compiled:
             _STATE.compiled.clear()
+            _STATE.peers_run.clear()
             _STATE.compiles = 0
         _STATE.slow_calls = 0
 
@@ -241,7 +262,8 @@ def _sm100_allowed(flag: bool) -> bool:
 class Explanation:
     """What `fa4.attention` does with some inputs, and why. `str()` reads as a short report."""
 
-    path: str                      # "kernel", "sdpa", "empty" (no launch), "no_keys" (O = 0, LSE = -inf)
+    path: str                      # "kernel" (a launch: ours or a peer, see `runs`), "sdpa" (fallback),
+    #                                "empty" (no launch), "no_keys" (O = 0, LSE = -inf)
     problem: str                   # the problem's label
     device: str
     arch: str | None = None
@@ -256,25 +278,34 @@ class Explanation:
     compiled: bool = False         # already compiled in this process
     reasons: list[str] = field(default_factory=list)  # why our kernel does not run (sdpa path)
     notes: list[str] = field(default_factory=list)
-    # what fastest-backend dispatch would run, per mode ("eager", "graph"), from the entry's measured
-    # times (`fa4.dispatch.Choice`); empty when nothing was measured at this bucket
+    # fastest-backend dispatch per mode ("eager", "graph"), from the entry's measured times among the
+    # implementations installed and applicable here (`fa4.dispatch.Choice`); empty when nothing was
+    # measured at this bucket, or a backend is forced
     backends: list = field(default_factory=list)
+    # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.dispatch.IMPLEMENTATIONS`;
+    # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
+    runs: dict = field(default_factory=dict)
+    forced_backend: str | None = None  # backend= when it names an implementation
+
+    def runs_ours(self, mode: str | None = None) -> bool:
+        """Whether our kernel runs (in `mode`, or in any mode)."""
+        modes = [mode] if mode else list(self.runs)
+        return self.path == "kernel" and any(self.runs.get(m, dispatch.OURS) == dispatch.OURS for m in modes)
 
     def __str__(self) -> str:
         lines = [f"fa4.attention on {self.problem} ({self.device}"
                  + (f", {self.device_name}" if self.device_name else "")
                  + (f", {self.arch}" if self.arch else "") + ")"]
         if self.path == "kernel":
-            lines.append(f"  runs: our {self.arch} kernel")
-            lines.append(f"  configuration: {self.config.label()}")
-            lines.append(f"  chosen by: {self._source_text()}")
-            lines.append(f"  compiled: {'yes, cached in this process' if self.compiled else 'not yet (compiles on first call)'}")
+            lines += self._runs_lines()
+            if self.config is not None:
+                lines.append(f"  configuration{'' if self.runs_ours() else ' (if our kernel ran)'}: "
+                             f"{self.config.label()}")
+                lines.append(f"  chosen by: {self._source_text()}")
+                lines.append(f"  compiled: {'yes, cached in this process' if self.compiled else 'not yet (compiles on first call)'}")
             if self.backends:
                 lines.append(f"  fastest backend, measured at this bucket ({self.entry.backend_source}):")
                 lines += [f"    {choice}" for choice in self.backends]
-                if any(c.backend != "ours" for c in self.backends):
-                    lines.append("    fa4.attention runs our kernel all the same: dispatch to other backends is "
-                                 "not switched on yet")
         elif self.path == "sdpa":
             lines.append("  runs: torch SDPA (fallback='sdpa'), because:")
             lines += [f"    - {r}" for r in self.reasons]
@@ -286,6 +317,24 @@ class Explanation:
             lines.append(f"  database: {self.database}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _runs_lines(self) -> list[str]:
+        def title(name):
+            return f"our {self.arch} kernel" if name == dispatch.OURS else dispatch.TITLES[name]
+
+        why = {c.mode: c for c in self.backends}
+        forced = f" (forced: backend={self.forced_backend!r})" if self.forced_backend else ""
+        names = set(self.runs.values())
+        if len(names) == 1:
+            [name] = names
+            reason = forced or ("" if name == dispatch.OURS else
+                                f" ({'; '.join(f'{m}: {why[m].reason}' for m in dispatch.MODES if m in why)})")
+            return [f"  runs: {title(name)}{reason}"]
+        lines = ["  runs:"]
+        for mode in dispatch.MODES:
+            lines.append(f"    {MODE_TITLES[mode]}: {title(self.runs[mode])}"
+                         + (f" ({why[mode].reason})" if mode in why else ""))
+        return lines
 
     def _source_text(self) -> str:
         if self.source == "forced":
@@ -300,6 +349,9 @@ class Explanation:
         facts = [f"tuned on {e.device}", f"{e.us:.1f} us", f"{e.tflops:.0f} TFLOP/s"]
         facts += [f"{v:.2f}x vs {k}" for k, v in sorted(e.speedup.items())]
         return f"{what} {e.key} ({', '.join(facts)}; {e.date})"
+
+
+MODE_TITLES = {"eager": "eager calls", "graph": "under CUDA-graph capture or torch.compile"}
 
 
 @dataclass
@@ -380,7 +432,7 @@ def _config_from_str(text: str, arch: str) -> Config:
     return config
 
 
-def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
+def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend="auto",
           arch: str | None = None, device_name: str | None = None) -> _Plan:
     """Decide what to run; raise for invalid calls and, without a fallback, unsupported ones.
 
@@ -388,6 +440,9 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
     """
     if fallback not in FALLBACKS:
         raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise InvalidInputError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    another_gpu = arch is not None  # explain for a GPU the tensors are not on
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
         raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
     spec = checks.inspect_inputs(q, k, v)
@@ -418,6 +473,8 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
              f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {'causal' if causal else 'full'}")
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
                        device_name=device_name, notes=notes)
+    if backend in dispatch.PEERS:
+        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
     if reasons:
         if fallback != "sdpa":
             raise UnsupportedInputError(
@@ -450,7 +507,76 @@ def _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
     key = kernels.compile_key(expl.config, problem)
     expl.compile_key = key
     expl.compiled = key in _STATE.compiled
+    _choose_backends(expl, backend, problem)
     return _Plan(expl, spec, problem, causal, return_lse)
+
+
+def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> _Plan:
+    """backend= names a peer: it runs in every mode, or the call raises saying why it cannot
+    (`another_gpu`: explained for a GPU the tensors are not on, so their device is no reason)."""
+    title = dispatch.TITLES[backend]
+    if config is not None:
+        raise InvalidInputError(f"config= configures our kernel, but backend={backend!r} runs {title}: "
+                                "pass one or the other")
+    why = [] if another_gpu else checks.device_reasons(spec)
+    if spec.dtype is None:
+        why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
+    missing = _backends.unavailable(backend)
+    why += ([missing] if missing else []) + _backends.inapplicable(
+        backend, return_lse=return_lse, causal=causal, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k)
+    if why:
+        raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {'; '.join(why)}")
+    expl.runs = {mode: backend for mode in dispatch.MODES}
+    expl.forced_backend = backend
+    if spec.is_empty:
+        expl.path = "empty"
+    elif spec.has_no_keys:
+        expl.path = "no_keys"
+    return _Plan(expl, spec, None, causal, return_lse)
+
+
+def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem) -> None:
+    """Fill expl.runs (and expl.backends, expl.notes): per mode, the implementation to run.
+
+    backend="ours" runs ours. "auto": an exact database entry's measured times (a neighbour's were
+    measured at another shape, so they decide nothing here), among the implementations installed here
+    and able to give this call our semantics, judged by `fa4.dispatch.choose`; ours without an entry,
+    without times, or where it wins or ties."""
+    return_lse = problem.return_lse
+    expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
+    if backend == dispatch.OURS:
+        expl.forced_backend = backend
+    if expl.source != "exact" or not expl.entry.backend_us:
+        return
+    measured = dict(expl.entry.backend_us)
+    excluded: dict[str, str] = {}
+    for name in measured:
+        if name == dispatch.OURS or name not in dispatch.PEERS:
+            continue
+        why = [_backends.unavailable(name)] + _backends.inapplicable(
+            name, return_lse=return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
+            seqlen_k=problem.seqlen_k)
+        refused = _STATE.refused.get((name, expl.problem, return_lse))
+        why += [f"{dispatch.TITLES[name]} refused this call earlier in this process ({refused})"] if refused else []
+        why = [w for w in why if w]
+        if why:
+            excluded[name] = "; ".join(why)
+    host = dispatch.host_us(expl.device_name or "")
+    candidates = {name: us for name, us in measured.items() if name not in excluded}
+    for mode in dispatch.MODES:
+        choice = dispatch.choose(candidates, host, mode)
+        if choice is None:
+            continue
+        expl.backends.append(choice)
+        if backend == "auto":
+            expl.runs[mode] = choice.backend
+        unfiltered = dispatch.choose(measured, host, mode)
+        if unfiltered is not None and unfiltered.backend != choice.backend:
+            expl.notes.append(f"{mode}: {dispatch.TITLES[unfiltered.backend]} measured fastest "
+                              f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
+    if not host:
+        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
+                          "judged by GPU time alone")
 
 
 def _choose_config(expl: Explanation, arch: str, device_name: str, problem: AttentionProblem,
@@ -544,20 +670,23 @@ def _max_distance() -> float:
 # launching
 # ---------------------------------------------------------------------------------------------------
 
-_KERNEL, _EMPTY, _NO_KEYS, _SDPA = range(4)
+_KERNEL, _EMPTY, _NO_KEYS, _SDPA, _PEER = range(5)
 
 
 class _Launch:
-    """What a signature needs at call time. Plain slots: read on every call."""
+    """What a signature needs at call time. Plain slots: read on every call.
+
+    `graph`: where graph mode (CUDA-graph capture, torch.compile) runs another implementation than an
+    eager call (fastest-backend dispatch), that implementation's launch; else None."""
 
     __slots__ = ("kind", "run", "fast_run", "compiled", "default_scale", "out_like_q", "out_shape",
-                 "lse_shape", "device_index", "restride", "causal")
+                 "lse_shape", "device_index", "restride", "causal", "backend", "graph", "rows_without_keys")
 
     def __init__(self, kind, run, default_scale, out_like_q, out_shape, lse_shape, device_index,
-                 restride, causal, compiled=None):
+                 restride, causal, compiled=None, backend=dispatch.OURS, rows_without_keys=0):
         self.kind = kind
-        self.run = run            # the compiled kernel's checked `run`
-        self.fast_run = run       # what the fast path calls; see _direct_launcher
+        self.run = run            # the compiled kernel's checked `run`, or a peer's runner
+        self.fast_run = run       # what the fast path calls; see fa4.dsl_internals.direct_launcher
         self.compiled = compiled
         self.default_scale = default_scale
         self.out_like_q = out_like_q
@@ -566,6 +695,9 @@ class _Launch:
         self.device_index = device_index
         self.restride = restride
         self.causal = causal
+        self.backend = backend    # the implementation this launch runs (`fa4.dispatch.IMPLEMENTATIONS`)
+        self.graph = None
+        self.rows_without_keys = rows_without_keys  # a peer's rows to set to our no-key rule
 
 
 def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
@@ -574,25 +706,46 @@ def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
         with _STATE.lock:
             launcher = _STATE.compiled.get(key)
             if launcher is None:
+                if _capturing():
+                    raise NotWarmedUpError(_warmup_message(problem, f"compiling our {config.arch} kernel "
+                                                                    f"{config.label()}"))
                 try:
                     launcher = compile_cache.compile_attention(config, problem)
                 except Exception as exc:
-                    hint = ""
-                    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                        hint = (" (this was the first call of these input shapes, made while capturing a "
-                                "CUDA graph: call fa4.attention once with the same shapes before capturing)")
                     raise KernelCompileError(
                         f"compiling {config.arch} {config.label()} for {problem.label()} failed: "
-                        f"{type(exc).__name__}: {exc}{hint}") from exc
+                        f"{type(exc).__name__}: {exc}") from exc
                 _STATE.compiled[key] = launcher
                 _STATE.compiles += 1
     return launcher
 
 
+def _warmup_message(problem: AttentionProblem, what: str) -> str:
+    return (f"fa4.attention: {problem.label()} was first called while a CUDA graph was being captured, "
+            f"and {what} cannot happen inside a capture. Warm this shape up before capturing: "
+            f"fa4.warmup(fa4.kernels.{problem!r}) (or call fa4.attention once with the same inputs)")
+
+
 def _make_launch(plan: _Plan, fallback: str) -> _Launch:
+    """The launch of the implementation eager calls run, with the graph mode's attached where that
+    one differs (`_Launch.graph`)."""
+    expl = plan.explanation
+    if expl.path != "kernel" or not expl.runs:
+        return _launch_of(plan, dispatch.OURS, fallback)
+    launch = _launch_of(plan, expl.runs["eager"], fallback)
+    if expl.runs["graph"] != expl.runs["eager"]:
+        launch.graph = _launch_of(plan, expl.runs["graph"], fallback)
+    return launch
+
+
+def _launch_of(plan: _Plan, backend: str, fallback: str) -> _Launch:
     spec, expl = plan.spec, plan.explanation
     kind = {"kernel": _KERNEL, "empty": _EMPTY, "no_keys": _NO_KEYS, "sdpa": _SDPA}[expl.path]
     run = compiled = None
+    if kind == _KERNEL and backend != dispatch.OURS:
+        kind, run = _PEER, _peer_runner(plan, backend)
+        if run is None:  # auto dispatch to a peer that cannot be imported: ours instead
+            kind, backend = _KERNEL, dispatch.OURS
     if kind == _KERNEL:
         try:
             compiled = _compiled_kernel(expl.config, plan.problem, expl.compile_key)
@@ -606,77 +759,29 @@ def _make_launch(plan: _Plan, fallback: str) -> _Launch:
         _warn_once("sdpa:" + "|".join(expl.reasons),
                    "fa4: running PyTorch SDPA (fallback='sdpa') because " + "; ".join(expl.reasons or ["the kernel failed to compile"]))
     out_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    from fa4.reference import rows_without_keys
+
     return _Launch(
         kind=kind, run=run, default_scale=1.0 / math.sqrt(spec.head_dim) if spec.head_dim else 1.0,
         out_like_q=None, out_shape=out_shape, lse_shape=(spec.batch, spec.heads_q, spec.seqlen_q),
         # -1 off CUDA: what the current-device probe answers on a CPU build (the tests' fake kernels)
         device_index=spec.device.index if spec.device.type == "cuda" else -1,
-        restride=spec.needs_restride, causal=plan.causal, compiled=compiled)
+        restride=spec.needs_restride, causal=plan.causal, compiled=compiled,
+        backend=backend if kind in (_KERNEL, _PEER) else dispatch.OURS,
+        rows_without_keys=rows_without_keys(spec.seqlen_q, spec.seqlen_k, plan.causal) if kind == _PEER else 0)
 
 
-def _direct_launcher(compiled):
-    """The compiled kernel's TVM-FFI function as a plain `tvm_ffi.Function`, or None.
-
-    `CompiledAttention.run` checks only what the signature fixes (LSE given iff the problem returns
-    it, head dim, packed GQA ratio), then calls the DSL's compiled-function object, whose Python
-    `__call__` checks that it is initialised, converts pointer-address arguments (our kernels take
-    none) and, for `TVMFFIJitCompiledFunctionWithKwargs` (what DSL 4.8 returns for our signature),
-    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`.
-    Once `run` has succeeded for a signature, later calls of that signature can enter TVM-FFI's C call
-    directly and skip those three Python frames. Anything that does not look exactly like that (other
-    DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
-    checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
-    """
-    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/compiling.py)
+def _peer_runner(plan: _Plan, backend: str):
+    """`fa4.backends.runner` for the peer; None (with a warning) when auto dispatch chose a peer that
+    cannot be imported; a forced one raises."""
     try:
-        import tvm_ffi
-    except ImportError:
+        return _backends.runner(backend, plan.causal)
+    except Exception as exc:  # ImportError, or a package that fails to initialise
+        why = f"{dispatch.TITLES[backend]} cannot be imported: {_backends.short_error(exc)}"
+        if plan.explanation.forced_backend == backend:
+            raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {why}") from exc
+        _warn_once(f"peer-import:{backend}", f"fa4: {why}; our kernel runs where it was measured fastest")
         return None
-    execution_args = getattr(fn, "execution_args", None)
-    if execution_args is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
-        return None
-    if isinstance(fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction: positional-only already
-        target = fn
-    else:
-        target = getattr(fn, "_tvm_ffi_function", None)
-        if not _forwards_six_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi):
-            return None
-    if not isinstance(target, tvm_ffi.Function) or target.__chandle__() == 0:
-        return None
-    if type(target) is tvm_ffi.Function:
-        return target
-    # a subclass with a Python __call__: the same handle in a plain Function calls straight into C
-    try:
-        plain = tvm_ffi.convert([target])[0]
-    except Exception:
-        plain = None
-    if type(plain) is tvm_ffi.Function and plain.__chandle__() == target.__chandle__():
-        return plain
-    import types
-    return types.MethodType(tvm_ffi.Function.__call__, target)
-
-
-def _forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
-    """Whether `wrapper` is `def w(a0, ..., a5): return target(a0, ..., a5)` and nothing more."""
-    import dis
-    import inspect
-
-    code = getattr(wrapper, "__code__", None)
-    if code is None or not isinstance(target, tvm_ffi.Function):
-        return False
-    if (code.co_argcount != 6 or code.co_kwonlyargcount or code.co_posonlyargcount
-            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-            or wrapper.__defaults__ or wrapper.__kwdefaults__ or wrapper.__closure__
-            or len(code.co_names) != 1 or wrapper.__globals__.get(code.co_names[0]) is not target):
-        return False
-    loaded: list[str] = []
-    for ins in dis.get_instructions(wrapper):
-        if ins.opname.startswith("LOAD_FAST"):  # LOAD_FAST_LOAD_FAST (3.13) loads a pair
-            loaded += list(ins.argval) if isinstance(ins.argval, tuple) else [ins.argval]
-        elif ins.opname in ("LOAD_CONST", "LOAD_DEREF", "LOAD_ATTR", "BUILD_TUPLE", "BUILD_MAP",
-                            "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
-            return False
-    return loaded == list(code.co_varnames[:6])
 
 
 if hasattr(torch._C, "_cuda_getDevice"):
@@ -686,8 +791,17 @@ else:  # a CPU build: no kernel launch ever reaches the device check
         return -1
 
 
-def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
-    """A launch on the checked path: empty outputs, no keys, SDPA, or the kernel."""
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False on a machine without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse, in_graph: bool = False):
+    """A launch on the checked path: empty outputs, no keys, SDPA, a peer, or the kernel. In graph mode
+    (`in_graph`: the custom op under torch.compile, or a CUDA-graph capture) the graph launch runs
+    where it differs."""
+    if launch.graph is not None and (in_graph or _capturing()):
+        launch = launch.graph
     softmax_scale = checks.softmax_scale_value(softmax_scale)
     if launch.kind == _EMPTY:
         out = q.new_empty(launch.out_shape)
@@ -700,10 +814,18 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     if launch.kind == _SDPA:
         out, lse = _fallback.sdpa_attention(q, k, v, launch.causal, softmax_scale, return_lse)
         return (out, lse) if return_lse else out
+    scale = launch.default_scale if softmax_scale is None else softmax_scale
+    if launch.kind == _PEER:
+        if launch.device_index in (-1, _current_cuda_device()):
+            out, lse = launch.run(q, k, v, scale, return_lse)
+        else:
+            with torch.cuda.device(launch.device_index):
+                out, lse = launch.run(q, k, v, scale, return_lse)
+        _backends.fix_rows_without_keys(out, lse, launch.rows_without_keys)
+        return (out, lse) if return_lse else out
     # the kernel (size-1 dimensions re-strided where their strides are not aligned)
     if launch.restride:
         q, k, v = (t.as_strided(t.shape, checks.aligned_strides(t)) for t in (q, k, v))
-    scale = launch.default_scale if softmax_scale is None else softmax_scale
     out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
     lse = q.new_empty(launch.lse_shape, dtype=torch.float32) if return_lse else None
     if launch.device_index == _current_cuda_device():
@@ -714,18 +836,20 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse):
     return (out, lse) if return_lse else out
 
 
-def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, key,
-               kernel_key=None):
+def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, backend,
+               key, kernel_key=None, in_graph=False):
     """First call of a signature (or one the fast path cannot take): decide, cache, run."""
     _STATE.slow_calls += 1
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
     softmax_scale = checks.softmax_scale_value(softmax_scale)
-    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
+    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
     record_shapes.note(plan.spec, causal, return_lse)   # FA4_RECORD_SHAPES; a no-op when unset
     launch = _make_launch(plan, fallback)
-    if launch.kind == _KERNEL:
+    if launch.kind == _KERNEL or (launch.graph is not None and launch.graph.kind == _KERNEL):
         launch.out_like_q = q.is_contiguous()
+        if launch.graph is not None:
+            launch.graph.out_like_q = launch.out_like_q
         misaligned = checks.pointers_misaligned(q, k, v)
         if misaligned is not None:
             if fallback != "sdpa":
@@ -735,16 +859,17 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
             _warn_once("sdpa:misaligned", f"fa4: running PyTorch SDPA (fallback='sdpa') because {misaligned}")
             out, lse = _fallback.sdpa_attention(q, k, v, causal, softmax_scale, return_lse)
             return (out, lse) if return_lse else out
+    launch, result = _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallback)
     if key is not None:
         with _STATE.lock:
             if len(_STATE.launches) >= MAX_SIGNATURES:
                 _forget_signatures()
             _STATE.launches[key] = launch
             _STATE.last = (key, launch)
-    result = _run_launch(launch, q, k, v, softmax_scale, return_lse)
-    if launch.kind == _KERNEL and launch.fast_run is launch.run:
-        # `run` accepted this signature: later calls may skip its signature-only checks
-        launch.fast_run = _direct_launcher(launch.compiled) or launch.run
+    if launch.kind == _KERNEL and launch.fast_run is launch.run and not (launch.graph is not None and in_graph):
+        # `run` accepted this signature: later calls may skip its signature-only checks (a run in
+        # graph mode ran the graph launch, so it says nothing of this one)
+        launch.fast_run = dsl_internals.direct_launcher(launch.compiled) or launch.run
     if (kernel_key is not None and key is not None and launch.kind == _KERNEL and not launch.restride
             and launch.fast_run is not launch.run and launch.device_index == _current_cuda_device()):
         # a compiled TVM-FFI function, which checks what kernel_key leaves out (see attention)
@@ -756,26 +881,82 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     return result
 
 
+def _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallback):
+    """Run a new signature's launch: (the launch to keep, the result).
+
+    A peer that refuses the call (an error from the peer itself: a shape, layout or GPU it does not
+    take) raises under backend=<its name>; under auto dispatch it is remembered as refused, our kernel
+    replaces it, and a warning says so. On an eager first call, a peer that only graph mode runs is
+    run once too (output dropped), so a later capture finds it compiled (flash-attn-4 compiles on
+    first use) and its refusal is known before any capture."""
+    capturing = _capturing()
+    graph_mode = in_graph or capturing
+    active = launch.graph if graph_mode and launch.graph is not None else launch
+    if (capturing and active.kind == _PEER and active.backend == "flash_attn_4"
+            and (active.backend, plan.explanation.problem, return_lse) not in _STATE.peers_run):
+        raise NotWarmedUpError(_warmup_message(plan.spec.problem(plan.causal, return_lse),
+                                               "flash-attn-4's first call (it compiles)"))
+    if launch.graph is not None and not graph_mode and launch.graph.kind == _PEER:
+        launch.graph = _run_or_replace(plan, launch.graph, q, k, v, softmax_scale, return_lse, fallback)[0]
+    replaced, result = _run_or_replace(plan, active, q, k, v, softmax_scale, return_lse, fallback)
+    if active is launch:
+        replaced.graph, launch = launch.graph, replaced
+    else:
+        launch.graph = replaced
+    if launch.graph is not None and launch.graph.backend == launch.backend:
+        launch.graph = None  # both modes run the same implementation (a refused peer was replaced)
+    return launch, result
+
+
+def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
+    """(launch, result) of one run; a peer refusing under auto dispatch gives our kernel's launch."""
+    if launch.kind != _PEER:
+        return launch, _run_launch(launch, q, k, v, softmax_scale, return_lse)
+    try:
+        result = _run_launch(launch, q, k, v, softmax_scale, return_lse)
+        _STATE.peers_run.add((launch.backend, plan.explanation.problem, return_lse))
+        return launch, result
+    except Exception as exc:  # the peer refused these inputs
+        expl = plan.explanation
+        title = dispatch.TITLES[launch.backend]
+        if expl.forced_backend == launch.backend:
+            raise UnsupportedInputError(f"backend={launch.backend!r} cannot run these inputs: {title} raised "
+                                        f"{_backends.short_error(exc)}") from exc
+        why = _backends.short_error(exc)
+        _STATE.refused[(launch.backend, expl.problem, plan.return_lse)] = why
+        _warn_once(f"refused:{launch.backend}:{expl.problem}:{plan.return_lse}",
+                   f"fa4: {title}, measured fastest for {expl.problem}, refused the call ({why}); our "
+                   "kernel runs instead")
+        ours = _launch_of(plan, dispatch.OURS, fallback)
+        ours.out_like_q = q.is_contiguous()
+        return ours, _run_launch(ours, q, k, v, softmax_scale, return_lse)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
-              fallback: str = "error", *, allow_untested_sm100: bool = False):
-    """Attention forward: O = softmax(Q K^T * scale) V, our kernel with its tuned configuration.
+              fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False):
+    """Attention forward: O = softmax(Q K^T * scale) V, the fastest implementation measured for the shape.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
     (grouped-query attention). Causal masks are bottom-right aligned (key j hidden from query i when
     j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D).
 
     Returns O (B, Sq, Hq, D) in q's dtype, or (O, LSE) with LSE (B, Hq, Sq) fp32 (natural log) when
-    return_lse. config= forces a configuration (a `fa4.kernels.Config`, or a dict of knob values over
-    the heuristic default). fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs
-    (with a one-time warning); the default raises `UnsupportedInputError`. The Blackwell kernel has
-    never run on hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).
+    return_lse. backend="auto" runs our kernel with its tuned configuration unless the database entry
+    of this shape measured another implementation faster for this kind of call (eager, or CUDA-graph
+    capture / torch.compile; `fa4.dispatch`) and it is installed and gives the same semantics;
+    "ours" forces our kernel, "flash_attn_4", "sdpa_cudnn", "sdpa_flash" force that implementation
+    (`UnsupportedInputError` when it cannot run the call). config= forces our kernel's configuration
+    (a `fa4.kernels.Config`, a dict of knob values over the heuristic default, or a label).
+    fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs (with a one-time
+    warning); the default raises `UnsupportedInputError`. The Blackwell kernel has never run on
+    hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).
     Forward only: inputs that require grad (with grad mode on) raise `InvalidInputError`.
     """
     if torch.compiler.is_compiling():
         checks.check_grad(q, k, v)
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                           allow_untested_sm100)
+                           allow_untested_sm100, backend)
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             checks.check_grad(q, k, v)
@@ -784,13 +965,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         # checked path). V's shape, K's and V's dtypes and devices and the data pointers' alignment
         # are checked by the compiled function on every call, in C.
         kernel_key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
-                      causal, return_lse, config, fallback, allow_untested_sm100)
+                      causal, return_lse, config, fallback, allow_untested_sm100, backend)
         last = _STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else _STATE.kernel_launches.get(kernel_key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
         # sizes or strides), or an unhashable config: the checked path says
         kernel_key = launch = None
-    if launch is not None and launch.device_index == _current_cuda_device():
+    # a launch with a graph launch attached runs that one under a capture: the checked path picks it
+    if (launch is not None and launch.device_index == _current_cuda_device()
+            and (launch.graph is None or not _capturing())):
         out = torch.empty_like(q) if launch.out_like_q else q.new_empty(launch.out_shape)
         try:
             if softmax_scale is None:
@@ -810,31 +993,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         except Exception:  # the compiled function refused these inputs (or the scale is no finite
             pass           # number): the checked path says why
     return _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                         allow_untested_sm100, kernel_key)
+                         allow_untested_sm100, backend, kernel_key)
 
 
 def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                  kernel_key):
+                  backend, kernel_key, in_graph=False):
     """Every call the kernel path does not take: the full signature, pointer checks, any launch kind."""
     try:
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
-               allow_untested_sm100)
+               allow_untested_sm100, backend)
         last = _STATE.last
         launch = last[1] if key == last[0] else _STATE.launches.get(key)
     except (AttributeError, TypeError, RuntimeError):  # see attention; the slow path says
-        key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100)
+        key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
         launch = _STATE.launches.get(key) if key is not None else None
     if launch is None:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                          allow_untested_sm100, key, kernel_key)
+                          allow_untested_sm100, backend, key, kernel_key, in_graph)
     if launch.kind == _KERNEL and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                          allow_untested_sm100, None)
-    return _run_launch(launch, q, k, v, softmax_scale, return_lse)
+                          allow_untested_sm100, backend, None, None, in_graph)
+    return _run_launch(launch, q, k, v, softmax_scale, return_lse, in_graph)
 
 
-def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100):
+def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend):
     """The signature key when the fast one failed: config mappings frozen; None for non-tensors and
     tensors without sizes or strides (nested, sparse: the slow path refuses them)."""
     if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
@@ -845,14 +1028,15 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
     try:
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
-               allow_untested_sm100)
+               allow_untested_sm100, backend)
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
+def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
+                backend="auto"):
     """The torch.compile path: the custom op `fa4::attention` (registered by fa4.ops)."""
     if isinstance(config, str) and config_text.looks_like_label(config):
         try:
@@ -865,14 +1049,17 @@ def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, al
         raise InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
                                 f"string, got {type(config).__name__}")
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                                       allow_untested_sm100)
+                                       allow_untested_sm100, backend)
     return (out, lse) if return_lse else out
 
 
-def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100):
-    """The real implementation of the custom op: the eager path, outputs always a pair, O contiguous."""
-    result = attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                       allow_untested_sm100=allow_untested_sm100)
+def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
+                   backend="auto"):
+    """The real implementation of the custom op: the checked path in graph mode (torch.compile and
+    CUDA graphs judge implementations by GPU time), outputs always a pair, O contiguous."""
+    checks.check_grad(q, k, v)
+    result = _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                           allow_untested_sm100, backend, None, in_graph=True)
     out, lse = result if return_lse else (result, None)
     if not out.is_contiguous():
         out = out.contiguous()
@@ -883,9 +1070,11 @@ def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
-            fallback: str = "error", *, allow_untested_sm100: bool = False,
+            fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
             arch: str | None = None, device_name: str | None = None) -> Explanation:
-    """Which configuration `attention` would run on these inputs and why; compiles and launches nothing.
+    """Which implementation (per mode: eager, CUDA-graph capture / torch.compile) and which configuration
+    `attention` would run on these inputs, and why, with the measured ratio; compiles and launches
+    nothing.
 
     The arguments are those of `attention`; `arch` ("sm90", "sm100") and `device_name` (as torch names
     the GPU, e.g. "NVIDIA H200") ask about another GPU. Inputs that are not on a CUDA device (CPU or meta
@@ -899,33 +1088,11 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     assumed = None
     if arch is None and checks.device_reasons(checks.inspect_inputs(q, k, v)):
         arch, device_name, assumed = _assumed_target(device_name)
-    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100,
+    plan = _plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend,
                  arch=arch, device_name=device_name)
     if assumed:
         plan.explanation.notes.insert(0, assumed)
-    _explain_backends(plan.explanation)
     return plan.explanation
-
-
-def _explain_backends(expl: Explanation) -> None:
-    """Fill expl.backends from an exact entry's measured times (a neighbour's were measured at another
-    shape, so they decide nothing here). Only explain pays for it: fa4.attention runs ours."""
-    from fa4 import dispatch
-
-    if expl.path != "kernel" or expl.source != "exact" or not expl.entry.backend_us:
-        return
-    host = dispatch.host_us(expl.device_name)
-    for mode in dispatch.MODES:
-        choice = dispatch.choose(expl.entry.backend_us, host, mode)
-        if choice is not None:
-            expl.backends.append(choice)
-    if not host:
-        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
-                          "judged by GPU time alone")
-    for backend in sorted({c.backend for c in expl.backends} - {dispatch.OURS}):
-        why = dispatch.unavailable(backend)
-        if why:
-            expl.notes.append(why)
 
 
 def _assumed_target(device_name: str | None) -> tuple[str, str, str]:

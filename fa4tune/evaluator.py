@@ -4,7 +4,7 @@ times it, and the device facts recorded with every result.
 A worker loads its evaluator by "module:attribute" (`load_evaluator`), so tests inject a CPU one
 (tests/test_search_fakes.py); the default is `fa4tune.evaluator:KernelEvaluator`. An evaluator has
 `setup() -> device facts`, `compile_key`, `compile`, `compile_report`, `run_trial`, `time_peers`,
-`trigger_fault` and `healthy`.
+`time_dispatched` (fa4.attention itself, for `fa4tune bench`), `trigger_fault` and `healthy`.
 """
 
 from __future__ import annotations
@@ -125,6 +125,38 @@ class KernelEvaluator:
                 if not self.healthy():
                     raise
         return out
+
+    def time_dispatched(self, problem, timing, db_path: Optional[str]) -> dict:
+        """`fa4.attention` itself on the problem, with the database the bench reads: what it runs per
+        mode (`fa4.explain`), its output checked, its GPU time by CUDA-graph replay (graph mode:
+        dispatch judges by GPU time there) and its wall time per back-to-back eager call."""
+        import torch
+
+        import fa4
+        from fa4.reference import compare
+        from fa4tune.timing import time_cuda, time_eager, tflops
+
+        q, k, v, expected, _ = self._cached_inputs(problem)
+        fa4.use_config_db(db_path)  # None: the default layers, as a user's process reads them
+
+        def call():
+            return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse)
+
+        with torch.no_grad():
+            first = call()
+            torch.cuda.synchronize()
+            out, lse = first if problem.return_lse else (first, None)
+            check = compare(out, lse, expected)
+            result = {name: value for name, value in check.items() if name not in ("passed", "failures")}
+            plan = fa4.explain(q, k, v, causal=problem.causal, return_lse=problem.return_lse)
+            result["backend"] = dict(plan.runs)
+            if not check["passed"]:
+                return {**result, "outcome": "mismatch"}
+            measured = time_cuda(call, timing)
+            eager_us = time_eager(call)
+        return {**result, "outcome": "ok", "us": round(measured.us, 3), "eager_us": round(eager_us, 3),
+                "tflops": round(tflops(problem.flops(), measured.us), 2),
+                "replay_spread": round(measured.spread, 4)}
 
     def trigger_fault(self) -> None:
         """A real sticky CUDA error (device-side assert from an out-of-bounds index)."""

@@ -5,11 +5,11 @@ Peers (timed by `fa4tune.timing.time_cuda`, the same method as our kernel):
 - "sdpa_cudnn":   torch SDPA restricted to its cuDNN backend
 - "flash_attn_4": `flash_attn.cute.flash_attn_func` (the flash-attn-4 package), when importable
 
-Every tensor is in our layout, (batch, seqlen, heads, head_dim); SDPA gets transposed views. GQA goes
-to SDPA as `enable_gqa=True`; when a backend refuses that, K and V are expanded to the query heads
-once, before timing, and the result says so ("kv_expanded": true). Causal masks are bottom-right
-aligned everywhere (key j is masked for query i when j > i + seqlen_k - seqlen_q), as flash-attn;
-SDPA's `is_causal` is top-left aligned, so for seqlen_q != seqlen_k it gets `causal_lower_right`.
+How each peer is called (layout, bottom-right causal mask, GQA, scale) lives in one place,
+`fa4.backends`, which the runtime's fastest-backend dispatch calls too: what is timed here is what
+`fa4.attention` runs. GQA goes to SDPA as `enable_gqa=True`; when a backend refuses that, K and V are
+expanded to the query heads once, before timing, and the result says so ("kv_expanded": true; the
+runtime never dispatches to such a backend: it does not expand per call).
 
 What is correct is decided in one place, `fa4.reference` (fp32 reference, SDPA comparison, the rule
 for rows that see no key); a peer's `max_err` is its distance to that fp32 reference.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from fa4.backends import SDPA_PEERS, import_error, inapplicable, runner, short_error
 from fa4.dispatch import PEERS, TITLES
 
 # the one list of peers (declared with the runtime's dispatch, which chooses among them), in the order
@@ -27,77 +28,32 @@ PEER_NAMES = PEERS
 PEER_TITLES = {name: TITLES[name] for name in PEERS}
 
 
-def _sdpa_call(q, k, v, causal: bool, scale: float, expand_kv: bool):
-    """A closure computing SDPA on our layout; the K/V expansion (if asked) happens once, here."""
-    import torch.nn.functional as F
-
-    group = q.shape[2] // k.shape[2]
-    qt = q.transpose(1, 2)
-    if expand_kv and group > 1:
-        kt = k.repeat_interleave(group, dim=2).transpose(1, 2)
-        vt = v.repeat_interleave(group, dim=2).transpose(1, 2)
-        gqa = {}
-    else:
-        kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-        gqa = {"enable_gqa": True} if group > 1 else {}
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    mask_kw: dict = {}
-    if causal and seqlen_q == seqlen_k:
-        mask_kw = {"is_causal": True}
-    elif causal:
-        from torch.nn.attention.bias import causal_lower_right
-
-        mask_kw = {"attn_mask": causal_lower_right(seqlen_q, seqlen_k)}
-
-    def call():
-        return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, **mask_kw, **gqa).transpose(1, 2)
-
-    return call
-
-
 def peer_call(name: str, q, k, v, causal: bool, scale: float) -> tuple[Callable[[], object], dict]:
-    """(callable, notes) for one peer on these inputs; raises when the peer cannot run them."""
-    if name in ("sdpa_flash", "sdpa_cudnn"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+    """(callable returning O, notes) for one peer on these inputs, called as the runtime calls it
+    (`fa4.backends.runner`); raises when the peer cannot run them. A SDPA backend that refuses GQA is
+    tried once more on K and V expanded to the query heads (before timing; notes say so)."""
+    if name not in PEER_NAMES:
+        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEER_NAMES)}")
+    why = inapplicable(name, return_lse=False, causal=causal, seqlen_q=q.shape[1], seqlen_k=k.shape[1])
+    if why:  # it would time another implementation under this peer's name
+        raise RuntimeError("; ".join(why))
+    run = runner(name, causal)
+    group = q.shape[2] // k.shape[2]
+    errors = []
+    for expand in ((False, True) if name in SDPA_PEERS and group > 1 else (False,)):
+        kk, vv = (k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)) if expand else (k, v)
 
-        backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
-        errors = []
-        for expand in (False, True):
-            inner = _sdpa_call(q, k, v, causal, scale, expand)
+        def call(kk=kk, vv=vv):
+            return run(q, kk, vv, scale, False)[0]
 
-            def call(inner=inner):
-                with sdpa_kernel([backend]):
-                    return inner()
-
-            try:
-                call()
-                return call, {"kv_expanded": expand} if expand else {}
-            except RuntimeError as exc:  # the backend refuses these inputs (GQA, mask, dtype)
-                errors.append(_short(exc))
-        raise RuntimeError("; ".join(errors))
-    if name == "flash_attn_4":
-        from flash_attn.cute import flash_attn_func
-
-        def call():
-            out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
-            return out[0] if isinstance(out, tuple) else out
-
-        call()
-        return call, {}
-    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEER_NAMES)}")
+        try:
+            call()
+            return call, {"kv_expanded": True} if expand else {}
+        except RuntimeError as exc:  # the backend refuses these inputs (GQA, mask, dtype)
+            errors.append(short_error(exc))
+    raise RuntimeError("; ".join(errors))
 
 
 def peer_available(name: str) -> Optional[str]:
     """None when the peer can be tried here, else why not."""
-    if name == "flash_attn_4":
-        try:
-            import flash_attn.cute  # noqa: F401
-        except Exception as exc:  # ImportError, or the package failing to initialise
-            return f"flash-attn-4 not importable: {_short(exc)}"
-    return None
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    return line[:limit]
+    return import_error(name)

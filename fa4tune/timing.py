@@ -151,5 +151,27 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     return Timing(statistics.median(times), times)
 
 
+def time_eager(fn: Callable[[], object], calls: int = 100, repeats: int = 5, warmup_calls: int = 10) -> float:
+    """Wall time per call of `fn` called back to back eagerly, in microseconds (median of `repeats`
+    runs of `calls` calls, each ended by a synchronize): the larger of the host's time per call and the
+    GPU's, which is what an eager caller pays (`fa4.dispatch.call_cost`). Not a GPU time: use
+    `time_cuda` for that."""
+    import time
+
+    import torch
+
+    for _ in range(warmup_calls):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - start) * 1e6 / calls)
+    return statistics.median(per_call)
+
+
 def tflops(flops: int, us: float) -> float:
     return flops / (us * 1e-6) / 1e12 if us > 0 else 0.0

@@ -87,7 +87,7 @@ def test_bench_returns_its_rows_as_a_frame_and_writes_bench_json(tmp_path, fakes
     out = tmp_path / "bench.json"
     frame = fa4tune.bench("s1024-causal", db=str(tmp_path / "db.json"), out=str(out), peers=False, quiet=True)
     doc = json.loads(out.read_text())
-    assert list(frame["variant"]) == [r["variant"] for r in doc["rows"]] == ["tuned", "default"]
+    assert list(frame["variant"]) == [r["variant"] for r in doc["rows"]] == ["tuned", "default", "dispatched"]
     assert frame.attrs["device"]["name"] == "Fake H200" and frame.attrs["timing"]["method"] == "cuda_graph"
     default = frame[frame["variant"] == "default"].iloc[0]
     assert default["us"] == fakes.fake_us(Config.make("sm90").to_dict()) and bool(default["causal"])

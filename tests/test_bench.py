@@ -53,7 +53,10 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     assert infeasible["outcome"] == "missing" and "skipped: infeasible" in infeasible["error"]
     assert "shared memory" in infeasible["error"]
     assert rows[("sq1024", "full", "default")]["outcome"] == "ok"
-    assert [r["variant"] for r in doc["rows"][:3]] == ["tuned", "default", "sdpa_cudnn"]  # shape order kept
+    assert [r["variant"] for r in doc["rows"][:4]] == ["tuned", "default", "sdpa_cudnn", "dispatched"]
+    # fa4.attention itself, beside each implementation: GPU time, eager time per call, what ran
+    ran = rows[("sq2048", "causal", "dispatched")]
+    assert (ran["us"], ran["eager_us"], ran["backend"]) == (30.0, 31.0, {"eager": "ours", "graph": "ours"})
 
     out, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
     write_bench(doc, out, out_csv)
@@ -61,6 +64,7 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     with open(out_csv) as handle:
         read = list(csv.DictReader(handle))
     assert len(read) == len(doc["rows"]) and read[0]["config"].startswith("tile_m=128 tile_n=112")
+    assert read[3]["backend"] == "eager ours / graph ours" and read[3]["eager_us"] == "31.0"
 
 
 def test_missing_entry_and_all_stale(tmp_path, monkeypatch):
@@ -72,4 +76,4 @@ def test_missing_entry_and_all_stale(tmp_path, monkeypatch):
                     api="test_search_fakes", progress=Progress(quiet=True))
     tuned = next(r for r in doc["rows"] if r["variant"] == "tuned")
     assert tuned["outcome"] == "missing" and "1 stale" in tuned["error"]
-    assert [r["variant"] for r in doc["rows"]] == ["tuned", "default"]
+    assert [r["variant"] for r in doc["rows"]] == ["tuned", "default", "dispatched"]

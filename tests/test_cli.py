@@ -262,6 +262,9 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
     assert picked[shapes[0]]["graph"]["backend"] == "ours"  # tuned 30.5 us, SDPA cuDNN 31.6
     assert "than SDPA cuDNN (31.6 us)" in picked[shapes[0]]["graph"]["reason"]
     assert "fastest backend per shape" in result.stdout
+    # what fa4.attention ran, beside the implementations (the fake evaluator's dispatched row)
+    assert causal["dispatched"]["backend"] == {"eager": "ours", "graph": "ours"}
+    assert "eager: ran" in result.stdout and "31.00" in result.stdout
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("shape,variant,outcome,us") and len(lines) == 1 + len(doc["rows"])
 

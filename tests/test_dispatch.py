@@ -70,9 +70,13 @@ def test_what_cannot_be_judged():
 
 
 def test_availability_of_a_peer():
-    assert dispatch.unavailable("ours") is None and dispatch.unavailable("sdpa_cudnn") is None
-    installed = dispatch.unavailable("flash_attn_4")
+    from fa4 import backends
+
+    assert backends.unavailable("ours") is None and backends.unavailable("sdpa_cudnn") is None
+    installed = backends.unavailable("flash_attn_4")
     assert installed is None or "flash-attn-4 is not installed here" in installed
+    with pytest.raises(ValueError, match="unknown backend"):
+        backends.unavailable("xformers")
 
 
 def test_the_peers_are_declared_once():
@@ -124,6 +128,16 @@ def test_import_bench_updates_only_entries_of_the_kernel_the_bench_ran():
     assert other.get(_entry().key).backend_us == {}
 
 
+def test_a_peer_timed_on_expanded_kv_is_not_recorded_for_dispatch():
+    doc = _bench_doc()
+    key = "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"
+    assert "sdpa_cudnn" in backend_times(doc)[key]
+    for r in doc["rows"]:
+        if r["variant"] == "sdpa_cudnn":
+            r["kv_expanded"] = True  # the runtime would have to copy K and V on every call
+    assert all("sdpa_cudnn" not in times for times in backend_times(doc).values())
+
+
 def test_import_bench_command(tmp_path):
     db_path = tmp_path / "db.json"
     record(_entry(), db_path)
@@ -157,7 +171,10 @@ def current_copy_of_packaged_db(tmp_path) -> Path:
     return path
 
 
-def test_explain_says_which_backend_would_run_and_why(tmp_path):
+def test_explain_says_which_backend_would_run_and_why(tmp_path, monkeypatch):
+    from fa4 import backends
+
+    monkeypatch.setattr(backends, "unavailable", lambda name: None)  # as if flash-attn-4 were installed
     fa4.use_config_db(current_copy_of_packaged_db(tmp_path))
     try:
         e = fa4.explain(*_meta(1, 1024, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
@@ -165,13 +182,34 @@ def test_explain_says_which_backend_would_run_and_why(tmp_path):
             ("eager", "ours"), ("graph", "flash_attn_4")]
         text = str(e)
         assert "graph: flash-attn-4 (GPU time 21.6 us vs ours 22.0 us: 1.022x faster)" in text
-        assert "fa4.attention runs our kernel all the same" in text
-        # where ours wins both ways, nothing more is said
+        assert e.runs == {"eager": "ours", "graph": "flash_attn_4"}
+        assert "under CUDA-graph capture or torch.compile: flash-attn-4 (GPU time 21.6 us" in text
+        # where ours wins both ways, ours runs in both
         e = fa4.explain(*_meta(8, 512, 16, 16, 64, torch.bfloat16), causal=True, arch="sm90",
                         device_name="NVIDIA H200")
-        assert {c.backend for c in e.backends} == {"ours"} and "runs our kernel all the same" not in str(e)
+        assert {c.backend for c in e.backends} == {"ours"} and e.runs == {"eager": "ours", "graph": "ours"}
+        assert "runs: our sm90 kernel\n" in str(e)
         # a neighbour's times were measured at another shape: no verdict
         e = fa4.explain(*_meta(1, 2000, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
         assert e.source == "nearest" and e.backends == [] and "fastest backend" not in str(e)
+    finally:
+        fa4.use_config_db(None)
+
+
+def test_explain_says_when_the_measured_winner_cannot_run_here(tmp_path, monkeypatch):
+    from fa4 import backends
+
+    monkeypatch.setattr(backends, "unavailable",
+                        lambda name: "flash-attn-4 is not installed here" if name == "flash_attn_4" else None)
+    fa4.use_config_db(current_copy_of_packaged_db(tmp_path))
+    try:
+        e = fa4.explain(*_meta(1, 1024, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
+        assert e.runs == {"eager": "ours", "graph": "ours"}
+        assert any(n.startswith("graph: flash-attn-4 measured fastest") and "not installed here" in n
+                   for n in e.notes), e.notes
+        # SDPA gives no LSE: with return_lse it is no candidate, whatever it measured
+        lse = fa4.explain(*_meta(1, 1024, 32, 8, 128), causal=True, return_lse=True, arch="sm90",
+                          device_name="NVIDIA H200")
+        assert all(set(c.cost_us) <= {"ours", "flash_attn_4"} for c in lse.backends)
     finally:
         fa4.use_config_db(None)

@@ -1,4 +1,4 @@
-"""The fast path's direct TVM-FFI launcher (fa4.runtime._direct_launcher), on CPU.
+"""The fast path's direct TVM-FFI launcher (fa4.dsl_internals.direct_launcher), on CPU.
 
 The stand-in compiled function is the DSL's own `TVMFFIJitCompiledFunctionWithKwargs` (the class DSL
 4.8 returns for our kernels), built around a TVM-FFI function whose body is Python: it computes SDPA
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fa4
-from fa4 import checks, database, fallback, kernels, runtime
+from fa4 import checks, database, dsl_internals, fallback, kernels, runtime
 from fa4.kernels import AttentionProblem, Config
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
@@ -209,7 +209,7 @@ def _wrapper(source, target):
 def test_wrappers_that_do_more_than_forward_are_refused(source):
     target = ffi_kernel(False, [])
     compiled = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(source, target)))
-    assert runtime._direct_launcher(compiled) is None
+    assert dsl_internals.direct_launcher(compiled) is None
 
 
 def test_forwarding_wrapper_pointer_args_and_foreign_objects():
@@ -217,11 +217,11 @@ def test_forwarding_wrapper_pointer_args_and_foreign_objects():
     forward = ("def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
                "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale)\n")
     ok = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(forward, target)))
-    assert runtime._direct_launcher(ok) is target
+    assert dsl_internals.direct_launcher(ok) is target
     pointers = types.SimpleNamespace(_fn=dsl_function(target, pointer_args=True))
-    assert runtime._direct_launcher(pointers) is None
-    assert runtime._direct_launcher(types.SimpleNamespace(_fn=lambda *a: None)) is None
-    assert runtime._direct_launcher(object()) is None
+    assert dsl_internals.direct_launcher(pointers) is None
+    assert dsl_internals.direct_launcher(types.SimpleNamespace(_fn=lambda *a: None)) is None
+    assert dsl_internals.direct_launcher(object()) is None
 
 
 def test_real_sm90_compile_is_accepted():
@@ -233,7 +233,7 @@ def test_real_sm90_compile_is_accepted():
     sm90 = kernels.family("sm90")
     compiled, _, smem, seconds = compiling.compile_kernel(sm90, config, problem, sm90.DEFAULT_NUM_SMS,
                                                           tvm_ffi=True)
-    launcher = runtime._direct_launcher(compiling.CompiledAttention(compiled, config, problem, smem, seconds))
+    launcher = dsl_internals.direct_launcher(compiling.CompiledAttention(compiled, config, problem, smem, seconds))
     assert type(launcher) is tvm_ffi.Function
 
 
@@ -246,3 +246,15 @@ def test_a_scale_that_is_no_finite_number_is_refused_on_the_kernel_path(family, 
     with pytest.raises(fa4.InvalidInputError, match="softmax_scale must be finite"):
         fa4.attention(q, k, v, softmax_scale=scale)
     assert len(family.calls) == launches  # nothing was launched with it
+
+
+def test_the_dsl_internals_are_read_in_one_module():
+    """Only fa4/dsl_internals.py reads the DSL's private objects, so a DSL upgrade has one place to
+    check (and test_real_sm90_compile_is_accepted fails when it stops recognising them)."""
+    from pathlib import Path
+
+    private = ("_kwargs_wrapper", "_tvm_ffi_function", "execution_args", "import dis")
+    package = Path(dsl_internals.__file__).parent
+    offenders = [p.name for p in sorted(package.glob("*.py"))
+                 if p.name != "dsl_internals.py" and any(name in p.read_text() for name in private)]
+    assert offenders == []

@@ -1,0 +1,81 @@
+"""The one place that relies on the CuTe DSL's private objects: the eager fast path's direct launcher.
+
+Why: an eager call of our kernel would otherwise pass three Python frames of the DSL (its compiled
+function's `__call__`, which checks that it is initialised and converts pointer-address arguments,
+and a generated keyword wrapper that forwards six positionals) before TVM-FFI's C call, about 1-2 us
+of a ~9 us call. What it reads, all private to nvidia-cutlass-dsl 4.8 / apache-tvm-ffi 0.1:
+`CompiledAttention._fn` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
+`_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`).
+
+Anything that does not look exactly as expected gives None and the checked `run` stays in use: an
+upgrade can make calls slower, never wrong. `tests/test_runtime_direct_launch.py::
+test_real_sm90_compile_is_accepted` compiles the real sm90 kernel on CPU and fails loudly when this
+module stops recognising the DSL's object (the slowdown would otherwise go unnoticed).
+"""
+
+from __future__ import annotations
+
+
+def direct_launcher(compiled):
+    """The compiled kernel's TVM-FFI function as a plain `tvm_ffi.Function`, or None.
+
+    `CompiledAttention.run` checks only what the signature fixes (LSE given iff the problem returns
+    it, head dim, packed GQA ratio), then calls the DSL's compiled-function object, whose Python
+    `__call__` checks that it is initialised, converts pointer-address arguments (our kernels take
+    none) and, for `TVMFFIJitCompiledFunctionWithKwargs` (what DSL 4.8 returns for our signature),
+    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`.
+    Once `run` has succeeded for a signature, later calls of that signature can enter TVM-FFI's C call
+    directly and skip those three Python frames. Anything that does not look exactly like that (other
+    DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
+    checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
+    """
+    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/compiling.py)
+    try:
+        import tvm_ffi
+    except ImportError:
+        return None
+    execution_args = getattr(fn, "execution_args", None)
+    if execution_args is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
+        return None
+    if isinstance(fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction: positional-only already
+        target = fn
+    else:
+        target = getattr(fn, "_tvm_ffi_function", None)
+        if not forwards_six_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi):
+            return None
+    if not isinstance(target, tvm_ffi.Function) or target.__chandle__() == 0:
+        return None
+    if type(target) is tvm_ffi.Function:
+        return target
+    # a subclass with a Python __call__: the same handle in a plain Function calls straight into C
+    try:
+        plain = tvm_ffi.convert([target])[0]
+    except Exception:
+        plain = None
+    if type(plain) is tvm_ffi.Function and plain.__chandle__() == target.__chandle__():
+        return plain
+    import types
+    return types.MethodType(tvm_ffi.Function.__call__, target)
+
+
+def forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
+    """Whether `wrapper` is `def w(a0, ..., a5): return target(a0, ..., a5)` and nothing more."""
+    import dis
+    import inspect
+
+    code = getattr(wrapper, "__code__", None)
+    if code is None or not isinstance(target, tvm_ffi.Function):
+        return False
+    if (code.co_argcount != 6 or code.co_kwonlyargcount or code.co_posonlyargcount
+            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+            or wrapper.__defaults__ or wrapper.__kwdefaults__ or wrapper.__closure__
+            or len(code.co_names) != 1 or wrapper.__globals__.get(code.co_names[0]) is not target):
+        return False
+    loaded: list[str] = []
+    for ins in dis.get_instructions(wrapper):
+        if ins.opname.startswith("LOAD_FAST"):  # LOAD_FAST_LOAD_FAST (3.13) loads a pair
+            loaded += list(ins.argval) if isinstance(ins.argval, tuple) else [ins.argval]
+        elif ins.opname in ("LOAD_CONST", "LOAD_DEREF", "LOAD_ATTR", "BUILD_TUPLE", "BUILD_MAP",
+                            "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
+            return False
+    return loaded == list(code.co_varnames[:6])
