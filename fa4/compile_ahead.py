@@ -1,7 +1,7 @@
 """`fa4.warmup`: decide and compile ahead, so no call of a warmed shape compiles later.
 
 A first call of a shape plans it (database lookup, fastest backend), compiles our kernel's
-configuration (or loads it from the on-disk cache when `FA4TUNE_DISK_CACHE=1`, and stores it there
+configuration (or loads it from the on-disk cache, unless `FA4TUNE_DISK_CACHE=0`, and stores it there
 after a compile) and runs flash-attn-4 once where dispatch chose it (it compiles on first use). That
 first call costs seconds, and inside a CUDA-graph capture it cannot happen at all
 (`fa4.NotWarmedUpError` names the shape). `warmup` makes those first calls now, on tensors of the

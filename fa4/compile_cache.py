@@ -11,8 +11,8 @@ source fingerprint, the DSL version and the host machine type. Writes go to a te
 cache folder and are renamed into place, so concurrent processes never see half a file and the last
 writer of an entry wins with an identical one. The folder is bounded (oldest entries removed first).
 
-Opt-in (`FA4TUNE_DISK_CACHE=1`) until a cached kernel has been launched on a GPU: the export and the
-load are exercised on CPU, a launch of the loaded function is not. `FA4TUNE_CACHE_DIR` names the
+On by default (`FA4TUNE_DISK_CACHE=0` turns it off): a kernel loaded from disk has been launched on
+the H200 and matched the compiled one (tests/gpu/test_compile_cache_gpu.py). `FA4TUNE_CACHE_DIR` names the
 folder (default `$XDG_CACHE_HOME/fa4tune/kernels`, else `~/.cache/fa4tune/kernels`), and
 `FA4TUNE_CACHE_MAX_MB` its bound (default 2048). `fa4tune cache info|clear` shows or empties it.
 """
@@ -34,7 +34,7 @@ CACHED_ARCHS = ("sm90",)  # the families whose compiled objects have a known lau
 
 
 def enabled() -> bool:
-    return os.environ.get("FA4TUNE_DISK_CACHE", "") == "1"
+    return os.environ.get("FA4TUNE_DISK_CACHE", "1") != "0"
 
 
 def cache_dir() -> Path:

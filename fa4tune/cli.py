@@ -562,7 +562,7 @@ def _fastest(choices: dict, mode: str) -> list:
 
 @main.group()
 def cache():
-    """The on-disk cache of compiled kernels (fa4.compile_cache; opt-in: FA4TUNE_DISK_CACHE=1)."""
+    """The on-disk cache of compiled kernels (fa4.compile_cache; on unless FA4TUNE_DISK_CACHE=0)."""
 
 
 @cache.command("info")

@@ -20,6 +20,10 @@ from fa4.arch import arch_of_capability
 # would otherwise pick up a tuned database from ~/.cache/fa4tune, and the harness write into it
 os.environ["FA4TUNE_HOME"] = tempfile.mkdtemp(prefix="fa4tune-test-home-")
 os.environ.pop("FA4_CONFIG_DB", None)
+# nor the developer's compiled-kernel cache; and tests that count compiles must see them, so the
+# disk cache is off unless a test turns it on (tests/test_compile_cache*.py do)
+os.environ["FA4TUNE_CACHE_DIR"] = os.path.join(os.environ["FA4TUNE_HOME"], "kernels")
+os.environ["FA4TUNE_DISK_CACHE"] = "0"
 
 
 @functools.lru_cache(maxsize=1)

@@ -92,10 +92,12 @@ def test_two_processes_storing_one_entry_leave_a_loadable_file(tmp_path):
     assert compile_cache.load(name, tmp_path) is not None
 
 
-def test_off_by_default_and_only_for_sm90(monkeypatch):
+def test_on_by_default_off_by_the_environment_and_only_for_sm90(monkeypatch):
     calls = []
     monkeypatch.setattr("fa4.kernels.compile_attention", lambda config, problem: calls.append(config) or "plain")
     monkeypatch.delenv("FA4TUNE_DISK_CACHE", raising=False)
+    assert compile_cache.enabled()
+    monkeypatch.setenv("FA4TUNE_DISK_CACHE", "0")
     assert not compile_cache.enabled()
     config = default_config("sm90", PROBLEM)
     assert compile_cache.compile_attention(config, PROBLEM) == "plain"
