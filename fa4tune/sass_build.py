@@ -155,6 +155,8 @@ TABLE_ROWS = (
     ("softmax loop instructions per block (per loop)", lambda r: " / ".join(
         str(s["instructions"]) for s in r["softmax_steady"])),
     ("  masked-block loop(s)", lambda r: " / ".join(str(s["instructions"]) for s in r["softmax_masked"]) or "-"),
+    ("  of which mask instructions", lambda r: " / ".join(
+        str(s["mask_instructions"]) for s in r["softmax_masked"]) or "-"),
     ("mask instructions in the unmasked loop", lambda r: " / ".join(
         str(s["mask_instructions"]) for s in r["softmax_steady"])),
     ("instructions per score element", lambda r: " / ".join(

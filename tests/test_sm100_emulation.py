@@ -93,6 +93,15 @@ def test_matches_sdpa_and_fp32(shape, overrides, dtype, causal):
     assert stats.max_p_16bit <= 2.0 ** Config.make("sm100", **overrides).rescale_threshold
 
 
+def test_keep_mask_is_the_column_limit():
+    """The kernel's 32-bit keep words (`_mask_row`, replayed by `keep_mask`) keep exactly the
+    columns below the limit, for limits below, inside and beyond the block and at word edges."""
+    limits = torch.tensor([-300, -1, 0, 1, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 4000])
+    for n_cols in (64, 128):
+        expected = torch.arange(n_cols)[None, :] < limits[:, None]
+        assert torch.equal(emu.keep_mask(limits, n_cols), expected)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_extreme_logits(dtype, causal):

@@ -48,7 +48,7 @@ from typing import Callable, Optional
 import torch
 
 from fa4.kernels.knobs import Config
-from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK
+from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK, MASK_CHUNK
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -167,6 +167,18 @@ def kernel_exp2(x: torch.Tensor, poly_columns: int) -> torch.Tensor:
         cols = torch.arange(x.shape[-1], device=x.device) % EXP2_POLY_CHUNK >= EXP2_POLY_CHUNK - poly_columns
         out[..., cols] = exp2_polynomial(x[..., cols])
     return out
+
+
+def keep_mask(cols_visible: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """The kernel's mask of one block (`kernel._mask_row`): per 32 columns a keep word of all ones
+    shifted right by the chunk's hidden columns (PTX shr.u32: 0 for a shift of 32 or more), column
+    i of the chunk kept iff bit i is set. `cols_visible` (any shape, int) -> bool (..., n_cols)."""
+    chunks = -(-n_cols // MASK_CHUNK)
+    start = torch.arange(1, chunks + 1, device=cols_visible.device) * MASK_CHUNK
+    hidden = torch.clamp(start - cols_visible[..., None].long(), min=0)
+    word = torch.where(hidden >= 32, 0, 0xFFFFFFFF >> torch.clamp(hidden, max=31))
+    bits = (word[..., None] >> torch.arange(MASK_CHUNK, device=word.device)) & 1
+    return bits.flatten(-2)[..., :n_cols].bool()
 
 
 # The rule in use; tests swap in a wrong rule to prove they would catch it.
@@ -289,7 +301,6 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
     row_index = torch.arange(num_m * rows_per_cta, device=device).view(num_m, rows_per_cta)
     row_seq = row_index // row_ratio               # query position of each packed row
     row_valid = row_index < packed_rows            # tile padding rows are computed, never stored
-    col = torch.arange(tile_n, device=device)
     tasks_total = batch * tasks
     counts = RescaleStats()
     counts.blocks_skipped_causal = int((plan.n_blocks - plan.block_end).sum()) * tasks_total
@@ -318,12 +329,11 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
         scores = torch.matmul(q_sel, k_blk.transpose(-1, -2).unsqueeze(2))  # (B, T, m, rows, N)
 
         if bool(masked.any()):
-            key = key_lo + col
-            invisible = (key >= seqlen_k).expand(rows_per_cta, tile_n)
+            # the kernel's keep-mask: per row, the keys below its limit, as 32-bit words
+            key_limit = torch.full_like(row_seq[m_dev], seqlen_k)
             if causal:
-                invisible = invisible | (key[None, :] > row_seq[m_dev][:, :, None] + (seqlen_k - seqlen_q))
-            else:
-                invisible = invisible.expand(m_idx.numel(), rows_per_cta, tile_n)
+                key_limit = torch.minimum(key_limit, row_seq[m_dev] + 1 + (seqlen_k - seqlen_q))
+            invisible = ~keep_mask(key_limit - key_lo, tile_n)
             scores = scores.masked_fill(invisible & masked[:, None, None], -math.inf)
 
         block_max = scores.amax(dim=-1)

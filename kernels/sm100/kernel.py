@@ -66,13 +66,13 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.memory
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Boolean, Float32, Int32, Int64, const_expr
+from cutlass import Boolean, Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
-from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
+from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, MASK_CHUNK, KernelPlan
 
 LOG2_E = math.log2(math.e)
 TMEM_LANES = 128
@@ -93,6 +93,16 @@ def _add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) 
         "{\n\t.reg .b32 k, m;\n\tmov.b32 k, $1;\n\tmov.b32 m, $2;\n\tshl.b32 k, k, 23;\n\t"
         "add.s32 m, m, k;\n\tmov.b32 $0, m;\n\t}",
         "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _shr_u32(value: Uint32, shift: Uint32, *, loc=None, ip=None) -> Uint32:
+    """PTX shr.u32: a shift of 32 or more gives 0 (in LLVM IR such a shift is undefined)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(),
+        [Uint32(value).ir_value(loc=loc, ip=ip), Uint32(shift).ir_value(loc=loc, ip=ip)],
+        "shr.u32 $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
@@ -858,13 +868,8 @@ class FlashAttentionForwardSm100:
         cute.copy(tiled_load, tLtS, rS)
         cute.arch.fence_view_async_tmem_load()
         if const_expr(masked):
-            # straddling or tail block: keys beyond this row's limit -> -inf before the max.
-            # Register j of a 32x32b TMEM load holds column j of the thread's lane.
-            cols_visible = key_limit - n * N
-            # (a select per element: an `if` per element would carry the whole row
-            # through every branch and blow up register pressure)
-            for j in cutlass.range(cute.size(rS), unroll_full=True):
-                rS[j] = -Float32.inf if cols_visible <= j else rS[j]
+            # straddling or tail block: keys beyond this row's limit -> -inf before the max
+            self._mask_row(rS, key_limit - n * N)
         block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
 
         basis = row_max
@@ -1033,6 +1038,24 @@ class FlashAttentionForwardSm100:
                 o_done_count += 1
             epi_count += 1
             task += self._task_stride()
+
+    @cute.jit
+    def _mask_row(self, rS, cols_visible: Int32):
+        """rS[j] = -inf for the columns j >= cols_visible of this thread's row (register j of a
+        32x32b TMEM load holds column j of the thread's lane).
+
+        Per 32 columns one keep-mask word, all ones shifted right by the number of hidden columns
+        of the chunk (shr.u32 gives 0 for a shift of 32 or more, so a fully hidden chunk needs no
+        branch), and per element a select on its bit: ptxas moves 7 bits at a time into
+        predicates with R2P, so an element costs one FSEL instead of an ISETP and an FSEL. (A
+        select, not an `if`: a branch per element would carry the whole row through every branch.)
+        """
+        for c in cutlass.range_constexpr((cute.size(rS) + MASK_CHUNK - 1) // MASK_CHUNK):
+            hidden = cutlass.max(Int32((c + 1) * MASK_CHUNK) - cols_visible, Int32(0))
+            keep = _shr_u32(Uint32(0xFFFFFFFF), Uint32(hidden))
+            for i in cutlass.range_constexpr(min(MASK_CHUNK, cute.size(rS) - c * MASK_CHUNK)):
+                j = c * MASK_CHUNK + i
+                rS[j] = rS[j] if Boolean(keep & Uint32(1 << i)) else -Float32.inf
 
     @cute.jit
     def _rescale_O(self, stage: int, pv_thr_mma, tmem_ptr, thr_ld, thr_st, tiled_ld, tiled_st,

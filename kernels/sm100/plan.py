@@ -35,6 +35,8 @@ EXP2_POLY = (1.0, 0.6951166987419128, 0.22764527797698975, 0.07706677168607712)
 # x + 1.5 * 2^23 rounded down leaves floor(x) in the low mantissa bits (|x| < 2^22)
 EXP2_ROUND_MAGIC = 12582912.0
 EXP2_POLY_CHUNK = 32
+# key columns per 32-bit keep-mask word of a masked block (kernel `_mask_row`, emulation `keep_mask`)
+MASK_CHUNK = 32
 
 # Barrier kinds in the order they sit in shared memory, with the size of each slice and the number
 # of arrivals that completes a phase.
