@@ -140,6 +140,18 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     deadlock = kv_ring_deadlock(plan.q_stages, plan.tmem_stages, plan.kv_stages)
     if deadlock:
         reasons.append(deadlock)
+    reasons += _two_cta_reasons(plan, problem)
+    return reasons
+
+
+def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
+    """What the cluster-pair mode (two_cta) cannot run."""
+    if not plan.two_cta:
+        return []
+    reasons = []
+    if problem.causal:
+        reasons.append("two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; "
+                       "with a causal mask the two halves need different block ranges and masks)")
     return reasons
 
 

@@ -4,7 +4,9 @@ No Blackwell GPU is lent here, so the numerics of the sm100 kernel are checked b
 tile algorithm on the CPU (design: `docs/design.md` section 2). What is replayed, because it changes
 the numbers or the work done:
 
-- CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each; with
+- CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each (with
+  `two_cta`, a cluster pair's task: both CTAs' Q stages, 2 * q_stages tiles sharing one KV loop; the
+  kernel allows it only without a causal mask, where every row sees the same blocks); with
   `pack_gqa` the Hq/Hkv query heads of one KV head share the tile, packed row r being
   (seq = r // ratio, head = r % ratio); without it a task is (batch, q_head, m_block).
 - KV blocks of `tile_n` keys visited from the last one the task needs down to the first.
@@ -198,6 +200,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config) ->
         raise ValueError(f"heads_q ({q.shape[2]}) must be a positive multiple of heads_kv ({k.shape[2]})")
 
 
+def _check_mode(config: Config, causal: bool) -> None:
+    if config.two_cta and causal:
+        raise ValueError("two_cta is non-causal only (the kernel's feasibility model rejects it)")
+
+
 @dataclass(frozen=True)
 class _BlockPlan:
     """Per m_block extents of the KV loop, decided once per CTA (the kernel's `_block_range`)."""
@@ -235,6 +242,7 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     also LSE (B, Hq, Sq) fp32 in natural log. `stats`, when given, accumulates work counters.
     """
     _check(q, k, v, config)
+    _check_mode(config, causal)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     ratio = heads_q // heads_kv
@@ -243,7 +251,8 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     threshold = float(config.rescale_threshold)
     tile_m, q_stages, tile_n = int(config.tile_m), int(config.q_stages), int(config.tile_n)
     poly_columns = int(config.exp2_poly_columns)
-    rows_per_cta = tile_m * q_stages
+    # rows that share one KV loop and its block decisions: one CTA's Q stages, or a pair's
+    rows_per_cta = tile_m * q_stages * (2 if config.two_cta else 1)
     device = q.device
 
     # Task layout: (B, T, rows, D) with T the task heads and rows the (packed) query rows.
