@@ -113,6 +113,20 @@ def test_two_cta_rules():
     assert pair.barrier_arrivals["p_full"] == pair.barrier_arrivals["o_ready"] == 256
     assert single.barrier_arrivals["p_full"] == 128 and pair.mma_m == 256 and pair.tmem_columns == 512
     assert compile_key(cfg(two_cta=True), BASE) != compile_key(cfg(), BASE)
+    # the pair's measured spill (poly 8, one Q stage, softmax_regs 192) is a reason; neighbours are not
+    spill = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3)
+    assert any("two_cta with exp2_poly_columns=8" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(softmax_regs=200), spill.replace(tmem_stages=1), spill.replace(two_cta=False)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
+
+
+@pytest.mark.slow
+def test_two_cta_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    c = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3,
+            kv_stages=2, scheduler="single")
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=200), BASE)["spill_stores"] == 0
 
 
 def test_can_implement_head_dims():
