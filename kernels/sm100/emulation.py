@@ -13,7 +13,8 @@ the numbers or the work done:
 - Per (m_block, n_block), decided once for the whole CTA (both Q stages ride the same KV loop): skipped
   (entirely above the bottom-right causal diagonal: never loaded), full (no mask work) or masked
   (straddles the diagonal or holds the key tail). Only masked blocks get a mask, so a wrong
-  classification shows up as a wrong result.
+  classification shows up as a wrong result; the mask is built as the kernel builds it, one 32-bit
+  keep word per 32 keys (`keep_mask`).
 - S = Q K^T in fp32; P = exp2(S * scale_log2 - basis * scale_log2) with scale * log2(e) folded; the
   last `exp2_poly_columns` keys of every 32 get the kernel's FMA polynomial exp2 (`exp2_polynomial`,
   relative error <= 8.6e-5), the others exact exp2 (MUFU.EX2's own error is not modelled).
