@@ -262,7 +262,7 @@ def test_the_launch_limits_model_the_schedulers_grids():
     sm100 = Path(fa4.kernels.__file__).parent / "sm100"
     assert "grid=sched.grid_shape()" in (sm100 / "kernel.py").read_text()
     scheduler = (sm100 / "scheduler.py").read_text()  # one CTA per task, or at most one per SM, on x
-    assert "grid_x = self.num_tasks\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
+    assert "grid_x = self.num_tasks * self.cta_group\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
 
 
 @pytest.mark.parametrize("config,match", [

@@ -98,6 +98,37 @@ def test_pack_gqa_needs_ratio_dividing_the_tile():
     assert not [r for r in sm100.resource_reasons(cfg(pack_gqa=False), p3) if "pack_gqa" in r]
 
 
+def test_two_cta_rules():
+    """The cluster pair: non-causal only (a stated reason, not a silently ignored knob); each CTA
+    holds half of every K/V tile, so four K/V stages fit at D=128 (three without the pair); the MMA
+    warp's p_full and o_ready count both CTAs' warpgroups; the pair is a codegen knob."""
+    causal = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True)
+    reasons = sm100.resource_reasons(cfg(two_cta=True, scheduler="lpt"), causal)
+    assert any(r.startswith("two_cta: non-causal only") for r in reasons), reasons
+    assert not sm100.resource_reasons(cfg(two_cta=True, kv_stages=4), BASE)
+    assert any("shared memory" in r for r in sm100.resource_reasons(cfg(kv_stages=4), BASE))
+    single, pair = make_plan(cfg(kv_stages=3), BASE), make_plan(cfg(kv_stages=3, two_cta=True), BASE)
+    # half of three 32 KiB slots (the 8-byte TMEM-dealloc barrier fits the struct's 1 KiB rounding)
+    assert single.smem_bytes - pair.smem_bytes == 3 * 128 * 128 * 2 // 2
+    assert pair.barrier_arrivals["p_full"] == pair.barrier_arrivals["o_ready"] == 256
+    assert single.barrier_arrivals["p_full"] == 128 and pair.mma_m == 256 and pair.tmem_columns == 512
+    assert compile_key(cfg(two_cta=True), BASE) != compile_key(cfg(), BASE)
+    # the pair's measured spill (poly 8, one Q stage, softmax_regs 192) is a reason; neighbours are not
+    spill = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3)
+    assert any("two_cta with exp2_poly_columns=8" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(softmax_regs=200), spill.replace(tmem_stages=1), spill.replace(two_cta=False)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
+
+
+@pytest.mark.slow
+def test_two_cta_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    c = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3,
+            kv_stages=2, scheduler="single")
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=200), BASE)["spill_stores"] == 0
+
+
 def test_can_implement_head_dims():
     assert sm100.can_implement(BASE) == []
     assert sm100.can_implement(AttentionProblem(1, 8, 8, 2, 2, 96))
