@@ -129,6 +129,17 @@ def test_two_cta_measured_spill_is_what_the_compiler_does():
     assert sm100.compile_report(c.replace(softmax_regs=200), BASE)["spill_stores"] == 0
 
 
+def test_plan_exp2_constants_are_the_shared_polynomial():
+    """plan.py keeps the polynomial's numbers DSL-free for the emulation; the kernel's exponent add
+    comes from kernels/fast_exp2.py, so both must describe the same polynomial."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels import fast_exp2
+    from fa4.kernels.sm100 import plan
+    assert (plan.EXP2_POLY, plan.EXP2_ROUND_MAGIC, plan.EXP2_POLY_CHUNK) == (
+        fast_exp2.EXP2_POLY, fast_exp2.EXP2_ROUND_MAGIC, fast_exp2.EXP2_POLY_CHUNK)
+    assert "../fast_exp2.py" in sm100.SOURCE_FILES
+
+
 def test_can_implement_head_dims():
     assert sm100.can_implement(BASE) == []
     assert sm100.can_implement(AttentionProblem(1, 8, 8, 2, 2, 96))

@@ -30,8 +30,9 @@ HARDWARE_VERIFIED = False
 NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is compile-verified for "
                 "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
-# The files that decide the generated code (emulation.py does not).
-SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py")
+# The files that decide the generated code (emulation.py does not); the kernel takes its exp2
+# polynomial's exponent add from the shared fast_exp2.py.
+SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py", "../fast_exp2.py")
 DEFAULT_NUM_SMS = B200_NUM_SMS
 # what a right sm_100a compile's PTX holds
 PTX_MARKERS = {

@@ -90,6 +90,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
+from ..fast_exp2 import add_to_exponent
 from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, MASK_CHUNK, KernelPlan
 from .scheduler import TileScheduler
 
@@ -100,18 +101,6 @@ WARP = 32
 # Named barrier ids (0 is __syncthreads).
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
-
-
-@dsl_user_op
-def _add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
-    """bits(mantissa) + (bits(rounded) << 23): scales `mantissa` by 2^k where k sits in the low
-    bits of `rounded` (see `_exp2_poly_pair`). One shift-and-add on the integer pipe."""
-    return Float32(llvm.inline_asm(
-        T.f32(),
-        [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 k, m;\n\tmov.b32 k, $1;\n\tmov.b32 m, $2;\n\tshl.b32 k, k, 23;\n\t"
-        "add.s32 m, m, k;\n\tmov.b32 $0, m;\n\t}",
-        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @dsl_user_op
@@ -1005,7 +994,7 @@ class FlashAttentionForwardSm100:
         poly = cute.arch.fma_packed_f32x2((c3, c3), frac, (c2, c2))
         poly = cute.arch.fma_packed_f32x2(poly, frac, (c1, c1))
         poly = cute.arch.fma_packed_f32x2(poly, frac, (c0, c0))
-        return (_add_to_exponent(rounded[0], poly[0]), _add_to_exponent(rounded[1], poly[1]))
+        return (add_to_exponent(rounded[0], poly[0]), add_to_exponent(rounded[1], poly[1]))
 
     # ------------------------------------------------------------------------------------------
     # Correction warpgroup
