@@ -120,6 +120,27 @@ def test_two_cta_rules():
         assert not sm100.resource_reasons(ok, BASE), ok.label()
 
 
+def test_scheduler_launches_a_pair_per_task():
+    """two_cta's task arithmetic lives in the scheduler (cta_group, compile-time like kind and the SM
+    count): two CTAs per task, a persistent grid of at most SM count / 2 pairs."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels.sm100.scheduler import TileScheduler
+
+    def grid_x(kind, num_tasks, cta_group):
+        sched = TileScheduler(kind, 4, 8, num_tasks, 1, 148, cta_group=cta_group)
+        return int(sched.grid_shape()[0])
+    for kind in ("single", "static", "lpt"):
+        assert grid_x(kind, 64, 1) == 64 and grid_x(kind, 64, 2) == 128
+    assert grid_x("single", 1000, 2) == 2000
+    assert grid_x("static", 1000, 1) == 148 and grid_x("lpt", 1000, 2) == 148  # 74 pairs
+    assert grid_x("static", 1000, 2) % 2 == 0
+    # the device copy the DSL makes of a scheduler keeps the pair size
+    pair = TileScheduler("static", 4, 8, 32, 1, 148, cta_group=2)
+    assert pair.__new_from_mlir_values__([4, 8, 32, 1]).cta_group == 2
+    with pytest.raises(ValueError, match="cta_group"):
+        TileScheduler("static", 4, 8, 32, 1, 148, cta_group=4)
+
+
 @pytest.mark.slow
 def test_two_cta_measured_spill_is_what_the_compiler_does():
     pytest.importorskip("cutlass")
