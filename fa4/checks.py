@@ -195,8 +195,8 @@ def launch_reasons(config, problem: AttentionProblem) -> list[str]:
     The grids are those of the kernels' tile schedulers (`grid_shape` in kernels/sm90/scheduler.py
     and kernels/sm100/scheduler.py; tests/test_checks.py holds this to that code): sm90 `single` launches (m_blocks, heads, batch),
     where heads are KV heads when GQA packing folds the query heads into the tile rows; every other
-    scheduler, and every sm100 one, a 1-D grid of at most one CTA per tile, its tiles numbered by a
-    32-bit index. This belongs in the
+    scheduler, and every sm100 one, a 1-D grid of at most one CTA per tile (sm100 `two_cta`: a
+    cluster pair of CTAs per 256-row tile), its tiles numbered by a 32-bit index. This belongs in the
     families' `resource_reasons`; it lives here because changing the kernel package changes the
     fingerprint of every tuned entry.
     """
@@ -206,6 +206,9 @@ def launch_reasons(config, problem: AttentionProblem) -> list[str]:
     if config.arch == "sm90" and config.pack_gqa and problem.gqa_ratio > 1:
         rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
     m_blocks = -(-max(rows, 1) // config.tile_m)  # sm100 tiles hold q_stages x 128 rows: an upper bound
+    if config.arch == "sm100" and config.two_cta:
+        # a pair's task holds 2 x q_stages x 128 rows and launches two CTAs
+        m_blocks = 2 * -(-max(rows, 1) // (2 * config.tile_m))
     if config.arch == "sm90" and config.scheduler == "single":
         for what, count in (("heads", heads), ("batch", batch)):
             if count > GRID_YZ_LIMIT:

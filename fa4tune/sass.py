@@ -273,8 +273,9 @@ COUNTERS = ("instructions", "mufu_ex2", "mufu_other", "ffma", "ffma2", "fadd", "
 
 
 def _mask_instructions(instrs: list[Instruction]) -> int:
-    """Instructions that apply a key mask: FSEL x, -INF by a predicate, and the integer compares that
-    set those predicates (ISETP in the same loop writing a predicate such an FSEL reads)."""
+    """Instructions that apply a key mask: FSEL x, -INF by a predicate, and what sets those
+    predicates in the same loop: integer compares (ISETP writing a predicate such an FSEL reads) and
+    R2P (a keep-mask word moved into predicates P0-P6, 7 bits at a time)."""
     mask_preds = set()
     n = 0
     for instr in instrs:
@@ -286,6 +287,8 @@ def _mask_instructions(instrs: list[Instruction]) -> int:
             dest = instr.operands.split(",")[0].strip()
             if dest in mask_preds:
                 n += 1
+        elif instr.base == "R2P" and mask_preds & {f"P{i}" for i in range(7)}:
+            n += 1
     return n
 
 

@@ -137,7 +137,8 @@ def analyze(kernel: str, problem, config=None) -> dict:
         config = config or default_config(problem)
         plan = make_plan(config, problem)
         sass = disassemble(compile_ours(config, problem))
-        shape = dict(tile_n=plan.tile_n, head_dim=plan.head_dim, q_stages=plan.q_stages, two_cta=False)
+        shape = dict(tile_n=plan.tile_n, head_dim=plan.head_dim, q_stages=plan.q_stages,
+                     two_cta=plan.two_cta)
         described = config.to_dict()
     elif kernel == "flash-attn-4":
         args = _flash_attn4_kernel_args(problem)
@@ -155,6 +156,8 @@ TABLE_ROWS = (
     ("softmax loop instructions per block (per loop)", lambda r: " / ".join(
         str(s["instructions"]) for s in r["softmax_steady"])),
     ("  masked-block loop(s)", lambda r: " / ".join(str(s["instructions"]) for s in r["softmax_masked"]) or "-"),
+    ("  of which mask instructions", lambda r: " / ".join(
+        str(s["mask_instructions"]) for s in r["softmax_masked"]) or "-"),
     ("mask instructions in the unmasked loop", lambda r: " / ".join(
         str(s["mask_instructions"]) for s in r["softmax_steady"])),
     ("instructions per score element", lambda r: " / ".join(

@@ -102,6 +102,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pack_gqa", (False, True), True,
          "pack the Hq/Hkv query heads sharing a KV head into one Q tile (K/V loaded once for all)",
          codegen=True, archs=BOTH),
+    Knob("two_cta", (False, True), False,
+         "cluster pair (tcgen05 cta_group::2): one M=256 MMA for both CTAs' Q tiles, each CTA loading "
+         "half of every K/V tile (halves K/V shared-memory reads per CTA); non-causal only",
+         codegen=True, archs=SM100),
     # --- registers ------------------------------------------------------------------------------
     Knob("softmax_regs", (176, 184, 192, 200), 192,
          "setmaxnreg for the softmax warpgroups; correction and the load/MMA/store warps get the rest",

@@ -23,18 +23,21 @@ SAMPLE_PROBLEMS = {
                                             return_lse=True),
     "d128_causal_lse_mha": AttentionProblem(1, 1000, 1000, 16, 16, 128, "fp16", causal=True,
                                             return_lse=True),
+    "d64_lse_bf16": AttentionProblem(1, 1000, 1000, 32, 4, 64, "bf16", return_lse=True),
 }
 
 
 def representative_sample() -> list[tuple[Config, AttentionProblem]]:
     """A small feasible set of (config, problem) in which every value of every sm100 knob appears.
 
-    Three problems (the design's base case; D=64 causal with LSE in bf16 with GQA ratio 8; D=128
-    causal with LSE without GQA) so the masking, LSE and bf16 paths are compiled too. The test checks
+    Four problems (the design's base case; D=64 causal with LSE in bf16 with GQA ratio 8; D=128
+    causal with LSE without GQA; D=64 non-causal with LSE in bf16, for the pair mode) so the
+    masking, LSE, bf16 and cluster-pair paths are compiled too. The test checks
     the coverage and feasibility: a model change that makes a variant infeasible fails loudly.
     """
     from fa4.kernels.sm100 import default_config
-    base, d64, mha = (SAMPLE_PROBLEMS[k] for k in ("base", "d64_causal_lse_bf16", "d128_causal_lse_mha"))
+    base, d64, mha, d64_full = (SAMPLE_PROBLEMS[k] for k in (
+        "base", "d64_causal_lse_bf16", "d128_causal_lse_mha", "d64_lse_bf16"))
     start = Config.make("sm100", tile_n=128, kv_stages=2, q_stages=2, tmem_stages=2, rescale_tile=16,
                         rescale_threshold=8.0, scheduler="static", pack_gqa=True, softmax_regs=192,
                         exp2_poly_columns=4)
@@ -54,6 +57,11 @@ def representative_sample() -> list[tuple[Config, AttentionProblem]]:
                    pack_gqa=False, exp2_poly_columns=8)),
         (d64, dict(tile_n=64, tmem_stages=1, rescale_threshold=12.0, scheduler="lpt",
                    softmax_regs=184)),
+        # the cluster pair (non-causal only): with half of every K/V tile per CTA, four K/V
+        # stages fit at D=128; and the smallest pair (64-key blocks, one Q stage, unpacked, LSE)
+        (base, dict(two_cta=True, kv_stages=4, scheduler="lpt")),
+        (d64_full, dict(two_cta=True, tile_n=64, q_stages=1, tmem_stages=3, kv_stages=3,
+                        pack_gqa=False, scheduler="single", rescale_tile=32, softmax_regs=184)),
     ]
     sample = [(start.replace(**v), p) for p, v in variants]
     sample += [(default_config(p), p) for p in (d64, mha)]

@@ -244,6 +244,13 @@ def test_launch_limits_of_the_grid():
     huge = AttentionProblem(2**16, 2**16, 1, 2**10, 2**10, 64)
     assert any("tiles >" in r for r in checks.launch_reasons(single.replace(scheduler="single_lpt"), huge))
     assert any("tiles >" in r for r in checks.launch_reasons(Config.make("sm100"), huge))
+    # a cluster pair launches two CTAs per task of twice the rows: one more CTA per head at most
+    odd = AttentionProblem(1, 128 * (2**20 - 1), 1, 2**10, 2**10, 64)  # 2**30 - 2**10 128-row tiles
+    assert checks.launch_reasons(Config.make("sm100"), odd) == []
+    assert checks.launch_reasons(Config.make("sm100", two_cta=True), odd) == []
+    over = AttentionProblem(1, 128 * (2**21 - 1), 1, 2**10, 2**10, 64)  # 2**31 - 2**10 tiles
+    assert checks.launch_reasons(Config.make("sm100"), over) == []
+    assert any("tiles >" in r for r in checks.launch_reasons(Config.make("sm100", two_cta=True), over))
 
 
 def test_the_launch_limits_model_the_schedulers_grids():
@@ -262,7 +269,9 @@ def test_the_launch_limits_model_the_schedulers_grids():
     sm100 = Path(fa4.kernels.__file__).parent / "sm100"
     assert "grid=sched.grid_shape()" in (sm100 / "kernel.py").read_text()
     scheduler = (sm100 / "scheduler.py").read_text()  # one CTA per task, or at most one per SM, on x
-    assert "grid_x = self.num_tasks\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
+    assert "grid_x = self.num_tasks * self.cta_group\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
+    # two_cta: cta_group = 2 CTAs (a cluster pair) per task of twice the rows
+    assert "cta_group=self.cta_group" in (sm100 / "kernel.py").read_text()
 
 
 @pytest.mark.parametrize("config,match", [

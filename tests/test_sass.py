@@ -129,3 +129,62 @@ def test_our_default_compiles_and_its_roles_are_found():
         assert loop["ffma2"] >= 64 and loop["fadd2"] >= 32  # packed exp2 argument and partial sums
     assert result["mma"]["tcgen05_mma"] == 32  # 4 GEMMs x 8 K-steps per KV block
     assert 0 < result["estimate"]["throughput_vs_floor"] <= 1
+
+
+def test_keep_mask_words_count_as_mask_work():
+    # R2P moves a keep-mask word into P0-P6; the FSELs that read those predicates are the mask
+    text = """
+.text.kernel_m:
+        /*0000*/                   SHF.R.U32.HI R36, RZ, R3, R36 ;
+        /*0010*/                   R2P PR, R36, 0x7f ;
+        /*0020*/                   FSEL R4, R4, -INF , P0 ;
+        /*0030*/                   FSEL R5, R5, -INF , P1 ;
+        /*0040*/                   R2P PR, R37, 0x7f ;
+        /*0050*/                   FMNMX R6, R4, R5, !PT ;
+        /*0060*/                   EXIT ;
+"""
+    instrs = sass.kernel_function(sass.parse_sass(text)).instructions
+    assert sass.count(instrs)["mask"] == 4
+    # without a mask FSEL an R2P is something else
+    assert sass.count([i for i in instrs if i.base != "FSEL"])["mask"] == 0
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm missing (pip install nvidia-cuda-nvdisasm)")
+def test_causal_masked_loop_uses_keep_words():
+    """The diagonal blocks: about one instruction of mask work per score element (the keep-mask's
+    FSEL, plus its R2P moves), not a compare and a select per element as before (257 of 769)."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels import AttentionProblem
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True)
+    result = sass_build.analyze("ours", problem)
+    assert len(result["softmax_masked"]) == 2
+    for loop in result["softmax_masked"]:
+        assert 128 <= loop["mask_instructions"] <= 160, loop
+    assert all(s["mask_instructions"] == 0 for s in result["softmax_steady"])
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm missing (pip install nvidia-cuda-nvdisasm)")
+def test_two_cta_is_a_cluster_pair_in_the_sass():
+    """two_cta compiles to the pair's instructions: 2-CTA MMAs issued by the leader, commits
+    multicast to both CTAs, 2-CTA TMA loads, cluster barriers; the estimate halves the K/V
+    shared-memory reads per CTA."""
+    pytest.importorskip("cutlass")
+    import re
+    from fa4.kernels import AttentionProblem
+    from fa4.kernels.sm100 import default_config
+    from fa4.kernels.sm100 import compile_report
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    config = default_config(problem).replace(two_cta=True)
+    rep = compile_report(config, problem)
+    assert rep["spill_stores"] == 0 and rep["smem_bytes"] == rep["smem_model_bytes"], rep
+    text = sass_build.disassemble(sass_build.compile_ours(config, problem))
+    ops = re.findall(r"\b(UTCHMMA\S*|UTCBAR\S*|UTMALDG\S*|UCGABAR_\w+)", text)
+    assert ops.count("UTCHMMA.2CTA") == 16 and "UTCHMMA" not in ops, sorted(set(ops))
+    assert all(op.endswith(".2CTA") for op in ops if op.startswith("UTMALDG")), sorted(set(ops))
+    assert "UTCBAR.2CTA.MULTICAST" in ops and "UCGABAR_WAIT" in ops
+    pair = sass.summarize(text, tile_n=128, head_dim=128, q_stages=2, two_cta=True)
+    assert pair["mma"]["tcgen05_mma"] == 32
+    single = sass.static_estimate(softmax_per_block=[500], mufu_per_block=113, correction_per_block=28,
+                                  mma_per_block=400, tile_n=128, head_dim=128, q_stages=2,
+                                  two_cta=False)
+    assert pair["estimate"]["smem_vs_floor"] < single["smem_vs_floor"]

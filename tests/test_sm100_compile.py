@@ -98,6 +98,69 @@ def test_pack_gqa_needs_ratio_dividing_the_tile():
     assert not [r for r in sm100.resource_reasons(cfg(pack_gqa=False), p3) if "pack_gqa" in r]
 
 
+def test_two_cta_rules():
+    """The cluster pair: non-causal only (a stated reason, not a silently ignored knob); each CTA
+    holds half of every K/V tile, so four K/V stages fit at D=128 (three without the pair); the MMA
+    warp's p_full and o_ready count both CTAs' warpgroups; the pair is a codegen knob."""
+    causal = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True)
+    reasons = sm100.resource_reasons(cfg(two_cta=True, scheduler="lpt"), causal)
+    assert any(r.startswith("two_cta: non-causal only") for r in reasons), reasons
+    assert not sm100.resource_reasons(cfg(two_cta=True, kv_stages=4), BASE)
+    assert any("shared memory" in r for r in sm100.resource_reasons(cfg(kv_stages=4), BASE))
+    single, pair = make_plan(cfg(kv_stages=3), BASE), make_plan(cfg(kv_stages=3, two_cta=True), BASE)
+    # half of three 32 KiB slots (the 8-byte TMEM-dealloc barrier fits the struct's 1 KiB rounding)
+    assert single.smem_bytes - pair.smem_bytes == 3 * 128 * 128 * 2 // 2
+    assert pair.barrier_arrivals["p_full"] == pair.barrier_arrivals["o_ready"] == 256
+    assert single.barrier_arrivals["p_full"] == 128 and pair.mma_m == 256 and pair.tmem_columns == 512
+    assert compile_key(cfg(two_cta=True), BASE) != compile_key(cfg(), BASE)
+    # the pair's measured spill (poly 8, one Q stage, softmax_regs 192) is a reason; neighbours are not
+    spill = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3)
+    assert any("two_cta with exp2_poly_columns=8" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(softmax_regs=200), spill.replace(tmem_stages=1), spill.replace(two_cta=False)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
+
+
+def test_scheduler_launches_a_pair_per_task():
+    """two_cta's task arithmetic lives in the scheduler (cta_group, compile-time like kind and the SM
+    count): two CTAs per task, a persistent grid of at most SM count / 2 pairs."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels.sm100.scheduler import TileScheduler
+
+    def grid_x(kind, num_tasks, cta_group):
+        sched = TileScheduler(kind, 4, 8, num_tasks, 1, 148, cta_group=cta_group)
+        return int(sched.grid_shape()[0])
+    for kind in ("single", "static", "lpt"):
+        assert grid_x(kind, 64, 1) == 64 and grid_x(kind, 64, 2) == 128
+    assert grid_x("single", 1000, 2) == 2000
+    assert grid_x("static", 1000, 1) == 148 and grid_x("lpt", 1000, 2) == 148  # 74 pairs
+    assert grid_x("static", 1000, 2) % 2 == 0
+    # the device copy the DSL makes of a scheduler keeps the pair size
+    pair = TileScheduler("static", 4, 8, 32, 1, 148, cta_group=2)
+    assert pair.__new_from_mlir_values__([4, 8, 32, 1]).cta_group == 2
+    with pytest.raises(ValueError, match="cta_group"):
+        TileScheduler("static", 4, 8, 32, 1, 148, cta_group=4)
+
+
+@pytest.mark.slow
+def test_two_cta_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    c = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3,
+            kv_stages=2, scheduler="single")
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=200), BASE)["spill_stores"] == 0
+
+
+def test_plan_exp2_constants_are_the_shared_polynomial():
+    """plan.py keeps the polynomial's numbers DSL-free for the emulation; the kernel's exponent add
+    comes from kernels/fast_exp2.py, so both must describe the same polynomial."""
+    pytest.importorskip("cutlass")
+    from fa4.kernels import fast_exp2
+    from fa4.kernels.sm100 import plan
+    assert (plan.EXP2_POLY, plan.EXP2_ROUND_MAGIC, plan.EXP2_POLY_CHUNK) == (
+        fast_exp2.EXP2_POLY, fast_exp2.EXP2_ROUND_MAGIC, fast_exp2.EXP2_POLY_CHUNK)
+    assert "../fast_exp2.py" in sm100.SOURCE_FILES
+
+
 def test_can_implement_head_dims():
     assert sm100.can_implement(BASE) == []
     assert sm100.can_implement(AttentionProblem(1, 8, 8, 2, 2, 96))

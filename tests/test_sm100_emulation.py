@@ -93,6 +93,43 @@ def test_matches_sdpa_and_fp32(shape, overrides, dtype, causal):
     assert stats.max_p_16bit <= 2.0 ** Config.make("sm100", **overrides).rescale_threshold
 
 
+# The cluster-pair mode (two_cta, non-causal only): a task is both CTAs' Q stages (2 * q_stages tiles)
+# on one KV loop; tails, Sq != Sk, GQA packed and not, both tile_n, both q_stages.
+TWO_CTA_GRID = [
+    ((1, 1024, 1024, 32, 8, 128), dict(two_cta=True)),
+    ((2, 300, 300, 8, 2, 64), dict(two_cta=True, tile_n=SMALL_N, q_stages=1, exp2_poly_columns=8)),
+    ((1, 200, 333, 4, 4, 128), dict(two_cta=True, rescale_threshold=0.0, pack_gqa=False)),
+    ((1, 700, 150, 8, 1, 64), dict(two_cta=True, rescale_threshold=12.0)),
+]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("shape,overrides", TWO_CTA_GRID, ids=[f"{s}-{o}" for s, o in TWO_CTA_GRID])
+def test_two_cta_matches_sdpa_and_fp32(shape, overrides, dtype):
+    q, k, v = _inputs(*shape, DTYPES[dtype], seed=sum(shape) + 1)
+    config = Config.make("sm100", **overrides)
+    out, lse = emulate_fa4_forward(q, k, v, config, return_lse=True)
+    _check(out, lse, q, k, v, False)
+    # non-causal: the pair changes which CTA owns a row, not what the row computes
+    single = emulate_fa4_forward(q, k, v, config.replace(two_cta=False), return_lse=True)
+    assert torch.equal(out, single[0]) and torch.equal(lse, single[1])
+
+
+def test_two_cta_is_non_causal_only():
+    q, k, v = _inputs(1, 64, 64, 4, 2, 64, torch.float16)
+    with pytest.raises(ValueError, match="non-causal"):
+        emulate_fa4_forward(q, k, v, Config.make("sm100", two_cta=True), causal=True)
+
+
+def test_keep_mask_is_the_column_limit():
+    """The kernel's 32-bit keep words (`_mask_row`, replayed by `keep_mask`) keep exactly the
+    columns below the limit, for limits below, inside and beyond the block and at word edges."""
+    limits = torch.tensor([-300, -1, 0, 1, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 4000])
+    for n_cols in (64, 128):
+        expected = torch.arange(n_cols)[None, :] < limits[:, None]
+        assert torch.equal(emu.keep_mask(limits, n_cols), expected)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_extreme_logits(dtype, causal):
@@ -215,7 +252,7 @@ def _brute_force_regions(config, batch, seqlen_q, seqlen_k, heads_q, heads_kv, c
     row_ratio = ratio if config.pack_gqa else 1
     tasks = batch * (heads_kv if config.pack_gqa else heads_q)
     rows = seqlen_q * row_ratio
-    rows_per_cta = config.tile_m * config.q_stages
+    rows_per_cta = config.tile_m * config.q_stages * (2 if config.two_cta else 1)
     visible = (visible_keys(seqlen_q, seqlen_k) if causal
                else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool))
     counts = {"skip": 0, "full": 0, "masked": 0}
@@ -237,6 +274,16 @@ def _brute_force_regions(config, batch, seqlen_q, seqlen_k, heads_q, heads_kv, c
                          + [dict(tile_n=n, q_stages=1) for n in TILE_NS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_region_counts_match_brute_force(shape, overrides, causal):
+    _region_counts(shape, overrides, causal)
+
+
+@pytest.mark.parametrize("shape", [(1, 1000, 1000, 4, 2), (1, 333, 150, 8, 1), (1, 150, 700, 6, 3)])
+@pytest.mark.parametrize("overrides", [dict(two_cta=True), dict(two_cta=True, q_stages=1, tile_n=SMALL_N)])
+def test_two_cta_region_counts_match_brute_force(shape, overrides):
+    _region_counts(shape, overrides, False)
+
+
+def _region_counts(shape, overrides, causal):
     config = Config.make("sm100", **overrides)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, torch.float16)
@@ -246,7 +293,7 @@ def test_region_counts_match_brute_force(shape, overrides, causal):
     got = {"skip": stats.blocks_skipped_causal, "full": stats.blocks_full, "masked": stats.blocks_masked}
     assert got == expected
     visited = stats.blocks_full + stats.blocks_masked
-    assert stats.tiles_visited == visited * config.q_stages
+    assert stats.tiles_visited == visited * config.q_stages * (2 if config.two_cta else 1)
     # one decision per visited tile except each task's first block
     assert stats.tile_decisions <= stats.tiles_visited
     assert stats.tile_rescales + stats.tile_skips == stats.tile_decisions

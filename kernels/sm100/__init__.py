@@ -30,8 +30,9 @@ HARDWARE_VERIFIED = False
 NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is compile-verified for "
                 "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
-# The files that decide the generated code (emulation.py does not).
-SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py")
+# The files that decide the generated code (emulation.py does not); the kernel takes its exp2
+# polynomial's exponent add from the shared fast_exp2.py.
+SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py", "../fast_exp2.py")
 DEFAULT_NUM_SMS = B200_NUM_SMS
 # what a right sm_100a compile's PTX holds
 PTX_MARKERS = {
@@ -106,6 +107,10 @@ _CORRECTION_REGISTER_NEED = {8: 64, 16: 64, 32: 96, 64: 112}
 # 8 polynomial exp2 columns of 32 with causal/LSE/LPT work spilled 24 B at softmax_regs=192 for
 # D=64 and D=128, and compiled clean at 184 and at 200 (and without that work at 176-200).
 _MEASURED_SPILLS = {(8, True, 192): 24}  # (exp2_poly_columns, busy, softmax_regs) -> bytes
+# The cluster pair has one more such case (`_two_cta_reasons`): 8 polynomial columns at 192 with
+# one Q stage and 128-key blocks spilled 16 B (tmem_stages=3) and 24 B (2) at D=128, 12 B (2) at
+# D=64 (D=64 with 3 was clean; rejected all the same), and was clean at 176, 184, 200 and with two
+# Q stages, one TMEM stage or 64-key blocks.
 
 
 def _correction_register_need(rescale_tile: int) -> int:
@@ -151,6 +156,23 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     deadlock = kv_ring_deadlock(plan.q_stages, plan.tmem_stages, plan.kv_stages)
     if deadlock:
         reasons.append(deadlock)
+    reasons += _two_cta_reasons(plan, problem)
+    return reasons
+
+
+def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
+    """What the cluster-pair mode (two_cta) cannot run."""
+    if not plan.two_cta:
+        return []
+    reasons = []
+    if problem.causal:
+        reasons.append("two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; "
+                       "with a causal mask the two halves need different block ranges and masks)")
+    if (plan.exp2_poly_columns, plan.softmax_regs, plan.q_stages, plan.tile_n) == (8, 192, 1, 128) \
+            and plan.tmem_stages >= 2:
+        reasons.append("registers: two_cta with exp2_poly_columns=8, one Q stage, 128-key blocks "
+                       "and tmem_stages >= 2 spilled 12-24 B at softmax_regs=192 (measured; clean at "
+                       "176, 184 and 200)")
     return reasons
 
 

@@ -4,14 +4,17 @@ No Blackwell GPU is lent here, so the numerics of the sm100 kernel are checked b
 tile algorithm on the CPU (design: `docs/design.md` section 2). What is replayed, because it changes
 the numbers or the work done:
 
-- CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each; with
+- CTA tasks (batch, kv_head, m_block) of `q_stages` Q stages of `tile_m` = 128 rows each (with
+  `two_cta`, a cluster pair's task: both CTAs' Q stages, 2 * q_stages tiles sharing one KV loop; the
+  kernel allows it only without a causal mask, where every row sees the same blocks); with
   `pack_gqa` the Hq/Hkv query heads of one KV head share the tile, packed row r being
   (seq = r // ratio, head = r % ratio); without it a task is (batch, q_head, m_block).
 - KV blocks of `tile_n` keys visited from the last one the task needs down to the first.
 - Per (m_block, n_block), decided once for the whole CTA (both Q stages ride the same KV loop): skipped
   (entirely above the bottom-right causal diagonal: never loaded), full (no mask work) or masked
   (straddles the diagonal or holds the key tail). Only masked blocks get a mask, so a wrong
-  classification shows up as a wrong result.
+  classification shows up as a wrong result; the mask is built as the kernel builds it, one 32-bit
+  keep word per 32 keys (`keep_mask`).
 - S = Q K^T in fp32; P = exp2(S * scale_log2 - basis * scale_log2) with scale * log2(e) folded; the
   last `exp2_poly_columns` keys of every 32 get the kernel's FMA polynomial exp2 (`exp2_polynomial`,
   relative error <= 8.6e-5), the others exact exp2 (MUFU.EX2's own error is not modelled).
@@ -48,7 +51,7 @@ from typing import Callable, Optional
 import torch
 
 from fa4.kernels.knobs import Config
-from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK
+from fa4.kernels.sm100.plan import EXP2_POLY, EXP2_POLY_CHUNK, MASK_CHUNK
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -169,6 +172,18 @@ def kernel_exp2(x: torch.Tensor, poly_columns: int) -> torch.Tensor:
     return out
 
 
+def keep_mask(cols_visible: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """The kernel's mask of one block (`kernel._mask_row`): per 32 columns a keep word of all ones
+    shifted right by the chunk's hidden columns (PTX shr.u32: 0 for a shift of 32 or more), column
+    i of the chunk kept iff bit i is set. `cols_visible` (any shape, int) -> bool (..., n_cols)."""
+    chunks = -(-n_cols // MASK_CHUNK)
+    start = torch.arange(1, chunks + 1, device=cols_visible.device) * MASK_CHUNK
+    hidden = torch.clamp(start - cols_visible[..., None].long(), min=0)
+    word = torch.where(hidden >= 32, 0, 0xFFFFFFFF >> torch.clamp(hidden, max=31))
+    bits = (word[..., None] >> torch.arange(MASK_CHUNK, device=word.device)) & 1
+    return bits.flatten(-2)[..., :n_cols].bool()
+
+
 # The rule in use; tests swap in a wrong rule to prove they would catch it.
 _basis_rule: Callable[[torch.Tensor, torch.Tensor, float, float], BasisUpdate] = choose_basis
 
@@ -184,6 +199,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config) ->
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q ({q.shape[2]}) must be a positive multiple of heads_kv ({k.shape[2]})")
+
+
+def _check_mode(config: Config, causal: bool) -> None:
+    if config.two_cta and causal:
+        raise ValueError("two_cta is non-causal only (the kernel's feasibility model rejects it)")
 
 
 @dataclass(frozen=True)
@@ -223,6 +243,7 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     also LSE (B, Hq, Sq) fp32 in natural log. `stats`, when given, accumulates work counters.
     """
     _check(q, k, v, config)
+    _check_mode(config, causal)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     ratio = heads_q // heads_kv
@@ -231,7 +252,8 @@ def emulate_fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     threshold = float(config.rescale_threshold)
     tile_m, q_stages, tile_n = int(config.tile_m), int(config.q_stages), int(config.tile_n)
     poly_columns = int(config.exp2_poly_columns)
-    rows_per_cta = tile_m * q_stages
+    # rows that share one KV loop and its block decisions: one CTA's Q stages, or a pair's
+    rows_per_cta = tile_m * q_stages * (2 if config.two_cta else 1)
     device = q.device
 
     # Task layout: (B, T, rows, D) with T the task heads and rows the (packed) query rows.
@@ -289,7 +311,6 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
     row_index = torch.arange(num_m * rows_per_cta, device=device).view(num_m, rows_per_cta)
     row_seq = row_index // row_ratio               # query position of each packed row
     row_valid = row_index < packed_rows            # tile padding rows are computed, never stored
-    col = torch.arange(tile_n, device=device)
     tasks_total = batch * tasks
     counts = RescaleStats()
     counts.blocks_skipped_causal = int((plan.n_blocks - plan.block_end).sum()) * tasks_total
@@ -318,12 +339,11 @@ def _run_tasks(q_f32, k_f32, v_f32, plan: _BlockPlan, p_dtype, tile_m, tile_n, r
         scores = torch.matmul(q_sel, k_blk.transpose(-1, -2).unsqueeze(2))  # (B, T, m, rows, N)
 
         if bool(masked.any()):
-            key = key_lo + col
-            invisible = (key >= seqlen_k).expand(rows_per_cta, tile_n)
+            # the kernel's keep-mask: per row, the keys below its limit, as 32-bit words
+            key_limit = torch.full_like(row_seq[m_dev], seqlen_k)
             if causal:
-                invisible = invisible | (key[None, :] > row_seq[m_dev][:, :, None] + (seqlen_k - seqlen_q))
-            else:
-                invisible = invisible.expand(m_idx.numel(), rows_per_cta, tile_n)
+                key_limit = torch.minimum(key_limit, row_seq[m_dev] + 1 + (seqlen_k - seqlen_q))
+            invisible = ~keep_mask(key_limit - key_lo, tile_n)
             scores = scores.masked_fill(invisible & masked[:, None, None], -math.inf)
 
         block_max = scores.amax(dim=-1)

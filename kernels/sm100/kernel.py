@@ -50,6 +50,24 @@ after the first, each row's O scale factor (exactly 1 when the row kept its basi
 this warp moved" flag per warp; at the end of a tile, each row's l and basis m. The correction warp that
 owns the same 32 TMEM lanes skips the TMEM round trip when its flag is clear.
 
+Cluster pair (knob `two_cta`, non-causal only): two consecutive CTAs form a cluster and one task.
+Q stage q of pair task m is the 256-row tile m*Q + q: CTA v (its rank in the pair) holds rows
+[128 v, 128 v + 128) of it in its own shared memory and TMEM, and half of every K tile (K-major: half
+the keys) and V tile (MN-major: half the head dim). Only the leader (v = 0) runs the MMA warp's loop,
+issuing cta_group::2 MMAs (M = 256) that read both CTAs' shared memory and write both CTAs' TMEM.
+Every barrier exists in both CTAs at the same offset; what changes:
+    both CTAs' cta_group::2 TMA loads complete on the leader's q_full / kv_full, armed by the leader
+        for both halves (the peer's stay unused);
+    every tcgen05.commit (q_empty, kv_empty, s_full, o_done) is multicast to both CTAs;
+    p_full and o_ready are arrived on the leader's copy by both CTAs' warpgroups (256 arrivals);
+    mailbox and epilogue barriers stay per CTA (each CTA's softmax, correction and store roles work
+        on their own 128 rows exactly as without the pair);
+    TMEM is allocated and freed as a pair (cta_group::2, the allocator's dealloc handshake), and a
+        cluster barrier after the barrier init and before exit keeps either CTA from arriving on, or
+        reading the shared memory of, a CTA that has not started or has left.
+The peer's MMA warp only joins the TMEM handout. With a causal mask the two halves would need
+different block ranges and masks, so the feasibility model rejects two_cta for causal problems.
+
 Math (exp2 form, conditional rescale keeping the old basis, P in the inputs' 16-bit type, normalise
 once at the end, O = 0 and LSE = -inf for a row that sees no key) is the one of the design contract.
 """
@@ -66,13 +84,14 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.memory
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Boolean, Float32, Int32, Int64, const_expr
+from cutlass import Boolean, Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
-from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, KernelPlan
+from ..fast_exp2 import add_to_exponent
+from .plan import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC, MASK_CHUNK, KernelPlan
 from .scheduler import TileScheduler
 
 LOG2_E = math.log2(math.e)
@@ -85,15 +104,13 @@ _BAR_TMEM_FREE = 2
 
 
 @dsl_user_op
-def _add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
-    """bits(mantissa) + (bits(rounded) << 23): scales `mantissa` by 2^k where k sits in the low
-    bits of `rounded` (see `_exp2_poly_pair`). One shift-and-add on the integer pipe."""
-    return Float32(llvm.inline_asm(
-        T.f32(),
-        [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 k, m;\n\tmov.b32 k, $1;\n\tmov.b32 m, $2;\n\tshl.b32 k, k, 23;\n\t"
-        "add.s32 m, m, k;\n\tmov.b32 $0, m;\n\t}",
-        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+def _shr_u32(value: Uint32, shift: Uint32, *, loc=None, ip=None) -> Uint32:
+    """PTX shr.u32: a shift of 32 or more gives 0 (in LLVM IR such a shift is undefined)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(),
+        [Uint32(value).ir_value(loc=loc, ip=ip), Uint32(shift).ir_value(loc=loc, ip=ip)],
+        "shr.u32 $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
@@ -148,14 +165,37 @@ class _Barriers:
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive(self.ptr(kind, index))
 
+    def arrive_leader(self, kind: str, index=0):
+        """Arrive on the barrier the MMA warp waits on: in a CTA pair the leader's (rank 0 of the
+        cluster pair; its p_full and o_ready count both CTAs' warpgroups), else this CTA's own."""
+        if const_expr(self.plan.two_cta):
+            cute.arch.mbarrier_arrive(self.ptr(kind, index), Int32(0))
+        else:
+            cute.arch.mbarrier_arrive(self.ptr(kind, index))
+
     def commit(self, kind: str, index=0):
-        # tcgen05.commit: arrives when every MMA this thread issued so far has completed
+        # tcgen05.commit: arrives when every MMA this thread issued so far has completed; a pair's
+        # leader signals the same barrier in both CTAs (multicast mask 0b11)
         with cute.arch.elect_one():
-            tcgen05.commit(self.ptr(kind, index))
+            if const_expr(self.plan.two_cta):
+                tcgen05.commit(self.ptr(kind, index), Int32(0b11), tcgen05.CtaGroup.TWO)
+            else:
+                tcgen05.commit(self.ptr(kind, index))
 
     def expect_bytes(self, kind: str, index, nbytes: int):
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(self.ptr(kind, index), nbytes)
+
+    @cute.jit
+    def expect_pair_bytes(self, kind: cutlass.Constexpr, index, nbytes_per_cta: cutlass.Constexpr,
+                          is_leader):
+        """A TMA load barrier the MMA warp waits on: in a pair both CTAs' cta_group::2 TMA loads
+        complete on the leader's barrier, so only the leader arms it, for both halves."""
+        if const_expr(self.plan.two_cta):
+            if is_leader:
+                self.expect_bytes(kind, index, nbytes_per_cta * 2)
+        else:
+            self.expect_bytes(kind, index, nbytes_per_cta)
 
 
 class FlashAttentionForwardSm100:
@@ -167,7 +207,8 @@ class FlashAttentionForwardSm100:
                  tmem_stages (S/P TMEM ring depth; also sets the MMA issue lag)
       softmax    rescale_threshold (log2 headroom before the basis is raised), rescale_tile (O columns
                  per TMEM -> register -> TMEM round trip of the correction warpgroup)
-      schedule   scheduler (single / static persistent / LPT persistent), pack_gqa
+      schedule   scheduler (single / static persistent / LPT persistent), pack_gqa, two_cta (a
+                 cluster pair sharing 256-row MMAs, non-causal)
       registers  softmax_regs (setmaxnreg of the softmax warpgroups; the rest is split by the plan)
     Problem constants: head_dim, dtype, causal, return_lse, gqa ratio (only when pack_gqa), num_sms.
     """
@@ -202,6 +243,12 @@ class FlashAttentionForwardSm100:
         self.scheduler = p.scheduler
         self.num_sms = p.num_sms
         self.cta_rows = self.q_stages * self.tile_m
+        # a CTA pair (two_cta) runs one task of both CTAs' rows: Q stage q of pair task m is the
+        # 256-row MMA tile m*Q + q, its 128-row halves going to CTA 0 and CTA 1
+        self.two_cta = p.two_cta
+        self.cta_group = p.cta_group
+        self.mma_m = p.mma_m
+        self.task_rows = self.cta_rows * self.cta_group
 
         self.softmax_warps = [tuple(range(4 * q, 4 * q + 4)) for q in range(2)]
         self.correction_warps = (8, 9, 10, 11)
@@ -220,8 +267,8 @@ class FlashAttentionForwardSm100:
 
         # threads that read the TMEM base address after allocation
         self.tmem_user_threads = WARP * (4 * self.q_stages + 4 + 1)
-        self.qk_mma_tiler = (self.tile_m, self.tile_n, self.head_dim)
-        self.pv_mma_tiler = (self.tile_m, self.head_dim, self.tile_n)
+        self.qk_mma_tiler = (self.mma_m, self.tile_n, self.head_dim)
+        self.pv_mma_tiler = (self.mma_m, self.head_dim, self.tile_n)
         self.epi_tile = (self.tile_m, self.head_dim)
         self.buffer_align_bytes = 1024
 
@@ -265,14 +312,15 @@ class FlashAttentionForwardSm100:
         if const_expr(mLSE is not None):
             lse_view = self._lse_view(mLSE, heads_kv)
 
-        cta_group = tcgen05.CtaGroup.ONE
+        cta_group = tcgen05.CtaGroup.TWO if const_expr(self.two_cta) else tcgen05.CtaGroup.ONE
         qk_tiled_mma = sm100_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             Float32, cta_group, self.qk_mma_tiler[:2])
         pv_tiled_mma = sm100_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
             Float32, cta_group, self.pv_mma_tiler[:2], tcgen05.OperandSource.TMEM)
-        cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (qk_tiled_mma.thr_id.shape,))
+        cluster_vmnk = cute.tiled_divide(cute.make_layout((self.cta_group, 1, 1)),
+                                         (qk_tiled_mma.thr_id.shape,))
 
         sQ_layout = sm100_utils.make_smem_layout_a(qk_tiled_mma, self.qk_mma_tiler, self.dtype,
                                                    self.q_stages)
@@ -328,9 +376,12 @@ class FlashAttentionForwardSm100:
         else:
             rows_per_head = seqlen_q
             task_heads = heads_q
-        num_m_blocks = (rows_per_head + self.cta_rows - 1) // self.cta_rows
+        # a task runs on one CTA, or on one cluster pair of consecutive CTAs (two_cta): its rows
+        # are both CTAs' Q stages
+        num_m_blocks = (rows_per_head + self.task_rows - 1) // self.task_rows
         sched = TileScheduler.create(self.scheduler, num_m_blocks, task_heads, batch, seqlen_k,
-                                     self.head_dim, self.num_sms, self.plan.lpt_l2_bytes)
+                                     self.head_dim, self.num_sms, self.plan.lpt_l2_bytes,
+                                     cta_group=self.cta_group)
         scale_log2 = softmax_scale * Float32(LOG2_E)
         self.kernel(
             qk_tiled_mma, pv_tiled_mma,
@@ -341,7 +392,7 @@ class FlashAttentionForwardSm100:
         ).launch(
             grid=sched.grid_shape(),
             block=[self.threads_per_cta, 1, 1],
-            cluster=[1, 1, 1],
+            cluster=[self.cta_group, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -433,14 +484,24 @@ class FlashAttentionForwardSm100:
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=_BAR_TMEM_ALLOC,
                                                        num_threads=self.tmem_user_threads),
             allocator_warp_id=self.correction_warps[0],
+            is_two_cta=self.two_cta,
+            two_cta_tmem_dealloc_mbar_ptr=bars.ptr("tmem_dealloc") if const_expr(self.two_cta) else None,
+            initialize_mbarrier=False,  # bars.init() did (plan.barrier_arrivals)
         )
-        # every barrier initialised before any role touches one
-        cute.arch.barrier()
+        # every barrier initialised before any role touches one (in a pair: the peer's too, since
+        # each CTA arrives on the other's barriers)
+        if const_expr(self.two_cta):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.barrier()
 
-        qk_thr_mma = qk_tiled_mma.get_slice(0)
-        pv_thr_mma = pv_tiled_mma.get_slice(0)
+        # this CTA's half of a pair's MMA (0: the leader, which issues the MMAs; always 0 alone)
+        cta_v = self._cta_v()
+        qk_thr_mma = qk_tiled_mma.get_slice(cta_v)
+        pv_thr_mma = pv_tiled_mma.get_slice(cta_v)
         sched = TileScheduler(self.scheduler, num_m_blocks, task_heads, num_tasks, lpt_group,
-                              self.num_sms)
+                              self.num_sms, cta_group=self.cta_group)
 
         if warp_idx == self.load_warp:
             cute.arch.setmaxregister_decrease(self.regs_other)
@@ -456,8 +517,11 @@ class FlashAttentionForwardSm100:
             cute.arch.setmaxregister_decrease(self.regs_other)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
-            self.mma_role(bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
-                          tP_layout, tmem_ptr, seqlen_q, seqlen_k, sched)
+            # in a pair only the leader issues (cta_group::2 MMAs read both CTAs' shared memory
+            # and write both CTAs' TMEM); the peer's MMA warp only took part in the TMEM handout
+            if cta_v == 0:
+                self.mma_role(bars, qk_tiled_mma, pv_tiled_mma, qk_thr_mma, pv_thr_mma, sQ, sK, sV,
+                              tP_layout, tmem_ptr, seqlen_q, seqlen_k, sched)
         if warp_idx < 4:
             cute.arch.setmaxregister_increase(self.regs_softmax)
             tmem.wait_for_alloc()
@@ -478,18 +542,42 @@ class FlashAttentionForwardSm100:
             tmem.allocate(self.tmem_columns)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
-            self.correction_role(bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
-                                 scale_log2, seqlen_q, seqlen_k, sched)
+            self.correction_role(bars, mail, pv_thr_mma, pv_tiled_mma.get_slice(0), tmem_ptr, sO,
+                                 lse_view, softmax_scale, scale_log2, seqlen_q, seqlen_k, sched)
             # every TMEM reader and writer is done once the last epilogue has read O (the base is
-            # read again rather than kept live in a register across the whole task loop)
+            # read again rather than kept live in a register across the whole task loop); a pair
+            # frees together (the allocator's tmem_dealloc handshake)
             tmem.relinquish_alloc_permit()
             pipeline.NamedBarrier(barrier_id=_BAR_TMEM_FREE, num_threads=4 * WARP).arrive_and_wait()
             tmem.free(tmem.retrieve_ptr(Float32))
+        if const_expr(self.two_cta):
+            # neither CTA of a pair exits while the other may still arrive on its barriers (the
+            # correction warpgroup releases O to the leader after its last epilogue) or the
+            # leader's MMAs may still read its shared memory
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
         return
 
     # ------------------------------------------------------------------------------------------
-    # Block ranges (every role computes the same values; the task order is scheduler.py's)
+    # Pair rank, tile rows and block ranges (every role computes the same values; the task order,
+    # a pair's included, is scheduler.py's)
     # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _cta_v(self):
+        """This CTA's rank in its pair (0 = leader); 0 without two_cta."""
+        if const_expr(self.two_cta):
+            bidx, _, _ = cute.arch.block_idx()
+            return cute.arch.make_warp_uniform(Int32(bidx) % 2)
+        else:
+            return 0  # a compile-time 0: single-CTA code is built as it was without the pair mode
+
+    @cute.jit
+    def _tile_row0(self, m_block: Int32, stage: int):
+        """First (packed) row of this CTA's 128-row tile of Q stage `stage` of task `m_block`: in a
+        pair the stage's 256-row MMA tile is split CTA 0 then CTA 1."""
+        tile = (m_block * self.q_stages + stage) * self.cta_group + self._cta_v()
+        return tile * self.tile_m
+
     @cute.jit
     def _block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """(n_end, n_full): the CTA visits KV blocks n_end-1 .. 0; blocks n >= n_full need a mask.
@@ -501,8 +589,8 @@ class FlashAttentionForwardSm100:
         n_end = n_total
         n_full = seqlen_k // self.tile_n
         if const_expr(self.causal):
-            first_row = m_block * self.cta_rows
-            last_row = first_row + self.cta_rows - 1
+            first_row = m_block * self.task_rows
+            last_row = first_row + self.task_rows - 1
             seq_lo = first_row
             seq_hi = last_row
             if const_expr(self.pack_gqa):
@@ -521,13 +609,13 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def _tmem_S(self, qk_thr_mma, tmem_ptr, slot):
-        acc_shape = qk_thr_mma.partition_shape_C((self.tile_m, self.tile_n))
+        acc_shape = qk_thr_mma.partition_shape_C((self.mma_m, self.tile_n))
         fake = qk_thr_mma.make_fragment_C(acc_shape)
         return cute.make_tensor(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n), fake.layout)
 
     @cute.jit
     def _tmem_O(self, pv_thr_mma, tmem_ptr, stage):
-        acc_shape = pv_thr_mma.partition_shape_C((self.tile_m, self.head_dim))
+        acc_shape = pv_thr_mma.partition_shape_C((self.mma_m, self.head_dim))
         fake = pv_thr_mma.make_fragment_C(acc_shape)
         return cute.make_tensor(tmem_ptr + stage * self.head_dim, fake.layout)
 
@@ -543,6 +631,7 @@ class FlashAttentionForwardSm100:
         R = self.kv_stages
         kv_count = Int32(0)  # K/V ring items issued by this CTA
         q_count = Int32(0)   # Q tile loads (one per non-empty task)
+        is_leader = self._cta_v() == 0
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch = sched.decode(task)
@@ -553,8 +642,8 @@ class FlashAttentionForwardSm100:
             if n_end > 0:
                 # Q: (128, D, stage) tiles of this CTA's rows
                 gQ = cute.local_tile(tma_q[None, None, head, batch],
-                                     (self.cta_rows, self.head_dim), (m_block, 0))
-                gQ = cute.flat_divide(gQ, (self.tile_m,))  # (128, Q, D)
+                                     (self.task_rows, self.head_dim), (m_block, 0))
+                gQ = cute.flat_divide(gQ, (self.mma_m,))  # (MMA M, Q, D); a CTA loads its half
                 gQ = cute.make_tensor(gQ.iterator, cute.select(gQ.layout, mode=[0, 2, 1]))
                 tSgQ = qk_thr_mma.partition_A(gQ)
                 tQsQ, tQgQ = cpasync.tma_partition(
@@ -562,7 +651,7 @@ class FlashAttentionForwardSm100:
                     cute.group_modes(sQ, 0, 3), cute.group_modes(tSgQ, 0, 3))
                 for q in cutlass.range_constexpr(Q):
                     bars.wait("q_empty", q, (q_count & 1) ^ 1)
-                    bars.expect_bytes("q_full", q, self.q_tile_bytes)
+                    bars.expect_pair_bytes("q_full", q, self.q_tile_bytes, is_leader)
                     cute.copy(tma_atom_q, tQgQ[None, q], tQsQ[None, q],
                               tma_bar_ptr=bars.ptr("q_full", q))
                 q_count += 1
@@ -587,7 +676,7 @@ class FlashAttentionForwardSm100:
                         n = n_end - 1 - s // Q
                         slot = kv_count % R
                         bars.wait("kv_empty", slot, ((kv_count // R) & 1) ^ 1)
-                        bars.expect_bytes("kv_full", slot, self.kv_tile_bytes)
+                        bars.expect_pair_bytes("kv_full", slot, self.kv_tile_bytes, is_leader)
                         cute.copy(tma_atom_k, tKgK[None, n], tKsK[None, slot],
                                   tma_bar_ptr=bars.ptr("kv_full", slot))
                         kv_count += 1
@@ -597,7 +686,7 @@ class FlashAttentionForwardSm100:
                         n = n_end - 1 - p // Q
                         slot = kv_count % R
                         bars.wait("kv_empty", slot, ((kv_count // R) & 1) ^ 1)
-                        bars.expect_bytes("kv_full", slot, self.kv_tile_bytes)
+                        bars.expect_pair_bytes("kv_full", slot, self.kv_tile_bytes, is_leader)
                         cute.copy(tma_atom_v, tVgV[None, n], tVsV[None, slot],
                                   tma_bar_ptr=bars.ptr("kv_full", slot))
                         kv_count += 1
@@ -718,7 +807,7 @@ class FlashAttentionForwardSm100:
                                         Float32)
         tiled_load = tcgen05.make_tmem_copy(load_atom, tStS0)
         thr_load = tiled_load.get_slice(row)
-        cS = cute.make_identity_tensor((self.tile_m, N))
+        cS = cute.make_identity_tensor((self.mma_m, N))
         tScS = qk_thr_mma.partition_C(cS)
         tLcS = thr_load.partition_D(tScS)
         # registers -> TMEM: P as 16-bit pairs, written over the buffer's first N/2 columns in chunks
@@ -742,7 +831,7 @@ class FlashAttentionForwardSm100:
             m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             # this thread's query position (packed rows map to seq = row // ratio)
-            packed_row = m_block * self.cta_rows + stage * self.tile_m + row
+            packed_row = self._tile_row0(m_block, stage) + row
             seq = packed_row
             if const_expr(self.pack_gqa):
                 seq = packed_row // self.gqa_ratio
@@ -803,13 +892,8 @@ class FlashAttentionForwardSm100:
         cute.copy(tiled_load, tLtS, rS)
         cute.arch.fence_view_async_tmem_load()
         if const_expr(masked):
-            # straddling or tail block: keys beyond this row's limit -> -inf before the max.
-            # Register j of a 32x32b TMEM load holds column j of the thread's lane.
-            cols_visible = key_limit - n * N
-            # (a select per element: an `if` per element would carry the whole row
-            # through every branch and blow up register pressure)
-            for j in cutlass.range(cute.size(rS), unroll_full=True):
-                rS[j] = -Float32.inf if cols_visible <= j else rS[j]
+            # straddling or tail block: keys beyond this row's limit -> -inf before the max
+            self._mask_row(rS, key_limit - n * N)
         block_max = rS.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
 
         basis = row_max
@@ -861,11 +945,29 @@ class FlashAttentionForwardSm100:
             cute.copy(tiled_store, rP32, cute.make_tensor(tStP.iterator + c * chunk_cols, tStP.layout))
         cute.arch.fence_view_async_tmem_store()
         tcgen05_fence_before_sync()
-        bars.arrive("p_full", slot)
+        bars.arrive_leader("p_full", slot)
         block_sum = (partial[0][0] + partial[1][0]) + (partial[0][1] + partial[1][1])
         row_sum = row_sum * scale + block_sum
         row_max = basis
         return row_max, row_sum, mail_count
+
+    @cute.jit
+    def _mask_row(self, rS, cols_visible: Int32):
+        """rS[j] = -inf for the columns j >= cols_visible of this thread's row (register j of a
+        32x32b TMEM load holds column j of the thread's lane).
+
+        Per 32 columns one keep-mask word, all ones shifted right by the number of hidden columns
+        of the chunk (shr.u32 gives 0 for a shift of 32 or more, so a fully hidden chunk needs no
+        branch), and per element a select on its bit: ptxas moves 7 bits at a time into
+        predicates with R2P, so an element costs one FSEL instead of an ISETP and an FSEL. (A
+        select, not an `if`: a branch per element would carry the whole row through every branch.)
+        """
+        for c in cutlass.range_constexpr((cute.size(rS) + MASK_CHUNK - 1) // MASK_CHUNK):
+            hidden = cutlass.max(Int32((c + 1) * MASK_CHUNK) - cols_visible, Int32(0))
+            keep = _shr_u32(Uint32(0xFFFFFFFF), Uint32(hidden))
+            for i in cutlass.range_constexpr(min(MASK_CHUNK, cute.size(rS) - c * MASK_CHUNK)):
+                j = c * MASK_CHUNK + i
+                rS[j] = rS[j] if Boolean(keep & Uint32(1 << i)) else -Float32.inf
 
     @cute.jit
     def _exp2_pair(self, x0: Float32, x1: Float32, col: cutlass.Constexpr):
@@ -892,14 +994,14 @@ class FlashAttentionForwardSm100:
         poly = cute.arch.fma_packed_f32x2((c3, c3), frac, (c2, c2))
         poly = cute.arch.fma_packed_f32x2(poly, frac, (c1, c1))
         poly = cute.arch.fma_packed_f32x2(poly, frac, (c0, c0))
-        return (_add_to_exponent(rounded[0], poly[0]), _add_to_exponent(rounded[1], poly[1]))
+        return (add_to_exponent(rounded[0], poly[0]), add_to_exponent(rounded[1], poly[1]))
 
     # ------------------------------------------------------------------------------------------
     # Correction warpgroup
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def correction_role(self, bars, mail, pv_thr_mma, tmem_ptr, sO, lse_view, softmax_scale,
-                        scale_log2, seqlen_q, seqlen_k, sched: cutlass.Constexpr):
+    def correction_role(self, bars, mail, pv_thr_mma, pv_thr_mma0, tmem_ptr, sO, lse_view,
+                        softmax_scale, scale_log2, seqlen_q, seqlen_k, sched: cutlass.Constexpr):
         Q = self.q_stages
         D = self.head_dim
         RT = self.rescale_tile
@@ -910,7 +1012,7 @@ class FlashAttentionForwardSm100:
 
         # RESCALE_TILE-wide TMEM <-> register copies of O
         tOtO0 = self._tmem_O(pv_thr_mma, tmem_ptr, 0)
-        cO = cute.make_identity_tensor((self.tile_m, D))
+        cO = cute.make_identity_tensor((self.mma_m, D))
         tOcO = pv_thr_mma.partition_C(cO)
         chunk = cute.make_layout((TMEM_LANES, RT))
         tOtO0_c = cute.make_tensor(tOtO0.iterator, cute.composition(tOtO0.layout, chunk))
@@ -925,7 +1027,7 @@ class FlashAttentionForwardSm100:
 
         # O is free before the first value MMA of each stage
         for q in cutlass.range_constexpr(Q):
-            bars.arrive("o_ready", q)
+            bars.arrive_leader("o_ready", q)
 
         mail_count = Int32(0)
         o_done_count = Int32(0)
@@ -950,7 +1052,7 @@ class FlashAttentionForwardSm100:
                                         tLcO, scale)
                         cute.arch.fence_view_async_tmem_store()
                         tcgen05_fence_before_sync()
-                    bars.arrive("o_ready", q)
+                    bars.arrive_leader("o_ready", q)
                 mail_count += 1
                 if const_expr(self.o_done_every_block):
                     o_done_count += 1
@@ -963,7 +1065,7 @@ class FlashAttentionForwardSm100:
                     bars.wait("o_done", q, o_done_count & 1)
                     tcgen05_fence_after_sync()
                 bars.wait("epi_empty", q, (epi_count & 1) ^ 1)
-                self._epilogue_stage(q, pv_thr_mma, tmem_ptr, sO, lse_view, row, row_sum, row_max,
+                self._epilogue_stage(q, pv_thr_mma, pv_thr_mma0, tmem_ptr, sO, lse_view, row, row_sum, row_max,
                                      softmax_scale, n_end, m_block, head, batch, seqlen_q)
                 cute.arch.fence_view_async_shared()
                 bars.arrive("epi_full", q)
@@ -971,7 +1073,7 @@ class FlashAttentionForwardSm100:
                     # O has been read: the next task's first value MMA may overwrite it
                     cute.arch.fence_view_async_tmem_load()
                     tcgen05_fence_before_sync()
-                    bars.arrive("o_ready", q)
+                    bars.arrive_leader("o_ready", q)
             mail_count += 1
             if n_end > 0:
                 o_done_count += 1
@@ -998,7 +1100,7 @@ class FlashAttentionForwardSm100:
             cute.copy(tiled_st, rO, cute.make_tensor(tStO.iterator + c * RT, tStO.layout))
 
     @cute.jit
-    def _epilogue_stage(self, stage: int, pv_thr_mma, tmem_ptr, sO, lse_view, row, row_sum,
+    def _epilogue_stage(self, stage: int, pv_thr_mma, pv_thr_mma0, tmem_ptr, sO, lse_view, row, row_sum,
                         row_max, softmax_scale, n_end, m_block, head, batch, seqlen_q):
         """O[stage] / l -> 16-bit -> sO[stage]; LSE. A row with l = 0 saw no key: O = 0, LSE = -inf."""
         D = self.head_dim
@@ -1006,17 +1108,20 @@ class FlashAttentionForwardSm100:
         if row_sum > Float32(0.0):
             inv_sum = Float32(1.0) / row_sum
         tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
-        cO = cute.make_identity_tensor((self.tile_m, D))
+        cO = cute.make_identity_tensor((self.mma_m, D))
         tOcO = pv_thr_mma.partition_C(cO)
         dest = sO[None, None, stage]
-        tOsO = pv_thr_mma.partition_C(dest)
+        # sO holds this CTA's 128 rows only: partitioned as the pair's first half (pv_thr_mma0 is
+        # the MMA slice of CTA 0; the same as pv_thr_mma without two_cta)
+        tOsO = pv_thr_mma0.partition_C(dest)
         cols = 32 * 8 // self.dtype.width  # 16 columns: one 256-bit shared-memory store per thread
         tile = cute.make_layout((TMEM_LANES, cols))
         tOtO_i = cute.logical_divide(tOtO, tile)
         tOcO_i = cute.logical_divide(tOcO, tile)
         tOsO_i = cute.logical_divide(tOsO, tile)
         ld_atom = sm100_utils.get_tmem_load_op(self.pv_mma_tiler, self.o_layout_enum, self.dtype,
-                                               Float32, (self.tile_m, cols), use_2cta_instrs=False)
+                                               Float32, (self.tile_m, cols),
+                                               use_2cta_instrs=self.two_cta)
         tiled_ld = tcgen05.make_tmem_copy(ld_atom, tOtO_i[(None, None), 0])
         thr_ld = tiled_ld.get_slice(row)
         tLtO = thr_ld.partition_S(tOtO_i[(None, None), None])
@@ -1044,7 +1149,7 @@ class FlashAttentionForwardSm100:
                 r16.fill(0.0)
                 cute.copy(tiled_st, r16, tLsO[None, 0, 0, c])
         if const_expr(self.return_lse):
-            packed_row = m_block * self.cta_rows + stage * self.tile_m + row
+            packed_row = self._tile_row0(m_block, stage) + row
             seq = packed_row
             if const_expr(self.pack_gqa):
                 seq = packed_row // self.gqa_ratio
@@ -1070,7 +1175,8 @@ class FlashAttentionForwardSm100:
                 cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             for q in cutlass.range_constexpr(self.q_stages):
                 bars.wait("epi_full", q, epi_count & 1)
-                cute.copy(tma_atom_o, tOsO[None, q], tOgO[None, m_block * self.q_stages + q])
+                cute.copy(tma_atom_o, tOsO[None, q],
+                          tOgO[None, self._tile_row0(m_block, q) // self.tile_m])
                 cute.arch.cp_async_bulk_commit_group()
             for q in cutlass.range_constexpr(self.q_stages):
                 # shared memory of stage q may be reused once the bulk store has read it

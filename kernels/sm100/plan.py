@@ -35,11 +35,14 @@ EXP2_POLY = (1.0, 0.6951166987419128, 0.22764527797698975, 0.07706677168607712)
 # x + 1.5 * 2^23 rounded down leaves floor(x) in the low mantissa bits (|x| < 2^22)
 EXP2_ROUND_MAGIC = 12582912.0
 EXP2_POLY_CHUNK = 32
+# key columns per 32-bit keep-mask word of a masked block (kernel `_mask_row`, emulation `keep_mask`)
+MASK_CHUNK = 32
 
 # Barrier kinds in the order they sit in shared memory, with the size of each slice and the number
 # of arrivals that completes a phase.
 _BARRIER_KINDS = ("q_full", "q_empty", "kv_full", "kv_empty", "s_full", "p_full",
-                  "o_done", "o_ready", "mail_full", "mail_empty", "epi_full", "epi_empty")
+                  "o_done", "o_ready", "mail_full", "mail_empty", "epi_full", "epi_empty",
+                  "tmem_dealloc")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class KernelPlan:
     scheduler: str
     softmax_regs: int
     exp2_poly_columns: int = 0
+    two_cta: bool = False
     num_sms: int = B200_NUM_SMS
     lpt_l2_bytes: int = LPT_L2_BYTES
     barrier_slices: dict = field(default_factory=dict, compare=False)
@@ -69,7 +73,7 @@ class KernelPlan:
                  "kv_empty": self.kv_stages, "s_full": self.tmem_stages,
                  "p_full": self.tmem_stages, "o_done": self.q_stages, "o_ready": self.q_stages,
                  "mail_full": self.q_stages, "mail_empty": self.q_stages, "epi_full": self.q_stages,
-                 "epi_empty": self.q_stages}
+                 "epi_empty": self.q_stages, "tmem_dealloc": 1 if self.two_cta else 0}
         offset = 0
         slices = {}
         for kind in _BARRIER_KINDS:
@@ -88,10 +92,26 @@ class KernelPlan:
 
     @property
     def barrier_arrivals(self) -> dict:
+        """Arrivals completing a phase. With `two_cta` the leader CTA's MMA warp waits on p_full and
+        o_ready, and the softmax and correction warpgroups of both CTAs arrive there (the peer's
+        copies of those barriers stay unused); tmem_dealloc is the pair's TMEM-free handshake (one
+        warp of the other CTA arrives)."""
         wg = TMEM_LANES  # one warpgroup
+        pair = wg * self.cta_group
         return {"q_full": 1, "q_empty": 1, "kv_full": 1, "kv_empty": 1, "s_full": 1,
-                "p_full": wg, "o_done": 1, "o_ready": wg, "mail_full": wg, "mail_empty": wg,
-                "epi_full": wg, "epi_empty": 1}
+                "p_full": pair, "o_done": 1, "o_ready": pair, "mail_full": wg, "mail_empty": wg,
+                "epi_full": wg, "epi_empty": 1, "tmem_dealloc": 32}
+
+    # --- the CTA pair ---------------------------------------------------------------------------
+    @property
+    def cta_group(self) -> int:
+        """CTAs per MMA: 2 with `two_cta` (a cluster pair; the even CTA issues the MMAs)."""
+        return 2 if self.two_cta else 1
+
+    @property
+    def mma_m(self) -> int:
+        """M of one tcgen05 MMA: the 128-row tiles of one Q stage of every CTA of the pair."""
+        return self.tile_m * self.cta_group
 
     # --- TMEM -------------------------------------------------------------------------------
     @property
@@ -113,7 +133,9 @@ class KernelPlan:
         elem = 2
         fields = [
             (self.q_stages * self.tile_m * self.head_dim * elem, BUFFER_ALIGN),  # sQ
-            (self.kv_stages * self.tile_n * self.head_dim * elem, BUFFER_ALIGN),  # sKV (K and V)
+            # sKV (K and V); in a pair each CTA holds half of every tile (K: half the keys, V: half
+            # of the head dim)
+            (self.kv_stages * self.tile_n * self.head_dim * elem // self.cta_group, BUFFER_ALIGN),
             (self.q_stages * self.tile_m * self.head_dim * elem, BUFFER_ALIGN),  # sO
             (self.num_barriers * 8, 8),                                         # mbarriers
             (self.q_stages * TMEM_LANES * 4, 4),                                # mail_a
@@ -162,7 +184,8 @@ def make_plan(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM
         kv_stages=int(config.kv_stages), tmem_stages=int(config.tmem_stages),
         rescale_tile=int(config.rescale_tile), rescale_threshold=float(config.rescale_threshold),
         scheduler=str(config.scheduler), softmax_regs=int(config.softmax_regs),
-        exp2_poly_columns=int(config.exp2_poly_columns), num_sms=num_sms)
+        exp2_poly_columns=int(config.exp2_poly_columns), two_cta=bool(config.two_cta),
+        num_sms=num_sms)
 
 
 def kv_ring_deadlock(q_stages: int, tmem_stages: int, kv_stages: int, blocks: int = 8) -> str | None:
