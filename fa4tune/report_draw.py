@@ -46,7 +46,7 @@ assert set(IMPL_COLORS) == set(IMPL_NAMES) == set(IMPLS), "an implementation wit
 assert set(ALL_OUTCOMES) <= set(OUTCOME_COLORS), "an outcome without a color"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 # Bar labels of grouped bars stand upright above their own bar: read horizontally, "1.05×" is wider than
-# a bar once five implementations share a shape, and neighbouring labels run into each other.
+# a bar once five or six implementations share a shape, and neighbouring labels run into each other.
 BAR_LABEL = {"textangle": -90, "textfont": {"size": 10}}
 
 
