@@ -159,13 +159,15 @@ def _meta(b, s, hq, hkv, d, dtype=torch.float16):
 
 
 def current_copy_of_packaged_db(tmp_path) -> Path:
-    """The packaged database with every entry marked as tuned on the current kernel sources: the
-    dispatch rules read its measured times whether or not the kernels changed since they were taken."""
+    """The packaged database with every entry marked as tuned on the current kernel sources, and a knob
+    declared since it was tuned at its declared default: the dispatch rules read its measured times
+    whether or not the kernels changed since they were taken."""
     from fa4 import kernels
 
     doc = json.loads((REPO / "fa4" / "data" / "best_configs.json").read_text())
     for entry in doc["entries"]:
         entry["kernel_fingerprint"] = kernels.source_fingerprint(entry["arch"])
+        entry["config"] = {**{k.name: k.default for k in kernels.knobs_for(entry["arch"])}, **entry["config"]}
     path = tmp_path / "best_configs.json"
     path.write_text(json.dumps(doc))
     return path
