@@ -1,5 +1,6 @@
 """Host overhead of one eager attention call: fa4.attention (kernel path and custom-op path) beside
-flash-attn-4 and SDPA, in one run on one GPU.
+flash-attn-4 and SDPA, in one run on one GPU; and each implementation called through
+fa4.attention(backend=...) beside the same implementation called directly.
 
     python benchmarks/bench_overhead.py                       # B=1 S=1024 Hq=32 Hkv=8 D=128 fp16
     python benchmarks/bench_overhead.py --causal --json $OUT/overhead.json
@@ -14,6 +15,14 @@ small C++ function (TVM-FFI load_inline, built here), torch.empty_like alone, on
 short key), torch.compiler.is_compiling(), and an empty CuTe DSL kernel with the same host signature
 compiled with --enable-tvm-ffi (TVM-FFI's per-call floor for these arguments). A row that fails
 prints its error; the others still run.
+
+Rows per implementation, twice: called directly (flash_attn_func, SDPA with its backend pinned by the
+sdpa_kernel context manager), and through `fa4.attention(q, k, v, causal=..., backend=name)` for
+every backend ("ours" and each peer, `fa4.dispatch.PEERS`): the eager per-call host time a user pays
+when dispatch runs that implementation (our input checks and plan lookup, then the call of
+`fa4/backends.py` and our rule for rows without keys). A forced backend that is not installed or
+refuses the shape says why. The summary sets the two side by side (the difference is our wrapper);
+`fa4tune.host_overhead` derives the runtime's table from the fa4.attention rows where a run has them.
 
 Three figures per implementation, all after warm-up (compile, then launches):
 - host us/call: N back-to-back eager calls timed with time.perf_counter, no synchronisation inside
@@ -32,6 +41,27 @@ import json
 import statistics
 import sys
 import time
+
+from fa4.dispatch import IMPLEMENTATIONS as BACKENDS  # what fa4.attention(backend=...) takes besides "auto"
+from fa4.dispatch import TITLES
+from fa4tune.host_overhead import DIRECT_ROWS, through_row
+
+
+def through_vs_direct(rows: list[dict]) -> list[str]:
+    """Summary lines: per implementation, host us per eager call through fa4.attention(backend=...)
+    and called directly, and the difference (what our wrapper adds)."""
+    by_name = {r["name"]: r for r in rows}
+    lines = ["# host us per eager call, through fa4.attention(backend=...) vs called directly:"]
+    for name, (direct_name,) in DIRECT_ROWS.items():
+        through, direct = by_name.get(through_row(name), {}), by_name.get(direct_name, {})
+        if "host_us" in through and "host_us" in direct:
+            lines.append(f"#   {name:13s} {through['host_us']:8.2f} vs {direct['host_us']:8.2f} "
+                         f"({through['host_us'] - direct['host_us']:+.2f} us)")
+        else:
+            lines.append(f"#   {name:13s} " + "; ".join(f"{what}: {row.get('error', 'not measured')}"
+                                                      for what, row in (("through", through), ("direct", direct))
+                                                      if "host_us" not in row))
+    return lines
 
 
 def host_and_wall_us(fn, calls: int, repeats: int):
@@ -324,6 +354,13 @@ def main(argv=None) -> int:
                 "includes the sdpa_kernel context manager; K/V expanded to Hq heads before timing "
                 "(the backend refused enable_gqa)")
 
+    # every implementation again, through fa4.attention with that backend forced: what a user pays per
+    # eager call when dispatch runs it (the rows `fa4tune.host_overhead` prefers)
+    for name in BACKENDS:
+        add(through_row(name), lambda name=name: fa4.attention(q, k, v, causal=causal, backend=name),
+            f"{TITLES[name]} through fa4.attention: input checks, plan lookup, "
+            + ("our kernel's launch" if name == "ours" else "the call of fa4/backends.py, rows without keys"))
+
     add("fa4.attention (kernel path), again at the end", lambda: fa4.attention(q, k, v, causal=causal),
         "the first row measured again after all others: how much the host figures drift in a run")
 
@@ -341,6 +378,8 @@ def main(argv=None) -> int:
             diff = r["max_abs_diff_vs_first_row"]
             print(f"{r['name']:52s} {r['host_us']:9.2f} {r['wall_us']:9.2f} {gpu:>9s} "
                   f"{rate:>8s}  {r['note']}" + ("" if diff is None else f" (max|diff| {diff:.3g})"))
+    for line in through_vs_direct(rows):
+        print(line)
     headline = [r["host_us"] for r in (rows[0], rows[-1]) if "host_us" in r]
     if headline:
         worst = max(headline)

@@ -6,7 +6,8 @@ put to the kernel's `feasible`; the rejected ones are counted by reason. Then th
 up to `limit`: the default configuration first, then a seeded sample; `shard` i/n keeps every n-th) of
 every problem are compiled in one pool of CPU worker processes, and each compile report is checked: no
 register spills, no wgmma serialised for lack of registers, PTX with the architecture's MMA and TMA
-instructions, and shared memory equal to the model's figure. Any disagreement is a problem.
+instructions (every marker the family declares in `PTX_MARKERS`: one list, read by the compile report
+and by this check), and shared memory equal to the model's figure. Any disagreement is a problem.
 
 Exit status (flags, added): 0 all clean; 1 a feasible configuration failed to compile or its report
 disagrees with the model; 4 the heuristic default configuration is infeasible for a problem.
@@ -37,21 +38,23 @@ EXIT_OK = 0
 EXIT_COMPILE_PROBLEMS = 1
 EXIT_DEFAULT_INFEASIBLE = 4
 
-# the `ptx_markers` (as each family's compile report names them) a right compile must show
-REQUIRED_PTX = {
-    "sm90": ("wgmma", "tma_load"),
-    "sm100": ("tcgen05.mma", "tcgen05.ld", "tcgen05.st", "cp.async.bulk.tensor"),
-}
+
+def required_ptx(arch: str, kernels=None) -> tuple[str, ...]:
+    """The `ptx_markers` a right compile must show: every one the family declares (`PTX_MARKERS`,
+    the list its compile report searches the PTX for). `kernels`: the kernel API (`fa4.kernels`)."""
+    if kernels is None:
+        import fa4.kernels as kernels
+    return tuple(kernels.family(arch).PTX_MARKERS)
 
 
-def check_report(arch: str, model_smem: Optional[int], entry: dict) -> list[str]:
+def check_report(arch: str, model_smem: Optional[int], entry: dict, kernels=None) -> list[str]:
     """What is wrong with one compiled configuration (empty: nothing)."""
     if entry.get("outcome") != OK:
         return [f"{entry.get('outcome')}: {entry.get('error', '')}".strip()]
     report = entry.get("report") or {}
     problems = list(entry.get("warnings", []))
     markers = report.get("ptx_markers") or {}
-    missing = [m for m in REQUIRED_PTX[arch] if not markers.get(m)]
+    missing = [m for m in required_ptx(arch, kernels) if not markers.get(m)]
     if missing:
         problems.append(f"PTX lacks {', '.join(missing)}")
     if report.get("smem_bytes") != model_smem:
@@ -142,7 +145,7 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
                     p = plans[index]
                     entry = {"config": config.to_dict(), "is_default": config == p.default, **result}
                     entry["model_smem_bytes"] = _model_smem(kernels, arch, config, p.problem)
-                    entry["problems"] = check_report(arch, entry["model_smem_bytes"], entry)
+                    entry["problems"] = check_report(arch, entry["model_smem_bytes"], entry, kernels)
                     compiled[index].append((position, entry))
                     progress.detail(f"compiled {done}/{total}: {'ok' if not entry['problems'] else 'PROBLEM'} "
                                     f"{result.get('compile_s', '?')} s {p.problem.label()} {config.label()}")

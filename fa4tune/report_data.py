@@ -27,9 +27,13 @@ from fa4tune.peers import PEER_NAMES as PEERS
 from fa4tune.storage import find_storages, open_for_reading
 
 # Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
-# the heuristic default configuration, the rest are the peers timed in the same run.
-IMPLS = ("tuned", "default") + PEERS
-BASELINES = ("default",) + PEERS  # what "tuned" is compared against
+# the heuristic default configuration, then the peers timed in the same run, and "dispatched":
+# `fa4.attention` itself as `fa4tune bench` times it (whichever backend fastest-backend dispatch ran).
+DISPATCHED = "dispatched"
+IMPLS = ("tuned", "default") + PEERS + (DISPATCHED,)
+BASELINES = ("default",) + PEERS  # what "tuned" is compared against (heatmaps, the speedup summary)
+DISPATCH_MODES = ("graph", "eager")  # as `fa4.dispatch.MODES` names them
+DISPATCH_TOLERANCE = 0.02  # issue 12's bar: dispatched within 2 % of the fastest in the same run
 
 DEFAULT_DATABASE = "best_configs.json"
 DEFAULT_BENCH = "bench.json"
@@ -367,14 +371,14 @@ class ShapeRow:
     label: str
     source: str                                  # "bench" or "study"
     impls: dict[str, dict]                       # impl -> {"us", "tflops"} or {"error"}
-    speedup: dict[str, float] = field(default_factory=dict)  # baseline -> baseline µs / tuned µs
+    speedup: dict[str, float] = field(default_factory=dict)  # impl -> its µs / tuned µs (not tuned's)
 
     def compute_speedups(self) -> None:
         tuned = _finite(self.impls.get("tuned", {}).get("us"))
         self.speedup = {}
         if tuned is None:
             return
-        for impl in BASELINES:
+        for impl in IMPLS[1:]:
             us = _finite(self.impls.get(impl, {}).get("us"))
             if us is not None:
                 self.speedup[impl] = us / tuned
@@ -385,6 +389,33 @@ def _impl_entry(us: Any, tflops: Any, problem: Mapping, error: Any = None) -> di
     if us is None:
         return {"error": str(error or "no time recorded")}
     return {"us": us, "tflops": _finite(tflops) or tflops_of(problem, us)}
+
+
+def _backends(value: Any) -> dict[str, str]:
+    """{mode: implementation} of a dispatched row ("backend"), or of the run's "dispatch" choices
+    ({mode: {"backend", ...}}); what is malformed is left out."""
+    if not isinstance(value, Mapping):
+        return {}
+    out = {}
+    for mode in DISPATCH_MODES:
+        name = value.get(mode)
+        name = name.get("backend") if isinstance(name, Mapping) else name
+        if isinstance(name, str) and name:
+            out[mode] = name
+    return out
+
+
+def _dispatched_extras(rec: Mapping, run: Mapping) -> dict:
+    """What a "dispatched" bench row adds to its time: the wall time per eager call, which backend ran
+    in each mode, and which one this run's own times pick (the bench's top-level "dispatch")."""
+    extras: dict[str, Any] = {}
+    eager = _finite(rec.get("eager_us"))
+    if eager is not None:
+        extras["eager_us"] = eager
+    extras["backend"] = _backends(rec.get("backend"))
+    picks = run.get("dispatch")
+    extras["picked"] = _backends(picks.get(rec.get("shape")) if isinstance(picks, Mapping) else None)
+    return extras
 
 
 def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
@@ -416,8 +447,12 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
         if status != "ok":  # name the failure class unless it is the generic "error"
             detail = rec.get("error")
             error = (str(detail) if status == "error" else f"{status}: {detail}") if detail else status
-        row.impls[impl] = _impl_entry(rec.get("us") if not error else None, rec.get("tflops"), problem,
-                                      error)
+        entry = _impl_entry(rec.get("us") if not error else None, rec.get("tflops"), problem, error)
+        if rec.get("kv_expanded") and "us" in entry:
+            entry["kv_expanded"] = True  # timed on K and V expanded to the query heads: not what runs
+        if impl == DISPATCHED and "us" in entry:
+            entry.update(_dispatched_extras(rec, run))
+        row.impls[impl] = entry
     for row in rows.values():
         row.compute_speedups()
     return list(rows.values())
@@ -473,6 +508,46 @@ def speedup_summary(rows: Sequence[ShapeRow]) -> dict[str, dict[str, float]]:
         if values:
             out[baseline] = {"n": len(values), "geomean": math.exp(sum(map(math.log, values)) / len(values)),
                              "min": min(values), "max": max(values), "wins": sum(v > 1.0 for v in values)}
+    return out
+
+
+@dataclass
+class DispatchRow:
+    """One shape's dispatched row beside the fastest implementation of the same run."""
+
+    label: str
+    arch: str
+    device: str
+    us: float                    # fa4.attention's GPU time (CUDA-graph replay, graph mode)
+    eager_us: float | None       # its wall time per back-to-back eager call
+    ran: dict[str, str]          # mode -> the implementation fa4.attention ran (its database's times)
+    picked: dict[str, str]       # mode -> what this run's own times pick (the bench's "dispatch")
+    fastest: str | None          # the fastest implementation timed in the run (what the runtime can run)
+    fastest_us: float | None
+    ratio: float | None          # us / fastest_us (1.0: as fast as the fastest)
+
+    @property
+    def within_tolerance(self) -> bool | None:
+        return None if self.ratio is None else self.ratio <= 1 + DISPATCH_TOLERANCE
+
+
+def dispatch_rows(rows: Sequence[ShapeRow]) -> list[DispatchRow]:
+    """Every shape whose dispatched row was timed, beside the fastest implementation of the same run:
+    ours as fa4.attention would run it (tuned, else the default) and every peer, leaving out a SDPA row
+    timed on K and V expanded to the query heads (the runtime never expands them per call)."""
+    out = []
+    for r in rows:
+        d = r.impls.get(DISPATCHED, {})
+        if "us" not in d:
+            continue
+        ours = "tuned" if "us" in r.impls.get("tuned", {}) else "default"
+        times = {impl: e["us"] for impl, e in r.impls.items()
+                 if impl in (ours,) + PEERS and "us" in e and not e.get("kv_expanded")}
+        fastest = min(times, key=times.get) if times else None
+        fastest_us = times.get(fastest) if fastest else None
+        out.append(DispatchRow(r.label, r.arch, r.device, d["us"], d.get("eager_us"), d.get("backend", {}),
+                               d.get("picked", {}), fastest, fastest_us,
+                               d["us"] / fastest_us if fastest_us else None))
     return out
 
 
@@ -645,6 +720,7 @@ class ReportData:
     superseded: list[str]             # older studies of a shape ("<key>" when "<key>~2" exists)
     shape_rows: list[ShapeRow]
     heatmaps: list[Heatmap]
+    dispatch: list[DispatchRow]       # fa4.attention's own row per shape, beside the run's fastest
     best_configs: list[BestConfigRow]
     timing: list[str]                 # distinct timing descriptions (method, L2 state, ...)
     devices: list[str]
@@ -844,5 +920,5 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sources=sources, missing=missing, studies=studies,
         superseded=sorted(s.study_name for s in superseded), shape_rows=shape_rows,
-        heatmaps=speedup_heatmaps(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
+        heatmaps=speedup_heatmaps(shape_rows), dispatch=dispatch_rows(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
         devices=devices, versions=version_set, warnings=notes, fingerprints=fingerprints)

@@ -24,15 +24,19 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from fa4.dispatch import TITLES as BACKEND_TITLES
+
 from .outcomes import ALL_OUTCOMES
 from .peers import PEER_TITLES
-from .report_data import BASELINES, IMPLS, ReportData, ShapeRow, StudyInfo, describe_timing
+from .report_data import (BASELINES, DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, IMPLS, ReportData,
+                          ShapeRow, StudyInfo, describe_timing)
 
 IMPL_COLORS = {
     "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
-    "sdpa_flash": "#9467bd",
+    "sdpa_flash": "#9467bd", DISPATCHED: "#ff7f0e",
 }
-IMPL_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config", **PEER_TITLES}
+IMPL_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config", **PEER_TITLES,
+              DISPATCHED: "fa4.attention (dispatched)"}
 OUTCOME_COLORS = {
     "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
     "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "interrupted": "#17becf",
@@ -42,7 +46,7 @@ assert set(IMPL_COLORS) == set(IMPL_NAMES) == set(IMPLS), "an implementation wit
 assert set(ALL_OUTCOMES) <= set(OUTCOME_COLORS), "an outcome without a color"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 # Bar labels of grouped bars stand upright above their own bar: read horizontally, "1.05×" is wider than
-# a bar once five implementations share a shape, and neighbouring labels run into each other.
+# a bar once five or six implementations share a shape, and neighbouring labels run into each other.
 BAR_LABEL = {"textangle": -90, "textfont": {"size": 10}}
 
 
@@ -54,6 +58,29 @@ def _row_names(rows: Sequence[ShapeRow]) -> list[str]:
     """x labels; arch and device are added only when the rows span more than one."""
     many = len({(r.arch, r.device) for r in rows}) > 1
     return [f"{r.label}<br>{r.arch} {r.device}" if many else r.label for r in rows]
+
+
+def _backend_title(name: str) -> str:
+    return BACKEND_TITLES.get(name, name)
+
+
+def _ran(entry: dict) -> str:
+    """"graph: flash-attn-4, eager: ours": which backend a dispatched row ran in each mode."""
+    ran = entry.get("backend") or {}
+    return ", ".join(f"{mode}: {_e(_backend_title(ran[mode]))}" for mode in DISPATCH_MODES if mode in ran)
+
+
+def _hover_extra(entry: dict) -> str:
+    """What a bar's hover (and a table cell) adds to its time, as HTML: the backends a dispatched row
+    ran and its eager time per call; that a SDPA row was timed on expanded K and V."""
+    parts = []
+    if entry.get("backend"):
+        parts.append("ran: " + _ran(entry))
+    if entry.get("eager_us") is not None:
+        parts.append(f"eager: {entry['eager_us']:.2f} µs per call")
+    if entry.get("kv_expanded"):
+        parts.append("K and V expanded to the query heads")
+    return "".join("<br>" + p for p in parts)
 
 
 def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
@@ -74,8 +101,9 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
                           else (f"{s:.2f}×" if s is not None else ""))
         common = dict(name=IMPL_NAMES.get(impl, impl), marker_color=IMPL_COLORS.get(impl), legendgroup=impl,
                       textposition="outside", cliponaxis=False, **BAR_LABEL)
-        fig.add_trace(go.Bar(x=names, y=us, text=labels,
-                             hovertemplate="%{x}<br>%{y:.2f} µs<extra>" + IMPL_NAMES.get(impl, impl)
+        extra = [_hover_extra(r.impls.get(impl, {})) for r in rows]
+        fig.add_trace(go.Bar(x=names, y=us, text=labels, customdata=extra,
+                             hovertemplate="%{x}<br>%{y:.2f} µs%{customdata}<extra>" + IMPL_NAMES.get(impl, impl)
                              + "</extra>", **common), row=1, col=1)
         fig.add_trace(go.Bar(x=names, y=tf, showlegend=False, texttemplate="%{y:.0f}",
                              hovertemplate="%{x}<br>%{y:.0f} TFLOP/s<extra>" + IMPL_NAMES.get(impl, impl)
@@ -286,8 +314,9 @@ def _comparison_section(data: ReportData, page: _Page) -> None:
         return
     sources = sorted({r.source for r in rows})
     page.add('<p class="caption">Each group is one attention problem. "tuned" is our kernel with the best '
-             'configuration found, "default" our kernel with the heuristic default configuration; peers were '
-             "timed in the same run with the same method. A label is that implementation's time divided by "
+             'configuration found, "default" our kernel with the heuristic default configuration; peers and '
+             '"dispatched" (<code>fa4.attention</code> itself, whichever implementation it ran; hover for which) '
+             "were timed in the same run with the same method. A label is that implementation's time divided by "
              "the tuned time: above 1 means the tuned kernel is faster. Rows from "
              f"{' and '.join(sources)} data (bench rows are preferred where both exist).</p>")
     page.add(page.figure(comparison_figure(rows)))
@@ -302,11 +331,44 @@ def _comparison_section(data: ReportData, page: _Page) -> None:
             elif "us" in entry:
                 s = r.speedup.get(impl)
                 cells.append(f"{entry['us']:.2f} µs<br>{_fmt(entry.get('tflops'), '.0f')} TFLOP/s"
-                             + (f"<br><b>{s:.2f}×</b>" if s is not None else ""))
+                             + (f"<br><b>{s:.2f}×</b>" if s is not None else "")
+                             + _hover_extra(entry))
             else:
                 cells.append(f"<i>{_e(entry.get('error', ''))}</i>")
         table_rows.append(cells)
     page.add(_table(["shape", "arch", "device", "source"] + [IMPL_NAMES.get(i, i) for i in impls], table_rows))
+
+
+def _dispatch_section(data: ReportData, page: _Page) -> None:
+    """fa4.attention's own row per shape beside the fastest implementation of the same run: a table
+    (its time is a bar of the comparison figure already)."""
+    if not data.dispatch:
+        return  # a bench without the dispatched row (or none at all): nothing to say
+    page.add("<h2>What fa4.attention ran, per shape (fastest-backend dispatch)</h2>")
+    page.add('<p class="caption">The "dispatched" row of <code>fa4tune bench</code>: <code>fa4.attention</code> '
+             "itself, with the database the bench read, timed like every other row (GPU time by CUDA-graph "
+             "replay: what a captured or compiled call costs) and per back-to-back eager call (wall time). "
+             "<i>ran</i> is the implementation it ran in each mode, chosen from the database's times; "
+             "<i>this run picks</i> is what dispatch would choose from this run's own times, shown where "
+             "it differs. <i>fastest in the run</i> is the fastest of our kernel (as fa4.attention runs it) "
+             "and every peer, leaving out SDPA rows timed on K and V expanded to the query heads. "
+             f"✓: within {DISPATCH_TOLERANCE:.0%} of it.</p>")
+    rows = []
+    for d in data.dispatch:
+        differs = {m: n for m, n in d.picked.items() if d.ran.get(m) != n}
+        ratio = (f"{d.ratio:.3f}× " + ("✓" if d.within_tolerance else "✗")) if d.ratio is not None else "–"
+        rows.append([
+            _e(d.label), _e(d.arch), _e(d.device),
+            _e(_backend_title(d.ran["graph"])) if "graph" in d.ran else "–",
+            f"{d.us:.2f}",
+            _e(IMPL_NAMES.get(d.fastest, d.fastest)) + f" ({_fmt(d.fastest_us)} µs)" if d.fastest else "–",
+            ratio,
+            _e(_backend_title(d.ran["eager"])) if "eager" in d.ran else "–",
+            _fmt(d.eager_us),
+            _e(", ".join(f"{m}: {_backend_title(n)}" for m, n in differs.items())) or "same",
+        ])
+    page.add(_table(["shape", "arch", "device", "graph: ran", "GPU µs", "fastest in the run", "ratio",
+                     "eager: ran", "eager µs per call", "this run picks"], rows))
 
 
 def _heatmap_section(data: ReportData, page: _Page) -> None:
@@ -413,6 +475,7 @@ def render_html(data: ReportData) -> tuple[str, list[str]]:
     page = _Page()
     _header(data, page)
     _comparison_section(data, page)
+    _dispatch_section(data, page)
     _heatmap_section(data, page)
     _failures_section(data, page)
     _importance_section(data, page)

@@ -37,6 +37,9 @@ Trials:
       PRUNED, no value                       every other measured outcome. The TPE sampler gets a
                                              constraint (violated for these), so it treats them as
                                              worse than any working configuration and steers away.
+    constraint (system attrs, both COMPLETE and PRUNED trials): "constraints:works" (optuna's
+      `Trial.set_constraint`) and "constraints" [value] (what optuna-dashboard shows as feasibility):
+      0.0 for outcome "ok", 1.0 for every other (`record_constraint`).
       FAIL                                    a repeat (repeat_of), a trial over the study's budget
                                               (user_attr over_budget: processes sharing the study
                                               took its last places first), or
@@ -162,7 +165,30 @@ def search_distributions(space: SearchSpace, config: Config) -> dict:
 
 
 
-def finish_trial(study, trial, result: dict, is_default: bool) -> None:
+# A trial's feasibility, as optuna and optuna-dashboard read it (violated when > 0): "works", 0 for
+# outcome "ok" and 1 for every other measured outcome (infeasible, compile_error, mismatch, ...).
+# optuna 5's public `Trial.set_constraint` stores it as the system attribute "constraints:works",
+# which optuna's samplers (TPE ranks violated trials below every working one) and plots read through
+# `FrozenTrial.constraints`. optuna-dashboard (its server and its browser-only journal/SQLite readers,
+# through 2026-08) reads only the older format that samplers' `constraints_func` writes (deprecated in
+# optuna 5): a list of values under the system attribute "constraints". So the value is written in both
+# (the list through the storage's public `set_trial_system_attr`); `FrozenTrial.constraints` then holds
+# it twice, as "works" and "0", which changes no ranking. "constraints" is optuna's private
+# `_CONSTRAINTS_KEY`; tests/test_search.py fails if optuna renames it.
+CONSTRAINT_NAME = "works"
+DASHBOARD_CONSTRAINTS_ATTR = "constraints"
+
+
+def record_constraint(storage, trial, trial_id: int, works: bool) -> None:
+    """The trial's feasibility, in both formats (above); before the trial is told (finished)."""
+    violation = 0.0 if works else 1.0
+    trial.set_constraint(CONSTRAINT_NAME, violation)
+    storage.set_trial_system_attr(trial_id, DASHBOARD_CONSTRAINTS_ATTR, [violation])
+
+
+def finish_trial(study, trial, result: dict, is_default: bool, *, storage, trial_id: int) -> None:
+    """Record a measured (or screened) configuration: its user attributes, its feasibility constraint,
+    and its state and value (the table in the module docstring). `trial_id`: its storage id."""
     from optuna.trial import TrialState
 
     attrs = {"outcome": result["outcome"], "is_default": bool(is_default)}
@@ -174,7 +200,7 @@ def finish_trial(study, trial, result: dict, is_default: bool) -> None:
         attrs.setdefault(key, None)
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    trial.set_constraint("works", 0.0 if result["outcome"] == "ok" else 1.0)
+    record_constraint(storage, trial, trial_id, result["outcome"] == "ok")
     if result["outcome"] == "ok":
         study.tell(trial, float(result["us"]))
     else:

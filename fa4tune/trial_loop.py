@@ -240,7 +240,7 @@ class TrialLoop:
 
     def finish(self, entry: _InFlight, result: dict) -> None:
         is_default = entry.is_default
-        finish_trial(self.study, entry.trial, result, is_default)
+        finish_trial(self.study, entry.trial, result, is_default, storage=self.storage, trial_id=entry.trial_id)
         self.counts[result["outcome"]] += 1   # until the next refresh() recounts from the storage
         self.distinct += 1
         if result["outcome"] == OK and (self.best_us is None or result["us"] < self.best_us):

@@ -230,10 +230,10 @@ def test_launch_limits_of_the_grid():
     single = Config.make("sm90", scheduler="single", pack_gqa=False)
     ok = AttentionProblem(65_535, 1, 1, 65_535, 65_535, 64)
     assert checks.launch_reasons(single, ok) == []
-    for problem, what in ((AttentionProblem(65_536, 1, 1, 1, 1, 64), "batch 65536"),
-                          (AttentionProblem(1, 1, 1, 65_536, 65_536, 64), "heads 65536")):
+    for problem, what, axis in ((AttentionProblem(65_536, 1, 1, 1, 1, 64), "65536 batch", "z (65536)"),
+                                (AttentionProblem(1, 1, 1, 65_536, 65_536, 64), "65536 heads", "y (65536)")):
         [reason] = checks.launch_reasons(single, problem)
-        assert what in reason and "65535" in reason
+        assert what in reason and axis in reason and "65535" in reason and "single_lpt" in reason
         assert checks.launch_reasons(single.replace(scheduler="single_lpt"), problem) == []
         assert checks.launch_reasons(single.replace(scheduler="static", q_stages=2), problem) == []
     # GQA packing folds the query heads into the rows: the grid has KV heads
@@ -244,34 +244,86 @@ def test_launch_limits_of_the_grid():
     huge = AttentionProblem(2**16, 2**16, 1, 2**10, 2**10, 64)
     assert any("tiles >" in r for r in checks.launch_reasons(single.replace(scheduler="single_lpt"), huge))
     assert any("tiles >" in r for r in checks.launch_reasons(Config.make("sm100"), huge))
-    # a cluster pair launches two CTAs per task of twice the rows: one more CTA per head at most
-    odd = AttentionProblem(1, 128 * (2**20 - 1), 1, 2**10, 2**10, 64)  # 2**30 - 2**10 128-row tiles
-    assert checks.launch_reasons(Config.make("sm100"), odd) == []
-    assert checks.launch_reasons(Config.make("sm100", two_cta=True), odd) == []
-    over = AttentionProblem(1, 128 * (2**21 - 1), 1, 2**10, 2**10, 64)  # 2**31 - 2**10 tiles
+    # a cluster pair launches two CTAs per task of twice a CTA's rows (q_stages x 128 = 256 by default):
+    # one more CTA per head than one CTA per tile where a head has an odd number of 256-row tiles
+    over = AttentionProblem(1, 256 * (2**21 - 1), 1, 2**10, 2**10, 64)  # 2**31 - 2**10 256-row tiles
     assert checks.launch_reasons(Config.make("sm100"), over) == []
-    assert any("tiles >" in r for r in checks.launch_reasons(Config.make("sm100", two_cta=True), over))
+    assert any("CUDA's limit for the grid's x" in r
+               for r in checks.launch_reasons(Config.make("sm100", two_cta=True), over))
+    even = AttentionProblem(1, 256 * (2**21 - 2), 1, 2**10, 2**10, 64)
+    assert checks.launch_reasons(Config.make("sm100", two_cta=True), even) == []
 
 
-def test_the_launch_limits_model_the_schedulers_grids():
-    # checks.launch_reasons mirrors these lines of the kernels; when they change, so must it
+def _kinds(arch):
+    from fa4.kernels import knob
+
+    return knob(arch, "scheduler").choices
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_the_launch_grid_is_the_schedulers(arch):
+    """launch_grid asks the family's own scheduler; the tile counts hold q_stages (sm100) and GQA packing."""
+    from fa4.kernels import AttentionProblem, Config
+
+    problem = AttentionProblem(3, 1000, 1000, 16, 4, 128)
+    for kind in _kinds(arch):
+        config = Config.make(arch, scheduler=kind, pack_gqa=True)
+        m_blocks, heads, batch = checks.tile_counts(config, problem)
+        rows = config.tile_m * (config.q_stages if arch == "sm100" else 1)
+        assert (m_blocks, heads, batch) == (-(-4000 // rows), 4, 3)
+        grid = checks.launch_grid(config, problem)
+        if kind == "single" and arch == "sm90":
+            assert grid == (m_blocks, heads, batch)
+        elif kind in ("static", "lpt"):
+            assert grid == (min(m_blocks * heads * batch, family_sms(arch)), 1, 1)
+        else:
+            assert grid == (m_blocks * heads * batch, 1, 1)
+
+
+def family_sms(arch):
+    from fa4.kernels import family
+
+    return family(arch).DEFAULT_NUM_SMS
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_no_scheduler_launches_more_blocks_than_tiles(arch):
+    """What lets launch_reasons skip the scheduler (and the DSL) for problems of at most 65,535 tiles."""
+    import math
+
+    from fa4.kernels import AttentionProblem, Config
+
+    for problem in (AttentionProblem(1, 1, 1, 1, 1, 64), AttentionProblem(7, 333, 900, 24, 8, 64),
+                    AttentionProblem(2, 40_000, 40_000, 1, 1, 128), AttentionProblem(1, 0, 0, 8, 8, 128)):
+        for kind in _kinds(arch):
+            for pack in (False, True):
+                config = Config.make(arch, scheduler=kind, pack_gqa=pack)
+                grid = checks.launch_grid(config, problem)
+                assert math.prod(grid) <= math.prod(checks.tile_counts(config, problem)), (kind, grid)
+
+
+def test_the_tile_counts_are_the_kernels():
+    # checks.tile_counts mirrors these lines of the kernels' __call__ (the counts their schedulers are
+    # built from); when they change, so must it. The grids themselves come from the schedulers.
     from pathlib import Path
 
     import fa4.kernels
 
-    source = (Path(fa4.kernels.__file__).parent / "sm90" / "scheduler.py").read_text()
-    assert 'if self.kind == "single":\n            return (self.num_m_blocks, self.num_heads, self.batch)' in source
-    assert "return (cutlass.max(self.num_tasks(), 1), 1, 1)" in source  # single_lpt: 1-D
-    kernel = (Path(fa4.kernels.__file__).parent / "sm90" / "kernel.py").read_text()
-    assert "heads_tile = heads_kv" in kernel
-    assert "TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch" in kernel
-    assert "grid=sched.grid_shape()" in kernel
-    sm100 = Path(fa4.kernels.__file__).parent / "sm100"
-    assert "grid=sched.grid_shape()" in (sm100 / "kernel.py").read_text()
-    scheduler = (sm100 / "scheduler.py").read_text()  # one CTA per task, or at most one per SM, on x
-    assert "grid_x = self.num_tasks * self.cta_group\n" in scheduler and "return [grid_x, 1, 1]" in scheduler
-    # two_cta: cta_group = 2 CTAs (a cluster pair) per task of twice the rows
-    assert "cta_group=self.cta_group" in (sm100 / "kernel.py").read_text()
+    here = Path(fa4.kernels.__file__).parent
+    kernel = (here / "sm90" / "kernel.py").read_text()
+    for line in ("rows_q = seqlen_q\n", "heads_tile = heads_q\n", "rows_q = seqlen_q * self.pack_ratio\n",
+                 "heads_tile = heads_kv\n", "num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m\n",
+                 "TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch",
+                 "grid=sched.grid_shape()"):
+        assert line in kernel, line
+    assert "gqa_pack_ratio=problem.gqa_ratio if config.pack_gqa else None" in (here / "sm90" / "__init__.py").read_text()
+    sm100 = (here / "sm100" / "kernel.py").read_text()
+    for line in ("self.cta_rows = self.q_stages * self.tile_m\n", "rows_per_head = seqlen_q * self.gqa_ratio\n",
+                 "task_heads = heads_kv\n", "rows_per_head = seqlen_q\n", "task_heads = heads_q\n",
+                 "self.task_rows = self.cta_rows * self.cta_group\n",
+                 "num_m_blocks = (rows_per_head + self.task_rows - 1) // self.task_rows\n",
+                 "TileScheduler.create(self.scheduler, num_m_blocks, task_heads, batch", "grid=sched.grid_shape()"):
+        assert line in sm100, line
 
 
 @pytest.mark.parametrize("config,match", [

@@ -1,9 +1,11 @@
 """`fa4tune compile-space`: the verdict on one compiled configuration."""
 
+import pytest
 from click.testing import CliRunner
 
+from fa4.kernels import ARCHS, family
 from fa4tune.cli import main
-from fa4tune.compile_space import check_report
+from fa4tune.compile_space import check_report, required_ptx
 
 GOOD_SM100 = {"outcome": "ok", "report": {
     "smem_bytes": 1000, "spill_stores": 0, "spill_loads": 0,
@@ -30,7 +32,21 @@ def test_a_failed_compile_is_a_problem():
 
 def test_sm90_needs_wgmma_and_tma():
     entry = {"outcome": "ok", "report": {"smem_bytes": 5, "ptx_markers": {"wgmma": True, "tma_load": False}}}
-    assert check_report("sm90", 5, entry) == ["PTX lacks tma_load"]
+    assert check_report("sm90", 5, entry) == ["PTX lacks tma_load, setmaxnreg, stmatrix"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_required_instructions_are_the_familys_ptx_markers(arch):
+    """One list: what the compile report searches the PTX for is what the check requires, so a marker
+    added to a family is required at once, and one removed is no longer asked for."""
+    markers = family(arch).PTX_MARKERS
+    assert required_ptx(arch) == tuple(markers) and markers
+    every = {"outcome": "ok", "report": {"smem_bytes": 5, "ptx_markers": {name: True for name in markers}}}
+    assert check_report(arch, 5, every) == []
+    for name in markers:
+        one_missing = {**every, "report": {**every["report"],
+                                           "ptx_markers": {**every["report"]["ptx_markers"], name: False}}}
+        assert check_report(arch, 5, one_missing) == [f"PTX lacks {name}"]
 
 
 def test_bad_space_file_is_a_usage_error(tmp_path):

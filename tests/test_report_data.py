@@ -138,6 +138,12 @@ def write_synthetic_results(folder: Path, n_trials: int = 40, seed: int = 0,
                     bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": variant,
                                   "outcome": "ok", "us": us, "tflops": p.flops() / us / 1e6,
                                   "speedup_of_tuned": factor, "error": None})
+                # fa4.attention itself: ran ours in both modes, a little slower than the tuned row
+                us = info["best_us"] * 1.01
+                bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": "dispatched",
+                              "outcome": "ok", "us": us, "tflops": p.flops() / us / 1e6, "eager_us": us + 9.5,
+                              "backend": {"eager": "ours", "graph": "ours"}, "speedup_of_tuned": 1.01,
+                              "error": None})
             elif i == 2:  # a shape whose tuned row has no database entry: the rest still measured
                 bench.append({"shape": info["name"], "problem": p.to_dict(), "variant": "tuned",
                               "outcome": "missing", "us": None, "tflops": None,
@@ -148,7 +154,10 @@ def write_synthetic_results(folder: Path, n_trials: int = 40, seed: int = 0,
     # the layout `fa4tune bench` writes: the run's facts at the top, one row per (shape, variant)
     (folder / "bench.json").write_text(json.dumps({
         "schema": 1, "date": "2026-11-30T05:10:00+00:00", "arch": archs[0], "device": DEVICE,
-        "versions": VERSIONS, "kernel_fingerprint": fingerprint, "timing": TIMING, "rows": bench}, indent=2))
+        "versions": VERSIONS, "kernel_fingerprint": fingerprint, "timing": TIMING, "rows": bench,
+        "dispatch": {r["shape"]: {mode: {"backend": "ours", "ratio": 1.0, "reason": "fastest"}
+                                  for mode in ("eager", "graph")} for r in bench if r["variant"] == "dispatched"}},
+        indent=2))
     return expected
 
 
@@ -371,6 +380,75 @@ def test_superseded_studies_are_left_out(tmp_path):
     assert data.superseded == [study_name("sm90", SHAPES[0])]
     assert len(data.studies) == len(SHAPES)
     assert rd.split_study_name("a-b~12") == ("a-b", 12) and rd.split_study_name("a~b") == ("a~b", 1)
+
+
+def _bench_doc(rows, dispatch=None):
+    """A bench.json as `fa4tune bench` writes it (the run's facts at the top)."""
+    return {"schema": 1, "date": "2026-12-01T00:00:00+00:00", "arch": "sm90", "device": DEVICE,
+            "versions": VERSIONS, "timing": TIMING, "rows": rows, "dispatch": dispatch or {}}
+
+
+def test_the_dispatched_row_beside_the_fastest_of_its_run(tmp_path):
+    p, q = SHAPES[0], SHAPES[1]
+
+    def row(problem, variant, us, **extra):
+        return {"shape": study_name("sm90", problem), "problem": problem.to_dict(), "variant": variant,
+                "outcome": "ok" if us else "launch_error", "us": us, "tflops": None,
+                "error": None if us else "refused", **extra}
+
+    rows = [
+        # p: flash-attn-4's kernel is fastest captured; SDPA cuDNN is faster still but only on expanded
+        # K/V (not what the runtime runs); fa4.attention ran flash-attn-4 captured and ours in eager mode
+        row(p, "tuned", 20.0), row(p, "default", 24.0), row(p, "flash_attn_4", 18.0),
+        row(p, "sdpa_cudnn", 15.0, kv_expanded=True), row(p, "sdpa_flash", None),
+        row(p, "dispatched", 18.2, eager_us=29.5, backend={"eager": "ours", "graph": "flash_attn_4"}),
+        # q: no tuned entry (the default is what runs), and dispatch ran ours while this run's own times
+        # pick SDPA cuDNN captured: 5 % slower than the fastest
+        row(q, "default", 30.0), row(q, "sdpa_cudnn", 28.0),
+        row(q, "dispatched", 29.4, eager_us=31.0, backend={"eager": "ours", "graph": "ours", "x": 1}),
+    ]
+    picks = {study_name("sm90", q): {"graph": {"backend": "sdpa_cudnn", "ratio": 1.07, "reason": "faster"},
+                                     "eager": {"backend": "ours", "ratio": 1.0, "reason": "host time"}}}
+    (tmp_path / "bench.json").write_text(json.dumps(_bench_doc(rows, picks)))
+    data = rd.collect(tmp_path)
+    by_label = {d.label: d for d in data.dispatch}
+    assert set(by_label) == {rd.problem_label(p.to_dict()), rd.problem_label(q.to_dict())}
+    d = by_label[rd.problem_label(p.to_dict())]
+    assert (d.us, d.eager_us, d.ran, d.picked) == (18.2, 29.5, {"eager": "ours", "graph": "flash_attn_4"}, {})
+    assert (d.fastest, d.fastest_us) == ("flash_attn_4", 18.0)
+    assert d.ratio == pytest.approx(18.2 / 18.0) and d.within_tolerance
+    e = by_label[rd.problem_label(q.to_dict())]
+    assert e.ran == {"eager": "ours", "graph": "ours"}  # an unknown mode is left out
+    assert e.picked == {"graph": "sdpa_cudnn", "eager": "ours"}
+    assert (e.fastest, e.fastest_us) == ("sdpa_cudnn", 28.0)
+    assert e.ratio == pytest.approx(29.4 / 28.0) and e.within_tolerance is False
+    # the dispatched row is one of the per-shape implementations, labelled against tuned like the rest,
+    # but no baseline of the tuned kernel (no heatmap, no speedup summary for it)
+    shape = next(r for r in data.shape_rows if r.problem == p.to_dict())
+    assert shape.impls["dispatched"]["us"] == 18.2 and shape.speedup["dispatched"] == pytest.approx(0.91)
+    assert shape.impls["sdpa_cudnn"]["kv_expanded"] is True
+    assert "dispatched" not in {m.baseline for m in data.heatmaps} and "dispatched" not in data.speedups
+    assert json.loads(json.dumps(data.to_dict()))["dispatch"][0]["ran"]
+    # drawn: a bar beside the others (hover names what ran) and the table of the dispatch section
+    from fa4tune import report_draw
+    fig = report_draw.comparison_figure(data.shape_rows)
+    bars = [t for t in fig.data if t.name == report_draw.IMPL_NAMES["dispatched"] and t.yaxis == "y"]
+    assert len(bars) == 1 and "ran: graph: flash-attn-4, eager: ours" in "".join(bars[0].customdata)
+    doc, _ = report_draw.render_html(data)
+    assert "What fa4.attention ran, per shape" in doc
+    assert "1.011× ✓" in doc and "1.050× ✗" in doc and "graph: SDPA cuDNN" in doc
+    assert "29.50" in doc  # the eager time per call
+
+
+def test_a_bench_without_the_dispatched_row_draws_no_dispatch_section(tmp_path):
+    p = SHAPES[0]
+    rows = [{"shape": "s", "problem": p.to_dict(), "variant": v, "outcome": "ok", "us": us}
+            for v, us in (("tuned", 20.0), ("flash_attn_4", 25.0))]
+    (tmp_path / "bench.json").write_text(json.dumps(_bench_doc(rows)))
+    data = rd.collect(tmp_path)
+    assert data.dispatch == []
+    from fa4tune import report_draw
+    assert "What fa4.attention ran" not in report_draw.render_html(data)[0]
 
 
 def test_speedup_summary():

@@ -543,7 +543,7 @@ def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
 def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
     q, k, v = (torch.empty(70_000, 1, 1, 64, dtype=F16) for _ in range(3))  # batch > 65,535
     single = Config.make("sm90", scheduler="single", pack_gqa=False)
-    with pytest.raises(InvalidInputError, match="batch 70000 > CUDA's limit of 65535"):
+    with pytest.raises(InvalidInputError, match=r"70000 batch: its z \(70000\) > CUDA.s limit of 65535"):
         fa4.explain(q, k, v, config=single)
     # a tuned entry that cannot launch here: noted, and the default runs
     add_entry(fake.db_path, seqlen=1, hq=1, hkv=1, tile_n=96)

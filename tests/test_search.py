@@ -132,10 +132,10 @@ def test_search_records_the_documented_schema(tmp_path, pool):
             assert key in t.user_attrs, (key, t.number)
         if out == "ok":
             assert t.state == TrialState.COMPLETE and t.value == t.user_attrs["us"]
-            assert t.constraints == {"works": 0.0}
+            assert t.constraints == {"works": 0.0, "0": 0.0}   # optuna's format and the dashboard's
         else:
             assert t.state == TrialState.PRUNED and t.value is None and t.user_attrs["error"]
-            assert t.constraints == {"works": 1.0}
+            assert t.constraints == {"works": 1.0, "0": 1.0}
         if out == "infeasible":
             assert t.user_attrs["reasons"] and "shared memory" in t.user_attrs["reasons"][0]
     assert summary["evaluated"] == 16 == summary["configurations"] - summary["outcomes"]["infeasible"]
@@ -223,6 +223,42 @@ def test_injected_failures_are_classified_and_the_search_continues(tmp_path, mon
     assert "exceeded 3 s" in hung.user_attrs["error"]
     assert summary["pool_events"]["killed_hung"] >= 1 and summary["pool_events"]["died"] >= 1
     assert summary["best"]["config"]["tile_n"] == 128
+    _assert_dashboard_shows_feasibility(tmp_path / "studies.journal", study)
+
+
+def _assert_dashboard_shows_feasibility(journal: Path, study) -> None:
+    """Each measured trial is feasible in optuna-dashboard exactly when its outcome is "ok": the
+    dashboard reads the trial system attribute "constraints" (a list; feasible when every value is <= 0;
+    its server `_serializer.serialize_frozen_trial`, its browser journal reader `log.system_attr`),
+    and so do optuna's own samplers and plots (`FrozenTrial.constraints`)."""
+    measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    outcomes = {t.user_attrs["outcome"] for t in measured}
+    assert {"ok", "infeasible", "compile_error", "mismatch"} <= outcomes
+    for t in measured:
+        values = t.system_attrs.get("constraints", [])
+        ok = t.user_attrs["outcome"] == "ok"
+        assert values and all(v <= 0 for v in values) == ok, (t.number, t.user_attrs["outcome"], values)
+        assert all(v <= 0 for v in t.constraints.values()) == ok
+    for t in study.trials:  # a repeat, or a trial over the budget: no result, so no feasibility either
+        if t.state == TrialState.FAIL:
+            assert "constraints" not in t.system_attrs and not t.constraints
+    # as the journal holds it (what the dashboard's browser-only reader parses): a plain JSON list
+    logged = [json.loads(line)["system_attr"]["constraints"] for line in journal.read_text().splitlines()
+              if '"constraints"' in line and json.loads(line).get("op_code") == 9]
+    assert len(logged) == len(measured) and all(v in ([0.0], [1.0]) for v in logged)
+
+
+def test_the_dashboards_constraints_attribute_is_optunas():
+    # the dashboard's format is optuna's private _CONSTRAINTS_KEY (the list samplers' constraints_func
+    # writes); an optuna that renames it fails here, not silently in the dashboard
+    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
+    from optuna.study._constrained_optimization import _get_constraints_from_system_attrs
+
+    from fa4tune.study import CONSTRAINT_NAME, DASHBOARD_CONSTRAINTS_ATTR
+
+    assert DASHBOARD_CONSTRAINTS_ATTR == _CONSTRAINTS_KEY
+    both = {DASHBOARD_CONSTRAINTS_ATTR: [1.0], f"{_CONSTRAINTS_KEY}:{CONSTRAINT_NAME}": 1.0}
+    assert _get_constraints_from_system_attrs(both) == {"0": 1.0, CONSTRAINT_NAME: 1.0}
 
 
 def _write_space(tmp_path) -> Path:

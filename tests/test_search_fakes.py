@@ -16,6 +16,7 @@ import signal
 import time
 
 from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import family as real_family
 
 FAKE_FINGERPRINT_ENV = "FA4TUNE_FAKE_FINGERPRINT"
 FAKE_COMPILE_S_ENV = "FA4TUNE_FAKE_COMPILE_S"
@@ -41,13 +42,16 @@ def compile_key(config: Config, problem: AttentionProblem) -> tuple:
 
 
 class _FakeFamily:
+    def __init__(self, arch: str):
+        self.PTX_MARKERS = real_family(arch).PTX_MARKERS
+
     @staticmethod
     def resources(config: Config, problem: AttentionProblem) -> dict:
         return {"smem_bytes": config.tile_m * config.tile_n * 12}
 
 
 def family(arch: str) -> _FakeFamily:
-    return _FakeFamily()
+    return _FakeFamily(arch)
 
 
 def source_fingerprint(arch: str) -> str:
@@ -95,7 +99,7 @@ class FakeEvaluator:
         kernel = self.compile(config, problem)
         return {"registers": 168 if kernel.config.tile_m == 128 else 232, "spills": 0,
                 "smem_bytes": kernel.config.tile_m * kernel.config.tile_n * 12,
-                "ptx_markers": {"wgmma": True, "tma_load": True}}
+                "ptx_markers": {name: True for name in real_family(config.arch).PTX_MARKERS}}
 
     def run_trial(self, kernel, config, problem, timing, validate, perturb) -> dict:
         if perturb:
