@@ -88,3 +88,15 @@ def test_sm100_default_rules_are_applied_in_order_to_the_declared_defaults():
         config = rule(config, problem)
     assert config == sm100.default_config(problem)
     assert (config.scheduler, config.pack_gqa, config.exp2_poly_columns) == ("lpt", True, 8)
+
+
+def test_sm90_default_rules_are_applied_in_order_to_the_declared_defaults():
+    from fa4.kernels.sm90 import defaults
+    problem = AttentionProblem(1, 2048, 2048, 32, 8, 128, causal=True)
+    config = Config.make("sm90")
+    for rule in defaults.DEFAULT_RULES:
+        config = rule(config, problem)
+    assert config == default_config("sm90", problem)
+    assert (config.tile_m, config.tile_n, config.scheduler, config.pack_gqa) == (192, 80, "single_lpt", True)
+    # each rule leaves a problem it is not about alone
+    assert defaults.wide_tiles_at_head_dim_64(Config.make("sm90"), problem) == Config.make("sm90")
