@@ -12,8 +12,6 @@ database, not which implementation is fastest). About 5 compiles of flash-attn-4
 from __future__ import annotations
 
 import dataclasses
-import json
-
 import pytest
 import torch
 
@@ -22,20 +20,9 @@ from fa4 import backends, database, dispatch, kernels
 from fa4.kernels import AttentionProblem
 from fa4.reference import check
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_database")]
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(autouse=True)
-def own_database(tmp_path):
-    path = tmp_path / "best.json"
-    path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
-    fa4.use_config_db(path)
-    fa4.reset_caches()
-    yield path
-    fa4.use_config_db(None)
-    fa4.reset_caches()
 
 
 @pytest.fixture
@@ -143,12 +130,12 @@ def test_sdpa_cudnn_with_gqa_runs_or_says_it_cannot(ran):
 
 
 @pytest.mark.parametrize("name", ["flash_attn_4", "sdpa_flash", "sdpa_cudnn"])
-def test_auto_runs_the_implementation_the_database_measured_fastest(name, own_database, ran):
+def test_auto_runs_the_implementation_the_database_measured_fastest(name, empty_database, ran):
     if name == "flash_attn_4":
         needs(name)
     problem = dataclasses.replace(MHA, causal=True)
     # far apart: the peer wins eagerly (whatever the host times) and under graphs
-    record_times(own_database, problem, {"ours": 5000.0, name: 100.0})
+    record_times(empty_database, problem, {"ours": 5000.0, name: 100.0})
     q, k, v = make_qkv(problem)
     plan = fa4.explain(q, k, v, causal=True)
     assert plan.runs == {"eager": name, "graph": name}, str(plan)
@@ -162,12 +149,12 @@ def test_auto_runs_the_implementation_the_database_measured_fastest(name, own_da
     assert fa4.explain(q, k, v, causal=True, backend="ours").runs == {"eager": "ours", "graph": "ours"}
 
 
-def test_graph_only_winner_runs_under_cuda_graph_capture(own_database, ran):
+def test_graph_only_winner_runs_under_cuda_graph_capture(empty_database, ran):
     """The README's B1 S1024 causal: flash-attn-4's kernel 2 % faster, so it runs under a capture and
     through the custom op; eagerly ours runs where this GPU's host times say so (the H200's do)."""
     needs("flash_attn_4")
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
-    record_times(own_database, problem, {"ours": 22.03, "flash_attn_4": 21.56})
+    record_times(empty_database, problem, {"ours": 22.03, "flash_attn_4": 21.56})
     q, k, v = make_qkv(problem)
     plan = fa4.explain(q, k, v, causal=True)
     assert plan.runs["graph"] == "flash_attn_4", str(plan)
@@ -192,7 +179,7 @@ def test_graph_only_winner_runs_under_cuda_graph_capture(own_database, ran):
     assert_correct(out, q2, k2, v2, True, False)
 
 
-def test_capture_of_a_never_seen_shape_names_the_warmup(own_database):
+def test_capture_of_a_never_seen_shape_names_the_warmup(empty_database):
     problem = AttentionProblem(1, 384, 384, 16, 4, 128, "fp16", True)
     q, k, v = make_qkv(problem)
     # a configuration no other test of this process compiles (the default here is 192 x 80): this

@@ -9,31 +9,18 @@ a configuration), except `test_packaged_database_is_usable`.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
 import fa4
-from fa4 import database, kernels, runtime
-from fa4.kernels import Config
+from fa4 import kernels, runtime
 from fa4.reference import attention_fp32 as reference_fp32, check
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_database")]
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(autouse=True)
-def empty_database(tmp_path):
-    path = tmp_path / "best.json"
-    path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
-    fa4.use_config_db(path)
-    fa4.reset_caches()
-    yield path
-    fa4.use_config_db(None)
-    fa4.reset_caches()
 
 
 def make_qkv(b, sq, sk, hq, hkv, d, dtype="fp16", seed=0):
