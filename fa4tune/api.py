@@ -123,7 +123,8 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
                    trial_timeout: float = 20.0, compile_timeout: float = 300.0, storage: Optional[str] = None,
                    study: Optional[str] = None, workers: int = 1, jobs: Optional[int] = None,
                    db: Optional[str] = None, record_db: bool = True, space: Optional[str] = None,
-                   l2: str = "warm", peers: bool = True, warm_start: bool = True, progress=None) -> list[dict]:
+                   l2: str = "warm", peers: bool = True, warm_start: bool = True, retime_rounds: int = 3,
+                   progress=None) -> list[dict]:
     """`fa4tune search` after option parsing: one study per problem on `gpus` (from `detect_gpus`);
     returns one summary dict per study (`fa4tune.study.summarize`)."""
     from fa4tune import paths, search_runner
@@ -144,7 +145,7 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
         trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
         timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
-        db_path=db, record_db=record_db, space_path=space, warm_start=warm_start)
+        db_path=db, record_db=record_db, space_path=space, warm_start=warm_start, retime_rounds=retime_rounds)
     progress.message(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
                      f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
                      f"{storage or paths.storage_path()}")
@@ -184,7 +185,7 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
            causal: Optional[bool] = None, quiet: bool = False, **options) -> "pandas.DataFrame":
     """Run (or resume) one study per problem, as `fa4tune search`; returns `search_frame`. Options are
     the command's, as keywords: arch, trials, sampler, seed, timeout, trial_timeout, compile_timeout,
-    storage, study, workers, jobs, db, record_db, space, l2, peers, warm_start."""
+    storage, study, workers, jobs, db, record_db, space, l2, peers, warm_start, retime_rounds."""
     from fa4tune.progress import Progress
 
     problems = problems_of(shapes, model=model, shapes_file=shapes_file, causal=causal)

@@ -301,12 +301,15 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--warm-start/--cold-start", default=True, show_default=True,
               help="seed a new study with the best configurations of its nearest tuned neighbours in the "
                    "database (same arch, dtype, head dim; both masks)")
+@click.option("--retime", "retime_rounds", type=click.IntRange(min=0), default=3, show_default=True,
+              help="after a study, time its 3 fastest configurations and the default this many times each "
+                   "and record the lowest median (the search's single best is partly luck); 0: off")
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
 def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
            trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
-           space_path, l2, peers, warm_start, compile_only):
+           space_path, l2, peers, warm_start, retime_rounds, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
     from fa4tune.api import NoGpuError, run_search_set
     from fa4tune.space import SpaceError
@@ -322,7 +325,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
             problems, gpus=detect_gpus(), arch=arch, trials=trials, sampler=sampler, seed=seed, timeout=timeout,
             trial_timeout=trial_timeout, compile_timeout=compile_timeout, storage=storage, study=study,
             workers=workers, jobs=jobs, db=db_path, record_db=not no_db, space=space_path, l2=l2, peers=peers,
-            warm_start=warm_start, progress=_verbosity().progress())
+            warm_start=warm_start, retime_rounds=retime_rounds, progress=_verbosity().progress())
     except NoGpuError as exc:
         click.echo(f"fa4tune search: {exc}", err=True)
         sys.exit(2)

@@ -23,9 +23,11 @@ def database_for_writing(path: Optional[str]) -> Path:
     return Path(path) if path is not None else database_path()
 
 
-def record_best(study, db_path: Optional[str]) -> Optional[dict]:
-    """Merge the study's best ok trial into the database; {"path", "key", "written"}, or None when the
-    study has no working configuration (or no device to file it under)."""
+def record_best(study, db_path: Optional[str], retimed: Optional[dict] = None) -> Optional[dict]:
+    """Merge the study's best configuration into the database; {"path", "key", "written"}, or None
+    when the study has no working configuration (or no device to file it under). With a re-time of
+    the finalists (`fa4tune.retime`), the best is its winner, timed by its median, and the default by
+    its own median; else the best ok trial and the default's trial time."""
     from fa4.database import Entry, record
 
     best = best_ok_trial(study)
@@ -34,10 +36,18 @@ def record_best(study, db_path: Optional[str]) -> Optional[dict]:
     if best is None or not device:
         return None
     problem = AttentionProblem(**attrs["problem"])
+    us, default_us, tflops = best.value, attrs.get("default_us"), best.user_attrs.get("tflops") or 0.0
+    if retimed is not None:
+        from fa4tune.timing import tflops as tflops_of
+
+        best = study.trials[retimed["winner_trial"]]
+        us = retimed["winner_us"]
+        default_us = retimed["default_us"] if retimed["default_us"] is not None else default_us
+        tflops = round(tflops_of(problem.flops(), us), 2)
     peers_us = {n: d.get("us") for n, d in (attrs.get("peers") or {}).items() if isinstance(d, dict)}
     entry = Entry.from_result(
-        arch=attrs["arch"], device=device, problem=problem, config=dict(best.params), us=best.value,
-        tflops=best.user_attrs.get("tflops") or 0.0, default_us=attrs.get("default_us"),
+        arch=attrs["arch"], device=device, problem=problem, config=dict(best.params), us=us,
+        tflops=tflops, default_us=default_us,
         peers_us=peers_us, max_err=best.user_attrs.get("max_err"),
         kernel_fingerprint=attrs.get("kernel_fingerprint", ""), versions=attrs.get("versions") or {},
         study=study.study_name, trial=best.number)

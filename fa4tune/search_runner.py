@@ -45,6 +45,7 @@ from fa4tune.environment import kernel_api, kernel_fingerprint
 from fa4tune.peers import PEER_NAMES
 from fa4tune.progress import Progress
 from fa4tune.record import record_best
+from fa4tune.retime import retime
 from fa4tune.shapes import shape_key
 from fa4tune.space import SearchSpace, load_space
 from fa4tune.storage import open_storage
@@ -76,6 +77,8 @@ class SearchSettings:
     warm_start: bool = True                    # seed new studies from tuned neighbours (fa4tune.warm_start)
     evaluator: str = DEFAULT_EVALUATOR
     kernel_api: str = "fa4.kernels"            # tests inject a CPU model of the kernel API here
+    retime_rounds: int = 3                     # re-times of each finalist after the loop (0: none)
+    retime_top: int = 3                        # finalists: the fastest distinct configurations, and the default
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -192,6 +195,11 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
     progress.message(f"[{name}] {summary['evaluated']} evaluated in {wall_s:.1f} s wall: compile "
                      f"{summary['compile_s_total']:.1f} s summed over {pool.size} processes, GPU phase "
                      f"{summary['gpu_s_total']:.1f} s (these totals cover every run of the study)")
+    retimed = None
+    if settings.retime_rounds > 0:
+        retimed = retime(study, pool, kernels, arch, problem, loop.timing, top=settings.retime_top,
+                         rounds=settings.retime_rounds, progress=progress, name=name)
+        summary["retime"] = retimed
     if settings.record_db:
-        summary["db"] = record_best(study, settings.db_path)
+        summary["db"] = record_best(study, settings.db_path, retimed)
     return summary

@@ -72,6 +72,29 @@ def fake_us(config: dict) -> float:
 
 # ---- evaluator (worker processes) ---------------------------------------------------------------
 
+# A lucky measurement (the winner's curse, for the search's re-time step): with FA4TUNE_FAKE_LUCKY
+# set to "<folder>:<part of a label>" (e.g. "tile_n=128 kv_stages=3"), the first time a worker times
+# a configuration whose label holds that part it reads LUCKY_US faster than the configuration is; the
+# folder records which were timed (across workers).
+FAKE_LUCKY_ENV = "FA4TUNE_FAKE_LUCKY"
+LUCKY_US = 3.0
+
+
+def _lucky_first_time(config) -> bool:
+    spec = os.environ.get(FAKE_LUCKY_ENV)
+    if not spec:
+        return False
+    folder, part = spec.rsplit(":", 1)
+    if part not in config.label():
+        return False
+    marker = os.path.join(folder, config.label().replace(" ", "_").replace("=", "-"))
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 class FakeKernel:
     def __init__(self, config: Config):
         self.config = config
@@ -106,6 +129,8 @@ class FakeEvaluator:
             return {"outcome": "mismatch", "max_err": 1.0, "max_err_sdpa": 1.0,
                     "error": "differs from the fp32 reference: max abs error 1", "passed": False}
         us = fake_us(config.to_dict())
+        if _lucky_first_time(config):
+            us = round(us - LUCKY_US, 3)
         return {"outcome": "ok", "us": us, "tflops": round(problem.flops() / us / 1e6, 2),
                 "max_err": 0.001, "max_err_sdpa": 0.0005,
                 "visible_gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "worker_pid": os.getpid()}
