@@ -37,7 +37,9 @@ Barriers (mbarriers in shared memory; three kinds):
 The value MMA of stage q waits on three: kv_full (V landed), p_full (softmax wrote P) and o_ready
 (the correction warpgroup rescaled O, or released it without touching it). o_ready is arrived once per
 value MMA: by the correction step of the block for blocks 1.., and for block 0 by the previous tile's
-epilogue (or at start), which releases O only after it has read it.
+epilogue (or at start), which releases O only after it has read it. With tmem_stages == q_stages
+(the default) the last two are one barrier: the correction warpgroup arrives on p_full[q] (S/P
+buffer q is stage q's then) and the value MMA waits twice, kv_full and p_full (`p_o_merged`).
 A score MMA does not wait for its S/P buffer: the value MMA that last read the buffer was issued
 before it by the same thread, and tcgen05.mma from one thread execute in issue order (flash-attn-4
 relies on the same). o_done is committed after every value MMA only when tmem_stages > q_stages; with
@@ -234,6 +236,20 @@ class FlashAttentionForwardSm100:
         # (for the epilogue). With a deeper S/P ring the score MMA runs ahead, so o_done is
         # committed and waited for every block.
         self.o_done_every_block = p.tmem_stages > p.q_stages
+        # With tmem_stages == q_stages (`plan.p_o_merged`) "P written" and "O safe" for value MMA
+        # (i, q) are one barrier, p_full[q]: score MMA k = score_base + i*Q + q writes buffer
+        # k % T = q (score_base is a multiple of Q = T), and its phase k // T = block_base + i is
+        # o_ready's. A phase completes on the 128 softmax and the 128 correction arrivals of that
+        # (i, q) (twice that in a pair), and no thread can arrive for (i+1, q) before it completes:
+        # the softmax arrives for i+1 after S(i+1, q), and the correction (after its mailbox) or its
+        # epilogue (after o_done) only after the softmax did or the last value MMA completed, and
+        # the MMA warp issues score MMA (i+1, q), and the next task's, only after value MMA (i, q),
+        # i.e. after that wait (lag L = T - 1 < Q). Ordering of the data: the softmax's P stores and
+        # the correction's O rescale are each fenced (tcgen05 before_thread_sync) before their
+        # arrive, the MMA warp fences after the wait, as with two barriers. Saves one wait per value
+        # MMA (flash-attn-4 does the same with its S/P/O pipeline).
+        self.p_o_merged = p.p_o_merged
+        self.o_ready_kind = "p_full" if p.p_o_merged else "o_ready"
         self.rescale_tile = p.rescale_tile
         self.rescale_threshold = float(p.rescale_threshold)
         self.causal = p.causal
@@ -777,7 +793,8 @@ class FlashAttentionForwardSm100:
                             bars.wait("kv_full", v_slot, (kv_count // R) & 1)
                             kv_count += 1
                         bars.wait("p_full", slot, (k // T) & 1)
-                        bars.wait("o_ready", pq, (block_base + pb) & 1)
+                        if const_expr(not self.p_o_merged):
+                            bars.wait("o_ready", pq, (block_base + pb) & 1)
                         tcgen05_fence_after_sync()
                         tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, pq)
                         tOrP = cute.make_tensor(
@@ -1042,7 +1059,7 @@ class FlashAttentionForwardSm100:
 
         # O is free before the first value MMA of each stage
         for q in cutlass.range_constexpr(Q):
-            bars.arrive_leader("o_ready", q)
+            bars.arrive_leader(self.o_ready_kind, q)
 
         mail_count = Int32(0)
         o_done_count = Int32(0)
@@ -1067,7 +1084,7 @@ class FlashAttentionForwardSm100:
                                         tLcO, scale)
                         cute.arch.fence_view_async_tmem_store()
                         tcgen05_fence_before_sync()
-                    bars.arrive_leader("o_ready", q)
+                    bars.arrive_leader(self.o_ready_kind, q)
                 mail_count += 1
                 if const_expr(self.o_done_every_block):
                     o_done_count += 1
@@ -1088,7 +1105,7 @@ class FlashAttentionForwardSm100:
                     # O has been read: the next task's first value MMA may overwrite it
                     cute.arch.fence_view_async_tmem_load()
                     tcgen05_fence_before_sync()
-                    bars.arrive_leader("o_ready", q)
+                    bars.arrive_leader(self.o_ready_kind, q)
             mail_count += 1
             if n_end > 0:
                 o_done_count += 1
