@@ -179,7 +179,8 @@ def test_two_cta_is_a_cluster_pair_in_the_sass():
     assert rep["spill_stores"] == 0 and rep["smem_bytes"] == rep["smem_model_bytes"], rep
     text = sass_build.disassemble(sass_build.compile_ours(config, problem))
     ops = re.findall(r"\b(UTCHMMA\S*|UTCBAR\S*|UTMALDG\S*|UCGABAR_\w+)", text)
-    assert ops.count("UTCHMMA.2CTA") == 16 and "UTCHMMA" not in ops, sorted(set(ops))
+    # one KV block per MMA-loop iteration: two Q stages x (8 + 8) K-steps, every one cta_group::2
+    assert ops.count("UTCHMMA.2CTA") == 32 and "UTCHMMA" not in ops, sorted(set(ops))
     assert all(op.endswith(".2CTA") for op in ops if op.startswith("UTMALDG")), sorted(set(ops))
     assert "UTCBAR.2CTA.MULTICAST" in ops and "UCGABAR_WAIT" in ops
     pair = sass.summarize(text, tile_n=128, head_dim=128, q_stages=2, two_cta=True)

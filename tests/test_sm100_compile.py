@@ -101,7 +101,8 @@ def test_pack_gqa_needs_ratio_dividing_the_tile():
 def test_two_cta_rules():
     """The cluster pair: non-causal only (a stated reason, not a silently ignored knob); each CTA
     holds half of every K/V tile, so four K/V stages fit at D=128 (three without the pair); the MMA
-    warp's p_full and o_ready count both CTAs' warpgroups; the pair is a codegen knob."""
+    warp's p_full and o_ready count both CTAs' warpgroups (p_full the correction's too when merged);
+    the pair is a codegen knob."""
     causal = AttentionProblem(1, 1024, 1024, 32, 8, 128, causal=True)
     reasons = sm100.resource_reasons(cfg(two_cta=True, scheduler="lpt"), causal)
     assert any(r.startswith("two_cta: non-causal only") for r in reasons), reasons
@@ -110,8 +111,12 @@ def test_two_cta_rules():
     single, pair = make_plan(cfg(kv_stages=3), BASE), make_plan(cfg(kv_stages=3, two_cta=True), BASE)
     # half of three 32 KiB slots (the 8-byte TMEM-dealloc barrier fits the struct's 1 KiB rounding)
     assert single.smem_bytes - pair.smem_bytes == 3 * 128 * 128 * 2 // 2
-    assert pair.barrier_arrivals["p_full"] == pair.barrier_arrivals["o_ready"] == 256
-    assert single.barrier_arrivals["p_full"] == 128 and pair.mma_m == 256 and pair.tmem_columns == 512
+    # tmem_stages == q_stages here: p_full also takes the correction's O-ready arrivals
+    assert single.p_o_merged and pair.p_o_merged
+    assert pair.barrier_arrivals["o_ready"] == 256 and pair.barrier_arrivals["p_full"] == 512
+    assert single.barrier_arrivals["p_full"] == 256 and pair.mma_m == 256 and pair.tmem_columns == 512
+    apart = make_plan(cfg(kv_stages=3, tmem_stages=1, two_cta=True), BASE)
+    assert not apart.p_o_merged and apart.barrier_arrivals["p_full"] == 256
     assert compile_key(cfg(two_cta=True), BASE) != compile_key(cfg(), BASE)
     # the pair's measured spill (poly 8, one Q stage, softmax_regs 192) is a reason; neighbours are not
     spill = cfg(two_cta=True, exp2_poly_columns=8, softmax_regs=192, q_stages=1, tmem_stages=3)

@@ -37,7 +37,9 @@ Barriers (mbarriers in shared memory; three kinds):
 The value MMA of stage q waits on three: kv_full (V landed), p_full (softmax wrote P) and o_ready
 (the correction warpgroup rescaled O, or released it without touching it). o_ready is arrived once per
 value MMA: by the correction step of the block for blocks 1.., and for block 0 by the previous tile's
-epilogue (or at start), which releases O only after it has read it.
+epilogue (or at start), which releases O only after it has read it. With tmem_stages == q_stages
+(the default) the last two are one barrier: the correction warpgroup arrives on p_full[q] (S/P
+buffer q is stage q's then) and the value MMA waits twice, kv_full and p_full (`p_o_merged`).
 A score MMA does not wait for its S/P buffer: the value MMA that last read the buffer was issued
 before it by the same thread, and tcgen05.mma from one thread execute in issue order (flash-attn-4
 relies on the same). o_done is committed after every value MMA only when tmem_stages > q_stages; with
@@ -234,6 +236,20 @@ class FlashAttentionForwardSm100:
         # (for the epilogue). With a deeper S/P ring the score MMA runs ahead, so o_done is
         # committed and waited for every block.
         self.o_done_every_block = p.tmem_stages > p.q_stages
+        # With tmem_stages == q_stages (`plan.p_o_merged`) "P written" and "O safe" for value MMA
+        # (i, q) are one barrier, p_full[q]: score MMA k = score_base + i*Q + q writes buffer
+        # k % T = q (score_base is a multiple of Q = T), and its phase k // T = block_base + i is
+        # o_ready's. A phase completes on the 128 softmax and the 128 correction arrivals of that
+        # (i, q) (twice that in a pair), and no thread can arrive for (i+1, q) before it completes:
+        # the softmax arrives for i+1 after S(i+1, q), and the correction (after its mailbox) or its
+        # epilogue (after o_done) only after the softmax did or the last value MMA completed, and
+        # the MMA warp issues score MMA (i+1, q), and the next task's, only after value MMA (i, q),
+        # i.e. after that wait (lag L = T - 1 < Q). Ordering of the data: the softmax's P stores and
+        # the correction's O rescale are each fenced (tcgen05 before_thread_sync) before their
+        # arrive, the MMA warp fences after the wait, as with two barriers. Saves one wait per value
+        # MMA (flash-attn-4 does the same with its S/P/O pipeline).
+        self.p_o_merged = p.p_o_merged
+        self.o_ready_kind = "p_full" if p.p_o_merged else "o_ready"
         self.rescale_tile = p.rescale_tile
         self.rescale_threshold = float(p.rescale_threshold)
         self.causal = p.causal
@@ -496,6 +512,18 @@ class FlashAttentionForwardSm100:
         else:
             cute.arch.barrier()
 
+        # The tiled MMAs reach the kernel as parameters, so their runtime fields (negate A/B, the
+        # disable-output-lane mask) would be kernel-parameter values: the instruction descriptor a
+        # select on them and the 128-bit lane mask a runtime operand of every tcgen05.mma, which
+        # ptxas keeps per MMA in uniform registers (reloaded by R2UR each iteration). Fix them to
+        # the constants they already hold (no negation, no lane disabled) so the descriptor and mask
+        # fold to immediates. Same MMAs, same results. (Set here, before any role's branch:
+        # a field set inside the MMA warp's branch would not dominate the other roles' uses.)
+        lanes_off = [0] * (4 * self.cta_group)
+        for tiled_mma in (qk_tiled_mma, pv_tiled_mma):
+            tiled_mma.set(tcgen05.Field.NEGATE_A, False)
+            tiled_mma.set(tcgen05.Field.NEGATE_B, False)
+            tiled_mma.set(tcgen05.Field.DISABLE_OUTPUT_LANE, lanes_off)
         # this CTA's half of a pair's MMA (0: the leader, which issues the MMAs; always 0 alone)
         cta_v = self._cta_v()
         qk_thr_mma = qk_tiled_mma.get_slice(cta_v)
@@ -720,67 +748,71 @@ class FlashAttentionForwardSm100:
             m_block, head, batch = sched.decode(task)
             n_end, n_full = self._block_range(m_block, seqlen_q, seqlen_k)
             total = n_end * Q
-            for s in cutlass.range(total + L, unroll=1):
-                if s < total:
-                    # ---- score MMA s: S[slot] = Q[stage] K[n]^T
-                    stage = s % Q
-                    block = s // Q
-                    k = score_base + s
-                    slot = k % T
-                    if block == 0:
-                        bars.wait("q_full", stage, q_count & 1)
-                    if stage == 0:
-                        k_slot = kv_count % R
-                        bars.wait("kv_full", k_slot, (kv_count // R) & 1)
-                        kv_count += 1
-                    # No wait for the S/P buffer: the value MMA that last read it (score MMA
-                    # k - T's P) was issued earlier by this thread, and tcgen05.mma from one thread
-                    # execute in issue order; the softmax finished with that buffer before that
-                    # value MMA was released (p_full).
-                    tcgen05_fence_after_sync()
-                    tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
-                    tSrQ_s = tSrQ[None, None, None, stage]
-                    tSrK_s = tSrK[None, None, None, k_slot]
-                    for kp in cutlass.range_constexpr(cute.size(tSrQ_s, mode=[2])):
-                        qk_tiled_mma.set(tcgen05.Field.ACCUMULATE, kp != 0)
-                        cute.gemm(qk_tiled_mma, tStS, tSrQ_s[None, None, kp], tSrK_s[None, None, kp],
-                                  tStS)
-                    bars.commit("s_full", slot)
-                    if stage == Q - 1:
-                        bars.commit("kv_empty", k_slot)  # K[n] read by every stage
-                    if block == n_end - 1:
-                        bars.commit("q_empty", stage)  # last score MMA of this stage's Q tile
-                p = s - L
-                if p >= 0 and p < total:
-                    # ---- value MMA p: O[stage] += P[slot] V[n]
-                    stage = p % Q
-                    block = p // Q
-                    k = score_base + p
-                    slot = k % T
-                    if stage == 0:
-                        v_slot = kv_count % R
-                        bars.wait("kv_full", v_slot, (kv_count // R) & 1)
-                        kv_count += 1
-                    bars.wait("p_full", slot, (k // T) & 1)
-                    bars.wait("o_ready", stage, (block_base + block) & 1)
-                    tcgen05_fence_after_sync()
-                    tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, stage)
-                    tOrP = cute.make_tensor(
-                        cute.recast_ptr(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n),
-                                        dtype=tOrP_proto.element_type),
-                        tOrP_proto.layout)
-                    tOrV_s = tOrV[None, None, None, v_slot]
-                    for kp in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                        pv_tiled_mma.set(tcgen05.Field.ACCUMULATE, block != 0 or kp != 0)
-                        cute.gemm(pv_tiled_mma, tOtO, tOrP[None, None, kp], tOrV_s[None, None, kp],
-                                  tOtO)
-                    if const_expr(self.o_done_every_block):
-                        bars.commit("o_done", stage)
-                    else:
-                        if block == n_end - 1:
-                            bars.commit("o_done", stage)  # the epilogue's "O is final"
-                    if stage == Q - 1:
-                        bars.commit("kv_empty", v_slot)
+            # Step s = b*Q + q issues score MMA s, then value MMA s - L (the order of the module
+            # docstring). The Q stages of a block are unrolled, so every stage index, TMEM column
+            # and Q descriptor is a compile-time constant and the stage tests are gone; value MMA
+            # s - L belongs to stage pq = (q - L) mod Q of block b + off (static pq and off).
+            for b in cutlass.range(n_end + (L + Q - 1) // Q, unroll=1):
+                for q in cutlass.range_constexpr(Q):
+                    if b < n_end:
+                        # ---- score MMA s: S[slot] = Q[q] K[n]^T
+                        k = score_base + b * Q + q
+                        slot = k % T
+                        if b == 0:
+                            bars.wait("q_full", q, q_count & 1)
+                        if const_expr(q == 0):
+                            k_slot = kv_count % R
+                            bars.wait("kv_full", k_slot, (kv_count // R) & 1)
+                            kv_count += 1
+                        # No wait for the S/P buffer: the value MMA that last read it (score MMA
+                        # k - T's P) was issued earlier by this thread, and tcgen05.mma from one
+                        # thread execute in issue order; the softmax finished with that buffer
+                        # before that value MMA was released (p_full).
+                        tcgen05_fence_after_sync()
+                        tStS = self._tmem_S(qk_thr_mma, tmem_ptr, slot)
+                        tSrQ_s = tSrQ[None, None, None, q]
+                        tSrK_s = tSrK[None, None, None, k_slot]
+                        for kp in cutlass.range_constexpr(cute.size(tSrQ_s, mode=[2])):
+                            qk_tiled_mma.set(tcgen05.Field.ACCUMULATE, kp != 0)
+                            cute.gemm(qk_tiled_mma, tStS, tSrQ_s[None, None, kp],
+                                      tSrK_s[None, None, kp], tStS)
+                        bars.commit("s_full", slot)
+                        if const_expr(q == Q - 1):
+                            bars.commit("kv_empty", k_slot)  # K[n] read by every stage
+                        if b == n_end - 1:
+                            bars.commit("q_empty", q)  # last score MMA of this stage's Q tile
+                    pq = (q - L) % Q
+                    off = (q - L - pq) // Q  # <= 0
+                    pb = b + off
+                    if pb >= 0 and pb < n_end:
+                        # ---- value MMA p: O[pq] += P[slot] V[n]
+                        k = score_base + pb * Q + pq
+                        slot = k % T
+                        if const_expr(pq == 0):
+                            v_slot = kv_count % R
+                            bars.wait("kv_full", v_slot, (kv_count // R) & 1)
+                            kv_count += 1
+                        bars.wait("p_full", slot, (k // T) & 1)
+                        if const_expr(not self.p_o_merged):
+                            bars.wait("o_ready", pq, (block_base + pb) & 1)
+                        tcgen05_fence_after_sync()
+                        tOtO = self._tmem_O(pv_thr_mma, tmem_ptr, pq)
+                        tOrP = cute.make_tensor(
+                            cute.recast_ptr(tmem_ptr + (self.tmem_s_offset + slot * self.tile_n),
+                                            dtype=tOrP_proto.element_type),
+                            tOrP_proto.layout)
+                        tOrV_s = tOrV[None, None, None, v_slot]
+                        for kp in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                            pv_tiled_mma.set(tcgen05.Field.ACCUMULATE, pb != 0 or kp != 0)
+                            cute.gemm(pv_tiled_mma, tOtO, tOrP[None, None, kp],
+                                      tOrV_s[None, None, kp], tOtO)
+                        if const_expr(self.o_done_every_block):
+                            bars.commit("o_done", pq)
+                        else:
+                            if pb == n_end - 1:
+                                bars.commit("o_done", pq)  # the epilogue's "O is final"
+                        if const_expr(pq == Q - 1):
+                            bars.commit("kv_empty", v_slot)
             if n_end > 0:
                 q_count += 1
             score_base += total
@@ -1027,7 +1059,7 @@ class FlashAttentionForwardSm100:
 
         # O is free before the first value MMA of each stage
         for q in cutlass.range_constexpr(Q):
-            bars.arrive_leader("o_ready", q)
+            bars.arrive_leader(self.o_ready_kind, q)
 
         mail_count = Int32(0)
         o_done_count = Int32(0)
@@ -1052,7 +1084,7 @@ class FlashAttentionForwardSm100:
                                         tLcO, scale)
                         cute.arch.fence_view_async_tmem_store()
                         tcgen05_fence_before_sync()
-                    bars.arrive_leader("o_ready", q)
+                    bars.arrive_leader(self.o_ready_kind, q)
                 mail_count += 1
                 if const_expr(self.o_done_every_block):
                     o_done_count += 1
@@ -1073,7 +1105,7 @@ class FlashAttentionForwardSm100:
                     # O has been read: the next task's first value MMA may overwrite it
                     cute.arch.fence_view_async_tmem_load()
                     tcgen05_fence_before_sync()
-                    bars.arrive_leader("o_ready", q)
+                    bars.arrive_leader(self.o_ready_kind, q)
             mail_count += 1
             if n_end > 0:
                 o_done_count += 1

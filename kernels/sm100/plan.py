@@ -98,9 +98,20 @@ class KernelPlan:
         warp of the other CTA arrives)."""
         wg = TMEM_LANES  # one warpgroup
         pair = wg * self.cta_group
+        # merged (`p_o_merged`): p_full also takes the correction warpgroup's O-ready arrivals
+        p_full = 2 * pair if self.p_o_merged else pair
         return {"q_full": 1, "q_empty": 1, "kv_full": 1, "kv_empty": 1, "s_full": 1,
-                "p_full": pair, "o_done": 1, "o_ready": pair, "mail_full": wg, "mail_empty": wg,
+                "p_full": p_full, "o_done": 1, "o_ready": pair, "mail_full": wg, "mail_empty": wg,
                 "epi_full": wg, "epi_empty": 1, "tmem_dealloc": 32}
+
+    @property
+    def p_o_merged(self) -> bool:
+        """One barrier per Q stage for "P written and O safe" (flash-attn-4's S/P/O barrier): with
+        tmem_stages == q_stages the S/P buffer of value MMA (i, q) is buffer q, so p_full[q] can
+        take the correction warpgroup's O-ready arrivals too and the value MMA waits once, not
+        twice; o_ready stays allocated but unused. Why the phases cannot mix: `kernel.py`,
+        `FlashAttentionForwardSm100._setup_attributes`."""
+        return self.tmem_stages == self.q_stages
 
     # --- the CTA pair ---------------------------------------------------------------------------
     @property
