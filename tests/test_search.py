@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -389,19 +388,25 @@ def test_a_repeat_is_a_fail_trial_without_a_value_and_is_not_counted(tmp_path, p
     assert summary["repeats"] == 1 and summary["interrupted"] == 0 and summary["evaluated"] == 6
 
 
-def test_the_retime_step_records_the_lowest_median_not_the_luckiest_trial(tmp_path, monkeypatch):
-    """tile_n=128 kv_stages=3 (33.0 us in the fake) reads 30.0 the first time it is timed: the search's
-    best trial.
-    Re-timed three times with the other finalists, its median is 33.0, and the database gets tile_n=112
-    (32.0), timed by its median; without the re-time it would get the lucky one."""
+def _search_with_a_lucky_trial(tmp_path, monkeypatch, retime_rounds: int) -> dict:
+    """The whole 24-point test space, where tile_n=128 kv_stages=3 times 3 us lucky the first time."""
     from test_search_fakes import FAKE_LUCKY_ENV
 
     lucky = tmp_path / "lucky"
     lucky.mkdir()
     monkeypatch.setenv(FAKE_LUCKY_ENV, f"{lucky}:tile_n=128 kv_stages=3")
     s = settings(tmp_path, sampler="grid", trials=24, space_path=str(_write_space(tmp_path)), peers=(),
-                 retime_rounds=3)
+                 retime_rounds=retime_rounds)
     [summary] = run_search("sm90", [MISSION], s, QUIET)   # its own pool: the workers see the variable
+    return summary
+
+
+def test_the_retime_step_records_the_lowest_median_not_the_luckiest_trial(tmp_path, monkeypatch):
+    """tile_n=128 kv_stages=3 (33.0 us in the fake) reads 30.0 the first time it is timed: the search's
+    best trial.
+    Re-timed three times with the other finalists, its median is 33.0, and the database gets tile_n=112
+    (32.0), timed by its median; without the re-time it would get the lucky one."""
+    summary = _search_with_a_lucky_trial(tmp_path, monkeypatch, retime_rounds=3)
     study = load(tmp_path, summary["study"])
     assert study.best_trial.params["tile_n"] == 128 and study.best_value == pytest.approx(30.0)
     retimed = summary["retime"]
@@ -417,13 +422,6 @@ def test_the_retime_step_records_the_lowest_median_not_the_luckiest_trial(tmp_pa
 
 
 def test_without_the_retime_the_search_records_its_best_trial(tmp_path, monkeypatch):
-    from test_search_fakes import FAKE_LUCKY_ENV
-
-    lucky = tmp_path / "lucky"
-    lucky.mkdir()
-    monkeypatch.setenv(FAKE_LUCKY_ENV, f"{lucky}:tile_n=128 kv_stages=3")
-    s = settings(tmp_path, sampler="grid", trials=24, space_path=str(_write_space(tmp_path)), peers=(),
-                 retime_rounds=0)
-    [summary] = run_search("sm90", [MISSION], s, QUIET)
+    summary = _search_with_a_lucky_trial(tmp_path, monkeypatch, retime_rounds=0)
     [entry] = BestConfigDB.load(tmp_path / "db.json").entries
     assert "retime" not in summary and entry.config["tile_n"] == 128 and entry.us == pytest.approx(30.0)
