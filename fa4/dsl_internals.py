@@ -28,12 +28,16 @@ def direct_launcher(compiled):
     directly and skip those three Python frames. Anything that does not look exactly like that (other
     DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
     checked `run` stays in use. The launch keeps `compiled` alive, which owns the execution engine.
+    A kernel loaded from the disk cache is already a plain `tvm_ffi.Function` (the same exported C
+    function, same arguments) and is its own direct launcher.
     """
     fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/compiling.py)
     try:
         import tvm_ffi
     except ImportError:
         return None
+    if type(fn) is tvm_ffi.Function and fn.__chandle__() != 0:
+        return fn  # loaded from the disk cache (fa4.compile_cache): no DSL Python around the C call
     execution_args = getattr(fn, "execution_args", None)
     if execution_args is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
         return None
