@@ -16,11 +16,18 @@ One row per (shape, variant):
     variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`) | "dispatched": `fa4.attention`
                 itself, called in a worker with the database the bench reads (fastest-backend dispatch
                 included); its `us` is GPU time by CUDA-graph replay like every row's (graph mode), and
-                it adds `eager_us` (wall time per back-to-back eager call) and `backend` ({"eager",
-                "graph"}: what ran, as fa4.explain says)
+                it adds `backend` ({"eager", "graph"}: what ran, as fa4.explain says)
     outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
                 usable database entry, its error saying why: stale, unusable, too far, another GPU)
     us, tflops  GPU time and rate (null unless ok)
+    eager_us    wall time per back-to-back eager call (`fa4tune.timing.time_eager`: the larger of host
+                and GPU time per call), the eager counterpart of `us`, so issue 12's bar can be checked
+                in both modes from one run. On a "dispatched" row: fa4.attention as a user calls it. On
+                a peer row: the peer called as the runtime calls it (the call its `us` times). On ours:
+                only the row fa4.attention runs (the tuned row, else the default: `report_data`'s
+                rule), timed as fa4.attention forced to our kernel (backend="ours"), so it includes the
+                runtime's host work as the dispatched row's does; the other row of ours has none.
+                null where not measured
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
                 is missing)
     kv_expanded true on a SDPA row timed on K and V expanded to the query heads (the backend refused
@@ -79,6 +86,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     limit = max_distance()
     rows: list[dict] = []
     tasks: dict[int, dict] = {}
+    ours_eager: dict[str, Optional[float]] = {}  # shape -> ours' eager us, from its dispatched task
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
                     trial_timeout_s=trial_timeout_s, compile_timeout_s=compile_timeout_s) as pool:
         device = pool.device
@@ -123,18 +131,25 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                         ok = "us" in data
                         rows.append({"shape": row["shape"], "problem": row["problem"], "variant": name,
                                      "outcome": "ok" if ok else "launch_error", "us": data.get("us"),
+                                     "eager_us": data.get("eager_us"),
                                      "tflops": data.get("tflops"), "max_err": data.get("max_err"),
                                      "error": data.get("error"),
                                      **({"kv_expanded": True} if data.get("kv_expanded") else {})})
                 else:
-                    extra = ({"eager_us": result.get("eager_us"), "backend": result.get("backend")}
-                             if row["variant"] == DISPATCHED else {})
+                    extra = {}
+                    if row["variant"] == DISPATCHED:
+                        extra = {"eager_us": result.get("eager_us"), "backend": result.get("backend")}
+                        ours_eager[row["shape"]] = result.get("ours_eager_us")
+                        if result.get("ours_eager_error"):
+                            progress.message(f"bench {row['shape']}: fa4.attention forced to our kernel "
+                                             f"could not be timed eagerly ({result['ours_eager_error']})")
                     rows.append({**row, "outcome": result["outcome"], "us": result.get("us"),
                                  "tflops": result.get("tflops"), "max_err": result.get("max_err"),
                                  "error": result.get("error"), **extra})
                 progress.detail(f"bench {row['shape']} {row['variant']}: {result.get('outcome')}")
     order = {"tuned": 0, "default": 1, **{p: 2 + i for i, p in enumerate(peers)}, DISPATCHED: 2 + len(peers)}
     rows.sort(key=lambda r: ([shape_key(arch, p) for p in problems].index(r["shape"]), order.get(r["variant"], 99)))
+    _ours_eager(rows, ours_eager)
     _speedups(rows)
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
             "versions": versions(), "kernel_fingerprint": fingerprint, "timing": timing.describe(),
@@ -166,12 +181,23 @@ def dispatched(rows: list[dict], device_name: str) -> dict[str, dict[str, dict]]
     return out
 
 
+def _ours_eager(rows: list[dict], ours_eager: dict[str, Optional[float]]) -> None:
+    """Give the row of ours that fa4.attention runs (the tuned row when it ran, else the default:
+    `report_data.dispatch_rows`' rule) the eager time measured with its shape's dispatched task; it is
+    known only once every task of the shape finished."""
+    tuned_ran = {r["shape"] for r in rows if r["variant"] == "tuned" and r.get("outcome") == "ok"}
+    for r in rows:
+        ours = "tuned" if r["shape"] in tuned_ran else "default"
+        if r["variant"] == ours and r.get("outcome") == "ok" and ours_eager.get(r["shape"]) is not None:
+            r["eager_us"] = ours_eager[r["shape"]]
+
+
 def _speedups(rows: list[dict]) -> None:
     tuned = {r["shape"]: r.get("us") for r in rows if r["variant"] == "tuned" and r.get("outcome") == "ok"}
     for r in rows:
         t = tuned.get(r["shape"])
         r["speedup_of_tuned"] = round(r["us"] / t, 3) if t and r.get("us") else None
-        for key in ("us", "tflops", "max_err", "error", "config", "lookup", "db_key"):
+        for key in ("us", "eager_us", "tflops", "max_err", "error", "config", "lookup", "db_key"):
             r.setdefault(key, None)
 
 

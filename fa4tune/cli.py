@@ -540,27 +540,75 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
              r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
     from fa4.dispatch import TITLES
+    from fa4tune.report_data import DISPATCH_TOLERANCE
 
     ran = {r["shape"]: r for r in doc["rows"] if r["variant"] == "dispatched"}
+    picks = doc.get("dispatch", {})
+    verdicts = _dispatch_verdicts(doc)
 
     def what_ran(shape, mode):
         backend = (ran.get(shape, {}).get("backend") or {}).get(mode)
         return TITLES.get(backend, backend)
 
-    _table("fastest backend per shape: picked from this run's times, and what fa4.attention ran "
-           "(the \"dispatched\" rows; it follows the database's times)",
-           ["shape", "eager: fastest", "eager: ran", "eager us/call", "captured: fastest", "captured: ran",
-            "captured us"],
-           [[shape, *_fastest(d, "eager"), what_ran(shape, "eager"), _fmt(ran.get(shape, {}).get("eager_us")),
-             *_fastest(d, "graph"), what_ran(shape, "graph"), _fmt(ran.get(shape, {}).get("us"))]
-            for shape, d in doc.get("dispatch", {}).items()])
+    def measured(shape, mode):
+        """The fastest implementation measured in this run in `mode` with its time, and the dispatched
+        row's time over it (report_data.dispatch_rows, the report's rule)."""
+        d = verdicts.get(shape)
+        if d is None:
+            return [None, None]
+        name, us, ratio, within = ((d.eager_fastest, d.eager_fastest_us, d.eager_ratio, d.eager_within_tolerance)
+                                   if mode == "eager" else
+                                   (d.fastest, d.fastest_us, d.ratio, d.graph_within_tolerance))
+        return [f"{_impl_title(name)} {_fmt(us)}" if name else None,
+                f"{ratio:.3f}x {'ok' if within else 'MISS'}" if ratio is not None else None]
+
+    shapes = [s for s in dict.fromkeys(r["shape"] for r in doc["rows"]) if s in picks or s in verdicts]
+    _table("fastest backend per shape: picked from this run's times, what fa4.attention ran (the "
+           "\"dispatched\" rows; it follows the database's times), and the fastest measured in this run "
+           "with the dispatched row's time over it (issue 12's bar)",
+           ["shape", "eager: picked", "eager: ran", "eager us/call", "eager: fastest measured", "eager ratio",
+            "captured: picked", "captured: ran", "captured us", "captured: fastest measured", "captured ratio"],
+           [[shape, _picked(picks.get(shape), "eager"), what_ran(shape, "eager"),
+             _fmt(ran.get(shape, {}).get("eager_us")), *measured(shape, "eager"),
+             _picked(picks.get(shape), "graph"), what_ran(shape, "graph"), _fmt(ran.get(shape, {}).get("us")),
+             *measured(shape, "graph")]
+            for shape in shapes])
+    bar = f"{DISPATCH_TOLERANCE:.0%}"
+    counts = []
+    for mode, within in (("captured", lambda d: d.graph_within_tolerance),
+                         ("eager", lambda d: d.eager_within_tolerance)):
+        judged = [within(d) for d in verdicts.values() if within(d) is not None]
+        counts.append(f"{mode} {sum(judged)} of {len(judged)} shapes")
+    click.echo(f"fa4.attention within {bar} of the fastest measured in this run: {', '.join(counts)}")
 
 
-def _fastest(choices: dict, mode: str) -> list:
+def _dispatch_verdicts(doc: dict) -> dict:
+    """{shape: report_data.DispatchRow}: each shape's dispatched row beside the fastest implementation
+    of the run, by GPU time and by eager time, computed as the report computes it."""
+    from fa4tune.report_data import dispatch_rows, rows_from_bench
+
+    verdicts = {}
+    for shape in dict.fromkeys(r["shape"] for r in doc["rows"]):
+        found = dispatch_rows(rows_from_bench([r for r in doc["rows"] if r["shape"] == shape], doc))
+        if found:
+            verdicts[shape] = found[0]
+    return verdicts
+
+
+def _impl_title(name: str) -> str:
+    """A bench variant as the runtime names what it runs: the tuned and default rows are ours."""
+    from fa4.dispatch import OURS, TITLES
+
+    return TITLES[OURS] + f" ({name})" if name in ("tuned", "default") else TITLES.get(name, name)
+
+
+def _picked(choices: dict | None, mode: str) -> str | None:
     from fa4.dispatch import TITLES
 
+    if not choices:
+        return None
     choice = choices[mode]
-    return [TITLES[choice["backend"]] + (f" {choice['ratio']}x" if choice["backend"] != "ours" else "")]
+    return TITLES[choice["backend"]] + (f" {choice['ratio']}x" if choice["backend"] != "ours" else "")
 
 
 @main.group()

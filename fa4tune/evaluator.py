@@ -102,7 +102,7 @@ class KernelEvaluator:
         import torch
 
         from fa4tune.peers import peer_available, peer_call
-        from fa4tune.timing import time_cuda, tflops
+        from fa4tune.timing import time_cuda, time_eager, tflops
 
         q, k, v, expected, scale = self._cached_inputs(problem)
         out: dict = {}
@@ -117,7 +117,9 @@ class KernelEvaluator:
                 torch.cuda.synchronize()
                 max_err = float((got.float() - expected.out_fp32).abs().max())
                 measured = time_cuda(call, timing)
-                out[name] = {"us": round(measured.us, 3),
+                # the same call eagerly, back to back: what an eager caller of this peer pays per call
+                eager_us = time_eager(call)
+                out[name] = {"us": round(measured.us, 3), "eager_us": round(eager_us, 3),
                              "tflops": round(tflops(problem.flops(), measured.us), 2),
                              "max_err": round(max_err, 6), **notes}
             except Exception as exc:  # a peer that cannot run this shape is a result, not a crash
@@ -129,7 +131,11 @@ class KernelEvaluator:
     def time_dispatched(self, problem, timing, db_path: Optional[str]) -> dict:
         """`fa4.attention` itself on the problem, with the database the bench reads: what it runs per
         mode (`fa4.explain`), its output checked, its GPU time by CUDA-graph replay (graph mode:
-        dispatch judges by GPU time there) and its wall time per back-to-back eager call."""
+        dispatch judges by GPU time there) and its wall time per back-to-back eager call; and, as
+        "ours_eager_us", the eager wall time of our kernel through the runtime forced
+        (backend="ours"), so the eager comparison has ours beside the peers' eager times. That extra
+        time is optional: if it fails, the field is left out ("ours_eager_error" says why) and the
+        dispatched row stands."""
         import torch
 
         import fa4
@@ -154,9 +160,21 @@ class KernelEvaluator:
                 return {**result, "outcome": "mismatch"}
             measured = time_cuda(call, timing)
             eager_us = time_eager(call)
-        return {**result, "outcome": "ok", "us": round(measured.us, 3), "eager_us": round(eager_us, 3),
-                "tflops": round(tflops(problem.flops(), measured.us), 2),
-                "replay_spread": round(measured.spread, 4)}
+            result.update(outcome="ok", us=round(measured.us, 3), eager_us=round(eager_us, 3),
+                          tflops=round(tflops(problem.flops(), measured.us), 2),
+                          replay_spread=round(measured.spread, 4))
+
+            def call_ours():
+                return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse,
+                                     backend="ours")
+
+            try:
+                result["ours_eager_us"] = round(time_eager(call_ours), 3)
+            except Exception as exc:  # ours forced cannot run here: the dispatched row still holds
+                if not self.healthy():
+                    raise
+                result["ours_eager_error"] = short_error(exc)
+        return result
 
     def trigger_fault(self) -> None:
         """A real sticky CUDA error (device-side assert from an out-of-bounds index)."""

@@ -72,7 +72,8 @@ def _ran(entry: dict) -> str:
 
 def _hover_extra(entry: dict) -> str:
     """What a bar's hover (and a table cell) adds to its time, as HTML: the backends a dispatched row
-    ran and its eager time per call; that a SDPA row was timed on expanded K and V."""
+    ran; the row's eager time per call where the bench measured it; that a SDPA row was timed on
+    expanded K and V."""
     parts = []
     if entry.get("backend"):
         parts.append("ran: " + _ran(entry))
@@ -351,24 +352,35 @@ def _dispatch_section(data: ReportData, page: _Page) -> None:
              "<i>ran</i> is the implementation it ran in each mode, chosen from the database's times; "
              "<i>this run picks</i> is what dispatch would choose from this run's own times, shown where "
              "it differs. <i>fastest in the run</i> is the fastest of our kernel (as fa4.attention runs it) "
-             "and every peer, leaving out SDPA rows timed on K and V expanded to the query heads. "
+             "and every peer, leaving out SDPA rows timed on K and V expanded to the query heads, by GPU "
+             "time and, separately, by eager time per call. "
              f"✓: within {DISPATCH_TOLERANCE:.0%} of it.</p>")
     rows = []
     for d in data.dispatch:
         differs = {m: n for m, n in d.picked.items() if d.ran.get(m) != n}
-        ratio = (f"{d.ratio:.3f}× " + ("✓" if d.within_tolerance else "✗")) if d.ratio is not None else "–"
         rows.append([
             _e(d.label), _e(d.arch), _e(d.device),
             _e(_backend_title(d.ran["graph"])) if "graph" in d.ran else "–",
             f"{d.us:.2f}",
-            _e(IMPL_NAMES.get(d.fastest, d.fastest)) + f" ({_fmt(d.fastest_us)} µs)" if d.fastest else "–",
-            ratio,
+            _fastest_cell(d.fastest, d.fastest_us),
+            _ratio_cell(d.ratio, d.graph_within_tolerance),
             _e(_backend_title(d.ran["eager"])) if "eager" in d.ran else "–",
             _fmt(d.eager_us),
+            _fastest_cell(d.eager_fastest, d.eager_fastest_us),
+            _ratio_cell(d.eager_ratio, d.eager_within_tolerance),
             _e(", ".join(f"{m}: {_backend_title(n)}" for m, n in differs.items())) or "same",
         ])
-    page.add(_table(["shape", "arch", "device", "graph: ran", "GPU µs", "fastest in the run", "ratio",
-                     "eager: ran", "eager µs per call", "this run picks"], rows))
+    page.add(_table(["shape", "arch", "device", "graph: ran", "GPU µs", "fastest in the run", "graph ratio",
+                     "eager: ran", "eager µs per call", "eager: fastest in the run", "eager ratio",
+                     "this run picks"], rows))
+
+
+def _fastest_cell(impl: str | None, us: float | None) -> str:
+    return _e(IMPL_NAMES.get(impl, impl)) + f" ({_fmt(us)} µs)" if impl else "–"
+
+
+def _ratio_cell(ratio: float | None, within: bool | None) -> str:
+    return f"{ratio:.3f}× " + ("✓" if within else "✗") if ratio is not None else "–"
 
 
 def _heatmap_section(data: ReportData, page: _Page) -> None:

@@ -6,11 +6,13 @@ import csv
 import io
 import json
 
+import pytest
 import test_search_fakes as fakes
 from fa4.database import Entry, record
 from fa4.kernels import AttentionProblem, Config
 from fa4tune import bench_runner as bench_mod
 from fa4tune.bench_runner import run_bench, write_bench
+from fa4tune.report_data import dispatch_rows, problem_label, rows_from_bench
 from fa4tune.search_runner import Progress
 
 EVALUATOR = "test_search_fakes:FakeEvaluator"
@@ -57,6 +59,25 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     # fa4.attention itself, beside each implementation: GPU time, eager time per call, what ran
     ran = rows[("sq2048", "causal", "dispatched")]
     assert (ran["us"], ran["eager_us"], ran["backend"]) == (30.0, 31.0, {"eager": "ours", "graph": "ours"})
+    # eager time per call beside every GPU time: each peer's own, and ours (fa4.attention forced to our
+    # kernel) on the row fa4.attention runs: the tuned row where it ran, else the default
+    assert rows[("sq2048", "causal", "sdpa_cudnn")]["eager_us"] == 32.4
+    assert rows[("sq2048", "causal", "tuned")]["eager_us"] == 31.0
+    assert rows[("sq2048", "causal", "default")]["eager_us"] is None
+    assert rows[("sq8192", "causal", "default")]["eager_us"] == 31.0
+    assert rows[("sq1024", "full", "default")]["eager_us"] == 31.0
+    assert rows[("sq1024", "full", "dispatched")]["eager_us"] == 33.5
+    # issue 12's bar from this one run, as the report judges it: the non-causal shape is within 2 % of
+    # the fastest by GPU time (30.0 vs SDPA cuDNN's 31.6) but not per eager call (33.5 vs ours' 31.0)
+    verdicts = {d.label: d for d in dispatch_rows(rows_from_bench(doc["rows"], doc))}
+    full = verdicts[problem_label(problems[2].to_dict())]
+    assert (full.fastest, full.fastest_us, full.ratio) == ("sdpa_cudnn", 31.6, pytest.approx(30.0 / 31.6))
+    assert (full.eager_fastest, full.eager_fastest_us) == ("default", 31.0)
+    assert full.eager_ratio == pytest.approx(33.5 / 31.0)
+    assert full.graph_within_tolerance and full.eager_within_tolerance is False and full.within_tolerance is False
+    near = verdicts[problem_label(problems[0].to_dict())]
+    assert (near.eager_fastest, near.eager_fastest_us, near.eager_ratio) == ("tuned", 31.0, 1.0)
+    assert (near.fastest, near.ratio) == ("tuned", pytest.approx(30.0 / 30.5)) and near.within_tolerance
 
     out, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
     write_bench(doc, out, out_csv)
@@ -65,6 +86,7 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
         read = list(csv.DictReader(handle))
     assert len(read) == len(doc["rows"]) and read[0]["config"].startswith("tile_m=128 tile_n=112")
     assert read[3]["backend"] == "eager ours / graph ours" and read[3]["eager_us"] == "31.0"
+    assert (read[0]["eager_us"], read[1]["eager_us"], read[2]["eager_us"]) == ("31.0", "", "32.4")
 
 
 def test_missing_entry_and_all_stale(tmp_path, monkeypatch):
