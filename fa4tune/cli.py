@@ -287,7 +287,8 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
                                                "[default: the results directory's studies.journal]")
 @click.option("--study", default=None, help="study name [default: the shape key]")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="GPUs to use, one worker group per GPU")
+              help="GPUs to use, one worker group per GPU: a shape set runs one study per GPU at a time, "
+                   "a single problem runs one study over all of them")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="worker processes in all (they compile in parallel) [default: cores - 2, at most 12; "
                    "with --compile-only: all cores]")

@@ -7,13 +7,21 @@ elsewhere.
 A search over a shape set (`start_set`) says which study of how many runs, and estimates the time left:
 in the study from its rate so far (configurations evaluated by this run per second, capped by its
 `--timeout`), in the set from the mean wall time of the studies this run already tuned (`time_left`).
+
+Several studies may run at once, one per thread (`fa4tune.search_runner` on several GPUs, `lanes` in
+`start_set`): each thread's current study is its own (`_StudyLine`, thread-local), a lock serialises
+every method, and the set's estimate shares the studies not yet started among the lanes. On a terminal
+the studies running at once are rows of one rich bar (rich allows one live display at a time).
 """
 
 from __future__ import annotations
 
+import math
 import sys
+import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -56,80 +64,113 @@ def format_duration(seconds: Optional[float]) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+@dataclass
+class _StudyLine:
+    """The study a thread is running: its label, where it started, and its row of the bar."""
+
+    name: str = ""
+    started: float = field(default_factory=time.monotonic)
+    done0: int = 0
+    timeout_s: Optional[float] = None
+    task: object = None        # its rich task, on a terminal
+    last: float = 0.0          # when its last plain line was printed
+
+
 class Progress:
-    """Progress on stderr: a rich bar on a terminal, a plain line every few seconds elsewhere."""
+    """Progress on stderr: a rich bar on a terminal, a plain line every few seconds elsewhere.
+    Safe to share between threads that each run one study at a time."""
 
     def __init__(self, stream=None, quiet: bool = False, every_s: float = 5.0, verbose: bool = False):
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.verbose = verbose and not quiet
         self.every_s = every_s
+        self._lock = threading.RLock()
         self._bar = None
-        self._task = None
+        self._bar_rows = 0           # studies with a row on the bar that did not end yet
         self._last = 0.0
-        self._name = ""
-        # the shape set and the current study, for the estimates of time left
+        self._local = threading.local()
+        # the shape set, for the estimates of time left
         self._set_size = 1
-        self._study_index = 0
+        self._lanes = 1              # studies running at once
+        self._started_count = 0      # studies of the set started so far
         self._finished_walls: list[float] = []
-        self._study_started = time.monotonic()
-        self._study_done0 = 0
-        self._timeout_s: Optional[float] = None
+
+    @property
+    def _line(self) -> _StudyLine:
+        line = getattr(self._local, "line", None)
+        if line is None:
+            line = self._local.line = _StudyLine()
+        return line
 
     def message(self, text: str) -> None:
         if not self.quiet:
-            print(text, file=self.stream, flush=True)
+            with self._lock:
+                print(text, file=self.stream, flush=True)
 
     def detail(self, text: str) -> None:
         """A line per item (each compiled configuration, each bench row): shown with -v only."""
         if self.verbose:
-            print(text, file=self.stream, flush=True)
+            with self._lock:
+                print(text, file=self.stream, flush=True)
 
     def count(self, done: int, total: int, what: str) -> None:
         """"what: done/total", at most every few seconds (always the last one)."""
-        now = time.monotonic()
-        if done == total or now - self._last >= self.every_s:
-            self._last = now
-            self.message(f"{what}: {done}/{total}")
+        with self._lock:
+            now = time.monotonic()
+            if done == total or now - self._last >= self.every_s:
+                self._last = now
+                self.message(f"{what}: {done}/{total}")
 
-    def start_set(self, names: list[str]) -> None:
-        """A search of several studies begins: name them."""
-        self._set_size, self._study_index, self._finished_walls = len(names), 0, []
-        if len(names) > 1:
-            self.message(f"shape set: {len(names)} studies: " + ", ".join(names))
+    def start_set(self, names: list[str], lanes: int = 1) -> None:
+        """A search of several studies begins, `lanes` of them at a time: name them."""
+        with self._lock:
+            self._set_size, self._lanes = len(names), max(1, lanes)
+            self._started_count, self._finished_walls = 0, []
+            if len(names) > 1:
+                at_once = f", {self._lanes} at a time" if self._lanes > 1 else ""
+                self.message(f"shape set: {len(names)} studies{at_once}: " + ", ".join(names))
 
     def study_finished(self, wall_s: float, evaluated_this_run: int) -> None:
-        """The current study ended; a study resumed with nothing left to do says nothing about the rest."""
-        if evaluated_this_run > 0:
-            self._finished_walls.append(wall_s)
-        self._study_index += 1
+        """A study ended; a study resumed with nothing left to do says nothing about the rest."""
+        with self._lock:
+            if evaluated_this_run > 0:
+                self._finished_walls.append(wall_s)
 
     def time_left(self, done: int, total: int) -> str:
-        elapsed = time.monotonic() - self._study_started
-        left = study_left_s(elapsed, done - self._study_done0, total - done, self._timeout_s)
-        text = f"~{format_duration(left)} left"
-        if self._set_size > 1:
-            after = self._set_size - self._study_index - 1
-            text += f", ~{format_duration(set_left_s(left, elapsed, self._finished_walls, after))} for the set"
-        return text
+        with self._lock:
+            line = self._line
+            elapsed = time.monotonic() - line.started
+            left = study_left_s(elapsed, done - line.done0, total - done, line.timeout_s)
+            text = f"~{format_duration(left)} left"
+            if self._set_size > 1:
+                # the studies not started yet, shared among the lanes, follow this one
+                after = math.ceil(max(0, self._set_size - self._started_count) / self._lanes)
+                text += f", ~{format_duration(set_left_s(left, elapsed, self._finished_walls, after))} for the set"
+            return text
 
     def start(self, name: str, total: int, done: int, timeout_s: Optional[float] = None) -> None:
-        if self._set_size > 1:
-            name = f"{name} ({self._study_index + 1}/{self._set_size})"
-        self._name = name
-        self._study_started, self._study_done0, self._timeout_s = time.monotonic(), done, timeout_s
-        if self.quiet:
-            return
-        if getattr(self.stream, "isatty", lambda: False)():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+        with self._lock:
+            if self._set_size > 1:
+                name = f"{name} ({self._started_count + 1}/{self._set_size})"
+                self._started_count += 1
+            line = self._local.line = _StudyLine(name=name, started=time.monotonic(), done0=done,
+                                                 timeout_s=timeout_s)
+            if self.quiet:
+                return
+            if getattr(self.stream, "isatty", lambda: False)():
+                if self._bar is None:
+                    from rich.console import Console
+                    from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                               TextColumn, TimeElapsedColumn)
 
-            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=Console(file=self.stream))
-            self._bar.start()
-            self._task = self._bar.add_task(name, total=total, completed=done)
-        else:
-            self.message(f"[{name}] starting: {done}/{total} configurations done")
+                    self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                             TimeElapsedColumn(), console=Console(file=self.stream))
+                    self._bar.start()
+                line.task = self._bar.add_task(name, total=total, completed=done)
+                self._bar_rows += 1
+            else:
+                self.message(f"[{name}] starting: {done}/{total} configurations done")
 
     def update(self, done: int, total: int, counts: Counter, best_us, default_us, final=False) -> None:
         fails = " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if k != "ok" and v)
@@ -140,13 +181,18 @@ class Progress:
             text += f" | {self.time_left(done, total)}"
         if self.quiet:
             return
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, description=f"{self._name} {text}")
-            if final:
-                self._bar.stop()
-                self._bar = None
-            return
-        now = time.monotonic()
-        if final or now - self._last >= self.every_s:
-            self._last = now
-            self.message(f"[{self._name}] {text}")
+        with self._lock:
+            line = self._line
+            if self._bar is not None and line.task is not None:
+                self._bar.update(line.task, completed=done, description=f"{line.name} {text}")
+                if final:
+                    line.task = None
+                    self._bar_rows -= 1
+                    if self._bar_rows <= 0:   # the last study running at once ended
+                        self._bar.stop()
+                        self._bar = None
+                return
+            now = time.monotonic()
+            if final or now - line.last >= self.every_s:
+                line.last = now
+                self.message(f"[{line.name}] {text}")

@@ -1,6 +1,21 @@
 """`fa4tune search`: one optuna study per (architecture, problem), each run by a `TrialLoop` over a
 `WorkerPool`, its best configuration recorded in the best-config database.
 
+GPUs: a single problem runs one study over every GPU (one pool spread over them). A shape set on several
+GPUs runs one study per GPU at a time: one pool per GPU (the processes split evenly), started once for
+the set, each fed problems in order from a shared queue by its own thread (`run_studies_per_gpu`). A
+study has serial parts (the default first, the sampler's start-up, the re-time of its finalists, the
+record), so splitting one study over two GPUs gained little (1.24x for the H200 grid, 14 problems x 40
+trials, 251.9 s on one GPU, 203.3 s on two); studies side by side keep both GPUs busy.
+A new study warm-starts from the entries recorded when it begins (`fa4tune.warm_start`), so side by
+side it may miss a neighbour of the set that a sequential run would have recorded before it.
+
+Threads share the storage (optuna's `JournalStorage` serialises its methods with a lock, `RDBStorage`
+opens a session per thread; `fa4tune.journal.JournalFlock` adds a thread lock before its `flock`), the
+database writes (`fa4.files.exclusive_lock` opens the lock file on every call, and `flock` locks
+belong to the open file, so two threads exclude each other as two processes do) and the `Progress`
+(a lock, and each thread's study kept apart).
+
 Where each step lives:
     fa4tune.api          the entry points (`fa4tune search`, `fa4tune.search(...)`): GPUs, settings
     fa4tune.shapes       the study name of a problem (shape key)
@@ -35,7 +50,9 @@ cut short still returns its storage (copy the committed files there first to res
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -95,21 +112,19 @@ class SearchSettings:
 
 def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSettings,
                progress: Optional[Progress] = None, pool: Optional[WorkerPool] = None) -> list[dict]:
-    """Run (or resume) one study per problem; returns one summary dict per study."""
+    """Run (or resume) one study per problem; returns one summary dict per study, in the problems' order.
+    Several problems on several GPUs (and no pool given) run one study per GPU at a time."""
     progress = progress or Progress()
     space = load_space(arch, settings.space_path)
     storage = open_storage(settings.storage, say=progress.message)
+    names = [study_name_of(arch, problem, problems, settings.study_name) for problem in problems]
+    # the same study twice in a set would be run by two threads at once: keep such a set sequential
+    if pool is None and len(settings.gpus) > 1 and len(problems) > 1 and len(set(names)) == len(names):
+        return run_studies_per_gpu(arch, problems, names, space, storage, settings, progress)
     own_pool = pool is None
     if own_pool:
-        pool = WorkerPool(settings.process_count(), settings.gpus, evaluator=settings.evaluator,
-                          mode="gpu", arch=arch, compile_timeout_s=settings.compile_timeout_s,
-                          trial_timeout_s=settings.trial_timeout_s)
-        t0 = time.monotonic()
-        pool.start()
-        progress.message(f"{pool.size} worker processes on GPU(s) {settings.gpus} ready in "
-                         f"{time.monotonic() - t0:.1f} s: {pool.device.get('name', '?')}")
+        pool = start_pool(arch, settings, settings.gpus, settings.process_count(), progress)
     summaries = []
-    names = [study_name_of(arch, problem, problems, settings.study_name) for problem in problems]
     progress.start_set(names)
     try:
         for problem, name in zip(problems, names):
@@ -119,6 +134,68 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
     finally:
         if own_pool:
             pool.close()
+    return summaries
+
+
+def new_pool(arch: str, settings: SearchSettings, gpus: list, processes: int) -> WorkerPool:
+    return WorkerPool(processes, gpus, evaluator=settings.evaluator, mode="gpu", arch=arch,
+                      compile_timeout_s=settings.compile_timeout_s, trial_timeout_s=settings.trial_timeout_s)
+
+
+def start_pool(arch: str, settings: SearchSettings, gpus: list, processes: int, progress: Progress,
+               pool: Optional[WorkerPool] = None) -> WorkerPool:
+    """Start a pool (a new one unless given) and say when it is ready."""
+    pool = pool or new_pool(arch, settings, gpus, processes)
+    t0 = time.monotonic()
+    pool.start()
+    progress.message(f"{pool.size} worker processes on GPU(s) {gpus} ready in "
+                     f"{time.monotonic() - t0:.1f} s: {pool.device.get('name', '?')}")
+    return pool
+
+
+def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list[str], space: SearchSpace,
+                        storage, settings: SearchSettings, progress: Progress) -> list[dict]:
+    """One study per GPU at a time: a pool per GPU, each run by a thread that takes the next problem
+    from the queue until it is empty. The first error stops the other threads taking new problems;
+    it is raised once they finished their current study, and every pool is closed."""
+    gpus = settings.gpus[:len(problems)]            # a GPU without a problem gets no pool
+    processes = max(1, settings.process_count() // len(settings.gpus))
+    pools = [new_pool(arch, settings, [gpu], processes) for gpu in gpus]
+    waiting = deque(range(len(problems)))
+    taken = threading.Lock()
+    stop = threading.Event()
+    summaries: list[Optional[dict]] = [None] * len(problems)
+    errors: list[BaseException] = []
+
+    def next_problem() -> Optional[int]:
+        with taken:
+            return None if stop.is_set() or not waiting else waiting.popleft()
+
+    def run_lane(gpu, pool: WorkerPool) -> None:
+        try:
+            start_pool(arch, settings, [gpu], processes, progress, pool)
+            while (index := next_problem()) is not None:
+                summary = run_study(arch, problems[index], space, storage, pool, settings, progress, names[index])
+                progress.study_finished(summary["wall_s"], summary["evaluated_this_run"])
+                summaries[index] = summary
+        except BaseException as exc:   # raised in the caller, after the other lanes stopped
+            errors.append(exc)
+            stop.set()
+
+    progress.start_set(names, lanes=len(pools))
+    threads = [threading.Thread(target=run_lane, args=(gpu, pool), name=f"fa4tune-studies-gpu{gpu}", daemon=True)
+               for gpu, pool in zip(gpus, pools)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        for pool in pools:
+            pool.close()
+    if errors:
+        raise errors[0]
     return summaries
 
 
