@@ -123,6 +123,11 @@ def test_two_cta_rules():
     assert any("two_cta with exp2_poly_columns=8" in r for r in sm100.resource_reasons(spill, BASE))
     for ok in (spill.replace(softmax_regs=200), spill.replace(tmem_stages=1), spill.replace(two_cta=False)):
         assert not sm100.resource_reasons(ok, BASE), ok.label()
+    # and the one a sample on the H200 host's cores found (poly 4, two Q stages, softmax_regs 176)
+    spill = cfg(two_cta=True, exp2_poly_columns=4, softmax_regs=176, q_stages=2, tmem_stages=1, rescale_tile=32)
+    assert any("two_cta with exp2_poly_columns=4" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(softmax_regs=184), spill.replace(exp2_poly_columns=8), spill.replace(two_cta=False)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
 
 
 def test_scheduler_launches_a_pair_per_task():
@@ -153,6 +158,10 @@ def test_two_cta_measured_spill_is_what_the_compiler_does():
             kv_stages=2, scheduler="single")
     assert sm100.compile_report(c, BASE)["spill_stores"] > 0
     assert sm100.compile_report(c.replace(softmax_regs=200), BASE)["spill_stores"] == 0
+    c = cfg(two_cta=True, exp2_poly_columns=4, softmax_regs=176, q_stages=2, tmem_stages=1, rescale_tile=32,
+            kv_stages=2, scheduler="single", pack_gqa=False)
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(softmax_regs=184), BASE)["spill_stores"] == 0
 
 
 def test_plan_exp2_constants_are_the_shared_polynomial():

@@ -110,7 +110,10 @@ _MEASURED_SPILLS = {(8, True, 192): 24}  # (exp2_poly_columns, busy, softmax_reg
 # The cluster pair has one more such case (`_two_cta_reasons`): 8 polynomial columns at 192 with
 # one Q stage and 128-key blocks spilled 16 B (tmem_stages=3) and 24 B (2) at D=128, 12 B (2) at
 # D=64 (D=64 with 3 was clean; rejected all the same), and was clean at 176, 184, 200 and with two
-# Q stages, one TMEM stage or 64-key blocks.
+# Q stages, one TMEM stage or 64-key blocks. And one found by a 400-configuration sample on the H200
+# host's cores (results/compile_space/sm100-v4-sample200-both-h200host.json): 4 polynomial columns at
+# 176 with two Q stages and 128-key blocks spilled 8-16 B whatever rescale_tile, tmem_stages, kv_stages,
+# scheduler or GQA packing (clean at 184 and 192, with 0 or 8 columns, one Q stage or 64-key blocks).
 
 
 def _correction_register_need(rescale_tile: int) -> int:
@@ -173,6 +176,10 @@ def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
         reasons.append("registers: two_cta with exp2_poly_columns=8, one Q stage, 128-key blocks "
                        "and tmem_stages >= 2 spilled 12-24 B at softmax_regs=192 (measured; clean at "
                        "176, 184 and 200)")
+    if (plan.exp2_poly_columns, plan.softmax_regs, plan.q_stages, plan.tile_n) == (4, 176, 2, 128):
+        reasons.append("registers: two_cta with exp2_poly_columns=4, two Q stages and 128-key blocks "
+                       "spilled 8-16 B at softmax_regs=176 (measured; clean at 184 and 192, with 0 or "
+                       "8 polynomial columns, one Q stage, 64-key blocks or one CTA)")
     return reasons
 
 
