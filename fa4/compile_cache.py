@@ -1,9 +1,12 @@
 """On-disk cache of compiled kernels, so that a new process does not compile what an earlier one did.
 
 A compiled sm90 kernel is exported as an object file (host launch code with the cubin inside, the
-DSL's ahead-of-time export) and loaded back through the DSL's JIT linker as the same TVM-FFI function
-the runtime calls: compiling takes 2-9 s per configuration, loading a few milliseconds (measured on
-CPU: export 0.1 s, load 2 ms).
+DSL's ahead-of-time export), linked into a shared library against the DSL's runtime libraries (the
+system C compiler, `$CC` or `cc`, with their folders as rpath) and loaded back by TVM-FFI alone as the
+same TVM-FFI function the runtime calls. Loading therefore does not import the DSL, which is most of a
+fresh process's first call when the kernel is cached (importing `cutlass` takes ~0.4 s; compiling
+takes 2-9 s per configuration, linking ~20 ms, loading a few milliseconds). Without a C compiler
+nothing is stored (a warning says why) and every process compiles.
 
 The entry name is a hash of everything the object depends on: the compile key (configuration and
 what of the problem the code depends on), the SM count compiled into persistent grids, the kernel
@@ -22,13 +25,16 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import subprocess
 import tempfile
 import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-SUFFIX = ".o"
+SUFFIX = ".so"
+OLD_SUFFIXES = (".o",)  # entries of earlier versions (objects loaded through the DSL): cleared, trimmed
+LINK_TIMEOUT_S = 60
 DEFAULT_MAX_MB = 2048
 CACHED_ARCHS = ("sm90",)  # the families whose compiled objects have a known launch signature
 
@@ -74,14 +80,14 @@ def function_name(name: str) -> str:
 
 def load(name: str, folder: Optional[Path] = None):
     """The cached TVM-FFI function of `name`, or None. A file that cannot be loaded is removed, with a
-    warning, so the next process compiles afresh."""
+    warning, so the next process compiles afresh. Imports TVM-FFI, not the DSL."""
     path = (folder or cache_dir()) / name
     if not path.is_file():
         return None
-    from cutlass.runtime import load_module
-
     try:
-        function = getattr(load_module(str(path), enable_tvm_ffi=True), function_name(name))
+        import tvm_ffi
+
+        function = tvm_ffi.load_module(str(path))[function_name(name)]
     except Exception as exc:  # a truncated or foreign file: drop it rather than fail every call
         warnings.warn(f"fa4: cached kernel {path} cannot be loaded ({type(exc).__name__}: {exc}); "
                       f"removed, it will be compiled again")
@@ -92,29 +98,48 @@ def load(name: str, folder: Optional[Path] = None):
 
 
 def store(name: str, jit_function, folder: Optional[Path] = None) -> Optional[Path]:
-    """Export a DSL-compiled function as `name`; None (with a warning) if the export fails."""
+    """Export a DSL-compiled function and link it as the shared library `name`; None (with a warning)
+    if the export or the link fails."""
     folder = folder or cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=SUFFIX)
-    os.close(fd)
-    try:
-        jit_function.export_to_c(tmp, function_name(name))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / name)
-    except Exception as exc:
-        Path(tmp).unlink(missing_ok=True)
-        warnings.warn(f"fa4: could not store a compiled kernel in {folder}: {type(exc).__name__}: {exc}")
-        return None
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
+        obj, lib = Path(tmp) / "kernel.o", Path(tmp) / ("kernel" + SUFFIX)
+        try:
+            jit_function.export_to_c(str(obj), function_name(name))
+            _link_shared(obj, lib)
+            os.chmod(lib, 0o644)
+            os.replace(lib, folder / name)
+        except Exception as exc:
+            warnings.warn(f"fa4: could not store a compiled kernel in {folder}: {type(exc).__name__}: {exc}")
+            return None
     trim(folder)
     return folder / name
+
+
+def _link_shared(obj: Path, lib: Path) -> None:
+    """Link the DSL's exported object into a shared library that needs only the DSL's runtime
+    libraries (found by the DSL, which the caller has imported to compile; their folders become the
+    rpath, so loading needs no library path)."""
+    from cutlass.runtime import find_runtime_libraries
+
+    runtime = [Path(p) for p in find_runtime_libraries(enable_tvm_ffi=True)]
+    rpaths = sorted({str(p.parent) for p in runtime})
+    command = [os.environ.get("CC") or "cc", "-shared", "-o", str(lib), str(obj),
+               *map(str, runtime), *(f"-Wl,-rpath,{d}" for d in rpaths)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"no C linker ({command[0]}: {exc}); set CC to one") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[0]} -shared failed: {done.stderr.strip()[-400:]}")
 
 
 def entries(folder: Optional[Path] = None) -> list[Path]:
     folder = folder or cache_dir()
     if not folder.is_dir():
         return []
-    return sorted((p for p in folder.glob("*" + SUFFIX) if not p.name.startswith(".")),
-                  key=lambda p: p.stat().st_mtime)
+    return sorted((p for suffix in (SUFFIX, *OLD_SUFFIXES) for p in folder.glob("*" + suffix)
+                   if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
 
 
 def trim(folder: Optional[Path] = None, limit: Optional[int] = None) -> int:

@@ -1,6 +1,6 @@
 """The on-disk cache of compiled kernels (fa4.compile_cache), on CPU: a real sm90 kernel compiled
-without a GPU is exported and loaded back as a TVM-FFI function; names, bounds, damaged files,
-concurrent writers and the runtime's switch. Launching a loaded kernel needs a GPU (not tested here)."""
+without a GPU is exported, linked and loaded back as a TVM-FFI function without the DSL; names,
+bounds, damaged files, a missing C compiler, concurrent writers and the runtime's switch. Launching a loaded kernel needs a GPU (not tested here)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,28 @@ def test_a_loaded_kernel_gets_the_direct_launch(tmp_path, jit_function):
     loaded = compiling.CompiledAttention(function, config, PROBLEM, sm90.smem_bytes(config, PROBLEM),
                                          compile_seconds=0.0)
     assert dsl_internals.direct_launcher(loaded) is function
+
+
+def test_loading_an_entry_does_not_import_the_dsl(tmp_path, jit_function):
+    """The entry is a shared library TVM-FFI loads alone: a fresh process's first call of a cached
+    kernel must not pay for importing the DSL (~0.4 s, most of that call)."""
+    import subprocess
+    import sys
+
+    name = _name()
+    compile_cache.store(name, jit_function, tmp_path)
+    probe = ("import sys; from pathlib import Path; from fa4 import compile_cache; "
+             f"f = compile_cache.load({name!r}, Path({str(tmp_path)!r})); "
+             "print(type(f).__name__, 'cutlass' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["Function", "False"], done.stderr[-2000:]
+
+
+def test_without_a_c_compiler_nothing_is_stored(tmp_path, jit_function, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.warns(UserWarning, match="no C linker"):
+        assert compile_cache.store(_name(), jit_function, tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_damaged_entry_is_removed_with_a_warning(tmp_path):
