@@ -198,9 +198,10 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
 
 def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: Optional[str] = None,
                   out: Optional[str] = None, csv: Optional[str] = None, jobs: int = 4, l2: str = "warm",
-                  peers: bool = True, progress=None) -> dict:
-    """`fa4tune bench` after option parsing: time every variant of every problem, write the bench file
-    (`out`, default the results directory's bench.json; `csv` too when given); returns its document."""
+                  peers: bool = True, rounds: int = 2, progress=None) -> dict:
+    """`fa4tune bench` after option parsing: time every variant of every problem `rounds` times
+    (interleaved; each row keeps its lowest, `fa4tune.bench_runner`), write the bench file (`out`,
+    default the results directory's bench.json; `csv` too when given); returns its document."""
     from fa4tune import bench_runner, paths
     from fa4tune.peers import PEER_NAMES
     from fa4tune.progress import Progress
@@ -210,10 +211,11 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
     if not gpus:
         raise NoGpuError(NO_GPU_BENCH)
     arch = resolve_arch(arch, gpus, need_gpu=True)
-    progress.message(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s)")
+    progress.message(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s), "
+                     f"{rounds} round{'s' if rounds != 1 else ''}")
     doc = bench_runner.run_bench(arch, problems, db_path=db, timing=TimingSettings(l2=l2),
                                  peers=PEER_NAMES if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
-                                 progress=progress)
+                                 progress=progress, rounds=rounds)
     path = out or paths.bench_path()
     bench_runner.write_bench(doc, path, csv)
     progress.message(f"wrote {path}" + (f" and {csv}" if csv else ""))
@@ -234,7 +236,7 @@ def bench_frame(doc: dict) -> "pandas.DataFrame":
 def bench(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[str] = None,
           causal: Optional[bool] = None, quiet: bool = False, **options) -> "pandas.DataFrame":
     """Tuned vs default vs peers, as `fa4tune bench` (which writes bench.json the same way); returns
-    `bench_frame`. Options as keywords: arch, db, out, csv, jobs, l2, peers."""
+    `bench_frame`. Options as keywords: arch, db, out, csv, jobs, l2, peers, rounds."""
     from fa4tune.progress import Progress
 
     problems = problems_of(shapes, model=model, shapes_file=shapes_file, causal=causal)

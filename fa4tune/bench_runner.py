@@ -4,11 +4,20 @@ Every number comes from the same worker processes and the same timing method (`f
 one run, and every configuration of ours is validated before it is timed. This is how performance is
 reported everywhere (README, report).
 
+Rounds: every row is timed `rounds` times (`--rounds`, default 2), in interleaved rounds: round r+1 is
+submitted once every task of round r has started, in the same order, so a transient (GPU clocks, power,
+a compile on the host) hits one round of a row, not all of them; a repeat reuses the worker's compiled
+kernel (`fa4tune.pool` routes a compile key to the worker that holds it). A row's `us` is the lowest of
+its rounds' medians: a transient only ever slows a measurement down, so the lowest is the best
+estimate of the kernel's time (the estimator of the search's re-time step, `fa4tune.retime`). In a
+single-round run on an H200 (a compile running on the host), one kernel was timed 442.2 and 521.7 us
+as two rows of a shape.
+
 Output file (JSON, default `bench.json` in the results directory, `fa4tune.paths`; `--csv` writes the
 rows as CSV too):
 
     {"schema": 1, "date", "arch", "device" {"name", "sm_count", "driver", "cc"}, "versions",
-     "kernel_fingerprint", "timing" {"method", "launches_per_graph", "replays", "l2"},
+     "kernel_fingerprint", "timing" {"method", "launches_per_graph", "replays", "l2", "rounds"},
      "rows": [ {row}, ... ]}
 
 One row per (shape, variant):
@@ -19,7 +28,11 @@ One row per (shape, variant):
                 it adds `backend` ({"eager", "graph"}: what ran, as fa4.explain says)
     outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
                 usable database entry, its error saying why: stale, unusable, too far, another GPU)
-    us, tflops  GPU time and rate (null unless ok)
+    us, tflops  GPU time and rate (null unless ok): the round with the lowest median
+    us_rounds   every round's us, in round order (null for a round that failed; the whole field null on
+                a row never timed: missing, infeasible). A row that failed in any round keeps the
+                failure (outcome and error of the first failing round): another round's success never
+                hides it
     eager_us    wall time per back-to-back eager call (`fa4tune.timing.time_eager`: the larger of host
                 and GPU time per call), the eager counterpart of `us`, so issue 12's bar can be checked
                 in both modes from one run. On a "dispatched" row: fa4.attention as a user calls it. On
@@ -27,11 +40,12 @@ One row per (shape, variant):
                 only the row fa4.attention runs (the tuned row, else the default: `report_data`'s
                 rule), timed as fa4.attention forced to our kernel (backend="ours"), so it includes the
                 runtime's host work as the dispatched row's does; the other row of ours has none.
-                null where not measured
+                null where not measured. The lowest over rounds, every round's in `eager_us_rounds`
     speedup_of_tuned   this row's us / the tuned row's us (how much faster tuned is; null if either
                 is missing)
     kv_expanded true on a SDPA row timed on K and V expanded to the query heads (the backend refused
                 GQA); left out of the times `fa4tune db import-bench` records for dispatch
+    max_err     the largest over rounds (every round validates)
     config      knob values (ours only), lookup: "exact" | "nearest" | "default" (tuned row: how the
                 database answered), db_key (the entry used), max_err, error
 
@@ -45,6 +59,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -61,18 +76,30 @@ from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
 BENCH_SCHEMA = 1
 CSV_FIELDS = ("shape", "variant", "outcome", "us", "eager_us", "backend", "tflops", "speedup_of_tuned",
-              "lookup", "db_key", "max_err", "config", "error")
+              "lookup", "db_key", "max_err", "config", "error", "us_rounds")
 DISPATCHED = "dispatched"
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One task of a round: what `WorkerPool.submit` gets, and the row its result fills."""
+    kind: str
+    payload: dict
+    row: dict
+    compile_key: object = None
 
 
 def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[str] = None,
               timing: TimingSettings = TimingSettings(), peers=PEER_NAMES,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
-              progress: Optional[Progress] = None, time_dispatched: bool = True) -> dict:
-    """Measure every variant of every problem; returns the document described above."""
+              progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = 2) -> dict:
+    """Measure every variant of every problem `rounds` times; returns the document described above."""
     from fa4.database import BestConfigDB, entry_key, max_distance
 
+    if rounds < 1:
+        raise ValueError(f"a bench needs at least one round, not {rounds}")
     progress = progress or Progress()
     kernels = kernel_api(api)
     fingerprint = kernel_fingerprint(arch, api)
@@ -85,8 +112,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
         progress.message(f"bench: entry {key}{f' ({layer})' if layer else ''} cannot be used: {'; '.join(reasons)}")
     limit = max_distance()
     rows: list[dict] = []
-    tasks: dict[int, dict] = {}
-    ours_eager: dict[str, Optional[float]] = {}  # shape -> ours' eager us, from its dispatched task
+    specs: list[_Task] = []  # one round's tasks, in submission order
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
                     trial_timeout_s=trial_timeout_s, compile_timeout_s=compile_timeout_s) as pool:
         device = pool.device
@@ -115,45 +141,107 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                     continue
                 payload = {"arch": arch, "config": config.to_dict(), "problem": problem.to_dict(),
                            "timing": timing.to_dict(), "validate": True}
-                tasks[pool.submit("trial", payload, compile_key=kernels.compile_key(config, problem))] = row
+                specs.append(_Task("trial", payload, row, kernels.compile_key(config, problem)))
             if peers:
-                tasks[pool.submit("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                            "names": list(peers)})] = {**base, "variant": "peers"}
+                specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                             "names": list(peers)}, {**base, "variant": "peers"}))
             if time_dispatched:
-                tasks[pool.submit(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                               "db_path": db_path})] = {**base, "variant": DISPATCHED}
-        while tasks:
-            for task_id, result in pool.poll(timeout=1.0):
-                row = tasks.pop(task_id)
-                if row["variant"] == "peers":
-                    for name in peers:
-                        data = (result.get("peers") or {}).get(name) or {"error": result.get("error", "failed")}
-                        ok = "us" in data
-                        rows.append({"shape": row["shape"], "problem": row["problem"], "variant": name,
-                                     "outcome": "ok" if ok else "launch_error", "us": data.get("us"),
-                                     "eager_us": data.get("eager_us"),
-                                     "tflops": data.get("tflops"), "max_err": data.get("max_err"),
-                                     "error": data.get("error"),
-                                     **({"kv_expanded": True} if data.get("kv_expanded") else {})})
-                else:
-                    extra = {}
-                    if row["variant"] == DISPATCHED:
-                        extra = {"eager_us": result.get("eager_us"), "backend": result.get("backend")}
-                        ours_eager[row["shape"]] = result.get("ours_eager_us")
-                        if result.get("ours_eager_error"):
-                            progress.message(f"bench {row['shape']}: fa4.attention forced to our kernel "
-                                             f"could not be timed eagerly ({result['ours_eager_error']})")
-                    rows.append({**row, "outcome": result["outcome"], "us": result.get("us"),
-                                 "tflops": result.get("tflops"), "max_err": result.get("max_err"),
-                                 "error": result.get("error"), **extra})
-                progress.detail(f"bench {row['shape']} {row['variant']}: {result.get('outcome')}")
+                specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                                "db_path": db_path}, {**base, "variant": DISPATCHED}))
+        results = _run_rounds(pool, specs, rounds, progress)
+    ours_eager: dict[str, list[Optional[float]]] = {}  # shape -> ours' eager us per round, from its dispatched task
+    for spec, outs in zip(specs, results):
+        row = spec.row
+        if spec.kind == "peers":
+            for name in peers:
+                rows.append(_lowest([_peer_row(row, name, result) for result in outs]))
+            continue
+        rows.append(_lowest([_task_row(row, result) for result in outs]))
+        if spec.kind == DISPATCHED:
+            ours_eager[row["shape"]] = [result.get("ours_eager_us") for result in outs]
+            failed = next((result["ours_eager_error"] for result in outs if result.get("ours_eager_error")), None)
+            if failed:
+                progress.message(f"bench {row['shape']}: fa4.attention forced to our kernel "
+                                 f"could not be timed eagerly ({failed})")
     order = {"tuned": 0, "default": 1, **{p: 2 + i for i, p in enumerate(peers)}, DISPATCHED: 2 + len(peers)}
     rows.sort(key=lambda r: ([shape_key(arch, p) for p in problems].index(r["shape"]), order.get(r["variant"], 99)))
     _ours_eager(rows, ours_eager)
     _speedups(rows)
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
-            "versions": versions(), "kernel_fingerprint": fingerprint, "timing": timing.describe(),
-            "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}
+            "versions": versions(), "kernel_fingerprint": fingerprint,
+            "timing": {**timing.describe(), "rounds": rounds}, "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}
+
+
+def _run_rounds(pool: WorkerPool, specs: list[_Task], rounds: int, progress: Progress) -> list[list[dict]]:
+    """Run every task `rounds` times on the pool; each task's result per round, in round order.
+
+    Round r+1 is submitted once every task of round r has started (a worker took it), not before: a
+    worker runs the tasks routed to it (same compile key) ahead of the common queue, so submitting
+    all rounds at once would run a kernel's repeat before other rows' first round. Waiting only for
+    the start, not the end, keeps every worker busy across the boundary."""
+    results: list[list[Optional[dict]]] = [[None] * rounds for _ in specs]
+    tasks: dict[int, tuple[int, int]] = {}  # task id -> (spec index, round)
+
+    def submit(r: int) -> set[int]:
+        ids = set()
+        for index, spec in enumerate(specs):
+            task_id = pool.submit(spec.kind, spec.payload, compile_key=spec.compile_key)
+            tasks[task_id] = (index, r)
+            ids.add(task_id)
+        return ids
+
+    current, submitted = submit(0), 1
+    while tasks or submitted < rounds:
+        for task_id, result in (pool.poll(timeout=POLL_S) if tasks else []):
+            index, r = tasks.pop(task_id)
+            results[index][r] = result
+            row = specs[index].row
+            progress.detail(f"bench {row['shape']} {row['variant']} round {r + 1}/{rounds}: {result.get('outcome')}")
+        if submitted < rounds:
+            running = {task_id for task_id, _, _ in pool.busy_tasks()}
+            if all(task_id in running or task_id not in tasks for task_id in current):
+                current, submitted = submit(submitted), submitted + 1
+    return results
+
+
+def _task_row(row: dict, result: dict) -> dict:
+    """The row a trial or dispatched task's result makes (one round)."""
+    extra = {}
+    if row["variant"] == DISPATCHED:
+        extra = {"eager_us": result.get("eager_us"), "backend": result.get("backend")}
+    return {**row, "outcome": result["outcome"], "us": result.get("us"), "tflops": result.get("tflops"),
+            "max_err": result.get("max_err"), "error": result.get("error"), **extra}
+
+
+def _peer_row(row: dict, name: str, result: dict) -> dict:
+    """The row of one peer of a peers task's result (one round)."""
+    data = (result.get("peers") or {}).get(name) or {"error": result.get("error", "failed")}
+    ok = "us" in data
+    return {"shape": row["shape"], "problem": row["problem"], "variant": name,
+            "outcome": "ok" if ok else "launch_error", "us": data.get("us"), "eager_us": data.get("eager_us"),
+            "tflops": data.get("tflops"), "max_err": data.get("max_err"), "error": data.get("error"),
+            **({"kv_expanded": True} if data.get("kv_expanded") else {})}
+
+
+def _lowest(per_round: list[dict]) -> dict:
+    """One row from a row's rounds: the round with the lowest median (its us, tflops, backend), every
+    round's us in `us_rounds`, the lowest eager time over rounds (every round's in `eager_us_rounds`)
+    and the largest error. A transient only ever slows a measurement down, so the lowest is the best
+    estimate of what the kernel costs (`fa4tune.retime` records the same). A round that failed wins
+    over every success: the row keeps the first failing round's outcome and error."""
+    failed = next((r for r in per_round if r.get("outcome") != "ok"), None)
+    timed = [r for r in per_round if r.get("us") is not None]
+    row = dict(failed or (min(timed, key=lambda r: r["us"]) if timed else per_round[0]))
+    row["us_rounds"] = [r.get("us") for r in per_round]
+    eager = [r.get("eager_us") for r in per_round]
+    if any(e is not None for e in eager):
+        row["eager_us_rounds"] = eager
+        if failed is None:
+            row["eager_us"] = min(e for e in eager if e is not None)
+    errors = [r["max_err"] for r in per_round if r.get("max_err") is not None]
+    if failed is None and errors:
+        row["max_err"] = max(errors)
+    return row
 
 
 def dispatched(rows: list[dict], device_name: str) -> dict[str, dict[str, dict]]:
@@ -181,15 +269,17 @@ def dispatched(rows: list[dict], device_name: str) -> dict[str, dict[str, dict]]
     return out
 
 
-def _ours_eager(rows: list[dict], ours_eager: dict[str, Optional[float]]) -> None:
+def _ours_eager(rows: list[dict], ours_eager: dict[str, list[Optional[float]]]) -> None:
     """Give the row of ours that fa4.attention runs (the tuned row when it ran, else the default:
-    `report_data.dispatch_rows`' rule) the eager time measured with its shape's dispatched task; it is
-    known only once every task of the shape finished."""
+    `report_data.dispatch_rows`' rule) the eager time measured with its shape's dispatched task, the
+    lowest over rounds; it is known only once every task of the shape finished."""
     tuned_ran = {r["shape"] for r in rows if r["variant"] == "tuned" and r.get("outcome") == "ok"}
     for r in rows:
         ours = "tuned" if r["shape"] in tuned_ran else "default"
-        if r["variant"] == ours and r.get("outcome") == "ok" and ours_eager.get(r["shape"]) is not None:
-            r["eager_us"] = ours_eager[r["shape"]]
+        measured = [us for us in ours_eager.get(r["shape"], []) if us is not None]
+        if r["variant"] == ours and r.get("outcome") == "ok" and measured:
+            r["eager_us"] = min(measured)
+            r["eager_us_rounds"] = ours_eager[r["shape"]]
 
 
 def _speedups(rows: list[dict]) -> None:
@@ -197,7 +287,8 @@ def _speedups(rows: list[dict]) -> None:
     for r in rows:
         t = tuned.get(r["shape"])
         r["speedup_of_tuned"] = round(r["us"] / t, 3) if t and r.get("us") else None
-        for key in ("us", "eager_us", "tflops", "max_err", "error", "config", "lookup", "db_key"):
+        for key in ("us", "eager_us", "tflops", "max_err", "error", "config", "lookup", "db_key", "us_rounds",
+                    "eager_us_rounds"):
             r.setdefault(key, None)
 
 
@@ -253,5 +344,6 @@ def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None)
             if row.get("backend"):
                 out["backend"] = " / ".join(f"{mode} {name}" for mode, name in sorted(row["backend"].items()))
             out["config"] = display_label(doc["arch"], row["config"]) if row.get("config") else ""
+            out["us_rounds"] = " ".join("" if us is None else str(us) for us in row.get("us_rounds") or [])
             writer.writerow(out)
         atomic_write(csv_path, text.getvalue())

@@ -497,9 +497,12 @@ def db_import_bench(bench_path, db_path):
               help="worker processes in all (they compile in parallel)")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+              help="time every row this many times, in interleaved rounds, and keep its lowest median "
+                   "(a transient slows one round, not all)")
 def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,
           arch, db_path,
-          out_path, csv_path, fmt, jobs, l2, peers):
+          out_path, csv_path, fmt, jobs, l2, peers, rounds):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune.api import NoGpuError, run_bench_set
     from fa4tune.shapes import parse_shape
@@ -525,7 +528,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
         problems = parsed
     try:
         doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
-                            jobs=jobs, l2=l2, peers=peers, progress=_verbosity().progress())
+                            jobs=jobs, l2=l2, peers=peers, rounds=rounds, progress=_verbosity().progress())
     except NoGpuError as exc:
         click.echo(f"fa4tune bench: {exc}", err=True)
         sys.exit(2)
@@ -535,7 +538,9 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    _table(f"fa4tune bench on {doc['device'].get('name')} (timing: {doc['timing']})",
+    rounds = doc["timing"].get("rounds", 1)
+    _table(f"fa4tune bench on {doc['device'].get('name')}, lowest of {rounds} round{'s' if rounds != 1 else ''} "
+           f"per row (timing: {doc['timing']})",
            ["shape", "variant", "outcome", "us", "TFLOP/s", "tuned faster by", "lookup", "error", "configuration"],
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],

@@ -814,7 +814,9 @@ def describe_timing(timing: Mapping[str, Any]) -> str:
         parts.append(f"median of {timing['replays']} replays")
     l2 = timing.get("l2")
     parts.append(f"L2 {l2}" if l2 is not None else "L2 state not recorded")
-    extra = sorted(set(timing) - {"method", "launches_per_graph", "replays", "l2"})
+    if timing.get("rounds") is not None:  # a bench: each row's lowest median of its interleaved rounds
+        parts.append(f"lowest of {timing['rounds']} rounds")
+    extra = sorted(set(timing) - {"method", "launches_per_graph", "replays", "l2", "rounds"})
     parts += [f"{k}={timing[k]}" for k in extra]
     return ", ".join(parts)
 

@@ -38,7 +38,7 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
     said = io.StringIO()
     doc = run_bench("sm90", problems, db_path=str(db), peers=("sdpa_cudnn",), processes=2,
-                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(stream=said))
+                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(stream=said), rounds=1)
     assert "sq1024|sk1024|w8 cannot be used: infeasible for the problem it was tuned on" in said.getvalue()
     rows = {(r["shape"].split("-")[6], r["shape"].split("-")[-1], r["variant"]): r for r in doc["rows"]}
     nearest = rows[("sq2048", "causal", "tuned")]
@@ -56,6 +56,9 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     assert "shared memory" in infeasible["error"]
     assert rows[("sq1024", "full", "default")]["outcome"] == "ok"
     assert [r["variant"] for r in doc["rows"][:4]] == ["tuned", "default", "sdpa_cudnn", "dispatched"]
+    # one round: every timed row's one time, as before rounds existed
+    assert doc["timing"]["rounds"] == 1 and all(r["us_rounds"] == [r["us"]] for r in doc["rows"] if r["us"])
+    assert far["us_rounds"] is None and infeasible["us_rounds"] is None
     # fa4.attention itself, beside each implementation: GPU time, eager time per call, what ran
     ran = rows[("sq2048", "causal", "dispatched")]
     assert (ran["us"], ran["eager_us"], ran["backend"]) == (30.0, 31.0, {"eager": "ours", "graph": "ours"})
@@ -99,3 +102,57 @@ def test_missing_entry_and_all_stale(tmp_path, monkeypatch):
     tuned = next(r for r in doc["rows"] if r["variant"] == "tuned")
     assert tuned["outcome"] == "missing" and "1 stale" in tuned["error"]
     assert [r["variant"] for r in doc["rows"]] == ["tuned", "default", "dispatched"]
+
+
+def test_rounds_keep_each_rows_lowest_time_and_any_rounds_failure(tmp_path, monkeypatch):
+    """Three interleaved rounds: a transient in one round (the fake times a kernel, a peer and
+    fa4.attention 20 us slow the first time) leaves every row's us at its lowest round; a failure in
+    one round (the default's first launch) stays the row's outcome."""
+    db = tmp_path / "db.json"
+    fast = Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3)
+    p = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
+    record(_entry(p, fast), db)
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "fail").mkdir()
+    monkeypatch.setenv(fakes.FAKE_SLOW_ENV, f"{tmp_path / 'slow'}:tile_n=112|sdpa_cudnn|dispatched")
+    monkeypatch.setenv(fakes.FAKE_FAIL_ONCE_ENV, f"{tmp_path / 'fail'}:tile_n=128")
+    monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    doc = run_bench("sm90", [p], db_path=str(db), peers=("sdpa_cudnn",), processes=2, evaluator=EVALUATOR,
+                    api="test_search_fakes", progress=Progress(quiet=True), rounds=3)
+    assert doc["timing"]["rounds"] == 3
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert all(len(r["us_rounds"]) == 3 for r in doc["rows"])
+    slow = fakes.SLOW_US
+    tuned, us = rows["tuned"], fakes.fake_us(fast.to_dict())
+    assert tuned["outcome"] == "ok" and tuned["us"] == us
+    # the repeat of a kernel goes to the worker that compiled it, after its first round: round 1 is slow
+    assert tuned["us_rounds"] == [us + slow, us, us]
+    assert tuned["tflops"] == round(p.flops() / us / 1e6, 2)
+    peer = rows["sdpa_cudnn"]
+    assert (peer["us"], peer["eager_us"]) == (31.6, 32.4)
+    assert sorted(peer["us_rounds"]) == [31.6, 31.6, 31.6 + slow]
+    assert sorted(peer["eager_us_rounds"]) == [32.4, 32.4, 32.4 + slow]
+    ran = rows["dispatched"]
+    assert (ran["us"], ran["eager_us"]) == (30.0, 31.0) and sorted(ran["us_rounds"]) == [30.0, 30.0, 30.0 + slow]
+    # ours' eager time (fa4.attention forced to our kernel, timed with the dispatched task) likewise
+    assert tuned["eager_us"] == 31.0 and sorted(tuned["eager_us_rounds"]) == [31.0, 31.0, 31.0 + slow]
+    # a failure in one round is never hidden by the other rounds' successes
+    default = rows["default"]
+    assert default["outcome"] == "launch_error" and "once" in default["error"] and default["us"] is None
+    assert sorted(default["us_rounds"], key=lambda x: x is None) == [
+        fakes.fake_us(Config.make("sm90").to_dict())] * 2 + [None]
+    assert default["speedup_of_tuned"] is None
+    # the dispatch summary and the CSV read the final values
+    reason = doc["dispatch"][tuned["shape"]]["graph"]["reason"]
+    assert f"GPU time {us:.1f} us" in reason and "(31.6 us)" in reason
+    out, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
+    write_bench(doc, out, out_csv)
+    with open(out_csv) as handle:
+        first = next(csv.DictReader(handle))
+    assert (first["variant"], float(first["us"]), first["us_rounds"]) == ("tuned", us, f"{us + slow} {us} {us}")
+
+
+def test_rounds_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="at least one round"):
+        run_bench("sm90", [], db_path=str(tmp_path / "db.json"), rounds=0, evaluator=EVALUATOR,
+                  api="test_search_fakes")

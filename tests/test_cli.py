@@ -240,9 +240,12 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
                    config=Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3).to_dict()), db)
     out, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
     result = invoke("bench", "--shapes", "sq1024-causal, s2048", "--no-causal", "--db", str(db),
-                    "--out", str(out), "--csv", str(csv_path))
+                    "--out", str(out), "--csv", str(csv_path), "--rounds", "3")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(out.read_text())
+    # every row timed in three rounds, said in the header lines
+    assert doc["timing"]["rounds"] == 3 and all(len(r["us_rounds"]) == 3 for r in doc["rows"] if r["us"])
+    assert "2 shape(s), 3 rounds" in result.stderr and "lowest of 3 rounds per row" in result.stdout
     shapes = sorted({r["shape"] for r in doc["rows"]})
     assert shapes == ["sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal",
                       "sm90-fp16-b1-hq32-hkv8-d128-sq2048-sk2048-full"]

@@ -314,6 +314,7 @@ def test_describe_timing_states_l2():
                                           "L2 warm")
     assert "L2 state not recorded" in rd.describe_timing({"method": "events"})
     assert rd.describe_timing({}) == "not recorded"
+    assert rd.describe_timing({**TIMING, "rounds": 2}).endswith("L2 warm, lowest of 2 rounds")
 
 
 def test_collect_with_nothing_says_what_is_missing(tmp_path):

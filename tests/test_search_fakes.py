@@ -78,21 +78,38 @@ def fake_us(config: dict) -> float:
 # folder records which were timed (across workers).
 FAKE_LUCKY_ENV = "FA4TUNE_FAKE_LUCKY"
 LUCKY_US = 3.0
+# A transient and a one-off failure (for the bench's rounds), the same way: FA4TUNE_FAKE_SLOW makes the
+# first timing of a matching configuration, peer name or "dispatched" SLOW_US slower (eager time too),
+# FA4TUNE_FAKE_FAIL_ONCE makes it fail; "|" separates alternatives ("tile_n=112|sdpa_cudnn").
+FAKE_SLOW_ENV = "FA4TUNE_FAKE_SLOW"
+SLOW_US = 20.0
+FAKE_FAIL_ONCE_ENV = "FA4TUNE_FAKE_FAIL_ONCE"
 
 
-def _lucky_first_time(config) -> bool:
-    spec = os.environ.get(FAKE_LUCKY_ENV)
+def _first_time(env: str, label: str) -> bool:
+    spec = os.environ.get(env)
     if not spec:
         return False
-    folder, part = spec.rsplit(":", 1)
-    if part not in config.label():
+    folder, parts = spec.rsplit(":", 1)
+    if not any(part in label for part in parts.split("|")):
         return False
-    marker = os.path.join(folder, config.label().replace(" ", "_").replace("=", "-"))
+    marker = os.path.join(folder, label.replace(" ", "_").replace("=", "-"))
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True
+
+
+def _lucky_first_time(config) -> bool:
+    return _first_time(FAKE_LUCKY_ENV, config.label())
+
+
+def _once(label: str) -> float:
+    """The slow-down of this timing of `label` (raises for a one-off failure)."""
+    if _first_time(FAKE_FAIL_ONCE_ENV, label):
+        raise RuntimeError(f"fake launch failure of {label} (once)")
+    return SLOW_US if _first_time(FAKE_SLOW_ENV, label) else 0.0
 
 
 class FakeKernel:
@@ -128,7 +145,7 @@ class FakeEvaluator:
         if perturb:
             return {"outcome": "mismatch", "max_err": 1.0, "max_err_sdpa": 1.0,
                     "error": "differs from the fp32 reference: max abs error 1", "passed": False}
-        us = fake_us(config.to_dict())
+        us = round(fake_us(config.to_dict()) + _once(config.label()), 3)
         if _lucky_first_time(config):
             us = round(us - LUCKY_US, 3)
         return {"outcome": "ok", "us": us, "tflops": round(problem.flops() / us / 1e6, 2),
@@ -140,7 +157,12 @@ class FakeEvaluator:
         out = {}
         for name in names:
             if name in table:
-                us, eager_us = table[name]
+                try:
+                    slow = _once(name)
+                except RuntimeError as exc:
+                    out[name] = {"error": str(exc)}
+                    continue
+                us, eager_us = (round(t + slow, 3) for t in table[name])
                 out[name] = {"us": us, "eager_us": eager_us, "tflops": round(problem.flops() / us / 1e6, 2)}
             else:
                 out[name] = {"error": "flash-attn-4 not importable: ModuleNotFoundError"}
@@ -151,9 +173,10 @@ class FakeEvaluator:
         # the fastest everywhere); eager, ours forced (ours_eager_us) costs 31 us per call, and so does
         # fa4.attention on a causal shape, while on a non-causal one its eager call costs 33.5 us: a
         # stand-in for a shape that misses issue 12's bar in eager mode only
-        return {"outcome": "ok", "us": 30.0, "eager_us": 31.0 if problem.causal else 33.5,
-                "ours_eager_us": 31.0, "backend": {"eager": "ours", "graph": "ours"},
-                "tflops": round(problem.flops() / 30.0 / 1e6, 2), "max_err": 0.001}
+        slow = _once("dispatched")
+        return {"outcome": "ok", "us": 30.0 + slow, "eager_us": (31.0 if problem.causal else 33.5) + slow,
+                "ours_eager_us": 31.0 + slow, "backend": {"eager": "ours", "graph": "ours"},
+                "tflops": round(problem.flops() / (30.0 + slow) / 1e6, 2), "max_err": 0.001}
 
     def trigger_fault(self) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
