@@ -156,12 +156,14 @@ def start_pool(arch: str, settings: SearchSettings, gpus: list, processes: int, 
 def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list[str], space: SearchSpace,
                         storage, settings: SearchSettings, progress: Progress) -> list[dict]:
     """One study per GPU at a time: a pool per GPU, each run by a thread that takes the next problem
-    from the queue until it is empty. The first error stops the other threads taking new problems;
+    from the queue (the largest first) until it is empty. The first error stops the other threads taking new problems;
     it is raised once they finished their current study, and every pool is closed."""
     gpus = settings.gpus[:len(problems)]            # a GPU without a problem gets no pool
     processes = max(1, settings.process_count() // len(settings.gpus))
     pools = [new_pool(arch, settings, [gpu], processes) for gpu in gpus]
-    waiting = deque(range(len(problems)))
+    # longest first (by FLOPs, what a trial's GPU phase scales with; stable for equal ones), so the
+    # last study to start is a short one and no GPU idles long at the end of the set
+    waiting = deque(sorted(range(len(problems)), key=lambda i: -problems[i].flops()))
     taken = threading.Lock()
     stop = threading.Event()
     summaries: list[Optional[dict]] = [None] * len(problems)
