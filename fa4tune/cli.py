@@ -290,7 +290,7 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
               help="GPUs to use, one worker group per GPU: a shape set runs one study per GPU at a time, "
                    "a single problem runs one study over all of them")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="worker processes in all (they compile in parallel) [default: cores - 2, at most 12; "
+              help="worker processes in all (they compile in parallel) [default: cores - 2, at most 12 per GPU; "
                    "with --compile-only: all cores]")
 @click.option("--seed", type=int, default=0, show_default=True)
 @format_option

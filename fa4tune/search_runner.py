@@ -106,8 +106,10 @@ class SearchSettings:
     def process_count(self) -> int:
         if self.processes:
             return self.processes
+        # at most 12 compiling processes per GPU: a second GPU brings its own share (the two-GPU H200
+        # measurements used 12 and 24), within the cores less two for the harness
         cores = os.cpu_count() or 2
-        return max(len(self.gpus), min(cores - 2, 12))
+        return max(len(self.gpus), min(cores - 2, 12 * len(self.gpus)))
 
 
 def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSettings,

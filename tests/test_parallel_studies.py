@@ -77,3 +77,14 @@ def test_an_error_in_one_study_is_raised_and_every_pool_closed(tmp_path, monkeyp
                    Progress(quiet=True))
     assert len(closed) == 2
     assert all(w.proc is None for pool in closed for w in pool._workers)
+
+
+def test_default_process_count_is_twelve_per_gpu_within_the_cores(monkeypatch):
+    from fa4tune.search_runner import SearchSettings
+
+    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    assert SearchSettings(gpus=[0]).process_count() == 12
+    assert SearchSettings(gpus=[0, 1]).process_count() == 24     # each GPU's studies compile on 12
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert SearchSettings(gpus=[0, 1]).process_count() == 14     # the cores less two for the harness
+    assert SearchSettings(gpus=[0, 1], processes=3).process_count() == 3
