@@ -144,7 +144,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
                 specs.append(_Task("trial", payload, row, kernels.compile_key(config, problem)))
             if peers:
                 specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                             "names": list(peers)}, {**base, "variant": "peers"}))
+                                             "names": list(peers), "eager": True}, {**base, "variant": "peers"}))
             if time_dispatched:
                 specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
                                                 "db_path": db_path}, {**base, "variant": DISPATCHED}))

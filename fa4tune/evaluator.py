@@ -98,7 +98,9 @@ class KernelEvaluator:
                       replay_spread=round(measured.spread, 4))
         return result
 
-    def time_peers(self, problem, timing, names) -> dict:
+    def time_peers(self, problem, timing, names, eager: bool = False) -> dict:
+        """GPU time of each peer by CUDA-graph replay; with `eager`, also its wall time per
+        back-to-back eager call (the bench's eager comparison; a search has no use for it)."""
         import torch
 
         from fa4tune.peers import peer_available, peer_call
@@ -117,11 +119,11 @@ class KernelEvaluator:
                 torch.cuda.synchronize()
                 max_err = float((got.float() - expected.out_fp32).abs().max())
                 measured = time_cuda(call, timing)
-                # the same call eagerly, back to back: what an eager caller of this peer pays per call
-                eager_us = time_eager(call)
-                out[name] = {"us": round(measured.us, 3), "eager_us": round(eager_us, 3),
+                out[name] = {"us": round(measured.us, 3),
                              "tflops": round(tflops(problem.flops(), measured.us), 2),
                              "max_err": round(max_err, 6), **notes}
+                if eager:  # the same call back to back: what an eager caller of this peer pays per call
+                    out[name]["eager_us"] = round(time_eager(call), 3)
             except Exception as exc:  # a peer that cannot run this shape is a result, not a crash
                 out[name] = {"error": short_error(exc)}
                 if not self.healthy():

@@ -224,7 +224,7 @@ def _run_peers(conn, evaluator, lock_path, task_id, payload):
         conn.send(("phase", task_id, "gpu", {}))
         try:
             peers = evaluator.time_peers(problem, TimingSettings.from_dict(payload["timing"]),
-                                         payload["names"])
+                                         payload["names"], eager=payload.get("eager", False))
             return {"outcome": "ok", "peers": peers}, False
         except Exception as exc:
             retire = not evaluator.healthy()
