@@ -21,6 +21,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 TOLERANCE = 0.01
@@ -94,8 +95,7 @@ def main() -> None:
                 leave_one_out = Path(tmp) / "seeds.json"
                 BestConfigDB({e.key: e for e in seed_db.entries if e.key != own}).save(leave_one_out)
                 name = study_name_of(arch, problem, problems, None)
-                settings = SearchSettings(**{**base.__dict__, "db_path": str(leave_one_out),
-                                             "study_name": name + "-warm"})
+                settings = replace(base, db_path=str(leave_one_out), study_name=name + "-warm")
                 run_search(arch, [problem], settings, progress, pool=pool)
                 cold = counted_times(optuna.load_study(study_name=name, storage=cold_storage))
                 warm = counted_times(optuna.load_study(study_name=name + "-warm", storage=warm_storage))

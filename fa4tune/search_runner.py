@@ -3,7 +3,7 @@
 
 GPUs: a single problem runs one study over every GPU (one pool spread over them). A shape set on several
 GPUs runs one study per GPU at a time: one pool per GPU (the processes split evenly), started once for
-the set, each fed problems in order from a shared queue by its own thread (`run_studies_per_gpu`). A
+the set, each fed problems from a shared queue, largest first, by its own thread (`run_studies_per_gpu`). A
 study has serial parts (the default first, the sampler's start-up, the re-time of its finalists, the
 record), so splitting one study over two GPUs gained little (1.24x for the H200 grid, 14 problems x 40
 trials, 251.9 s on one GPU, 203.3 s on two); studies side by side keep both GPUs busy.
@@ -125,7 +125,7 @@ def run_search(arch: str, problems: list[AttentionProblem], settings: SearchSett
         return run_studies_per_gpu(arch, problems, names, space, storage, settings, progress)
     own_pool = pool is None
     if own_pool:
-        pool = start_pool(arch, settings, settings.gpus, settings.process_count(), progress)
+        pool = start_pool(new_pool(arch, settings, settings.gpus, settings.process_count()), progress)
     summaries = []
     progress.start_set(names)
     try:
@@ -144,13 +144,11 @@ def new_pool(arch: str, settings: SearchSettings, gpus: list, processes: int) ->
                       compile_timeout_s=settings.compile_timeout_s, trial_timeout_s=settings.trial_timeout_s)
 
 
-def start_pool(arch: str, settings: SearchSettings, gpus: list, processes: int, progress: Progress,
-               pool: Optional[WorkerPool] = None) -> WorkerPool:
-    """Start a pool (a new one unless given) and say when it is ready."""
-    pool = pool or new_pool(arch, settings, gpus, processes)
+def start_pool(pool: WorkerPool, progress: Progress) -> WorkerPool:
+    """Start a pool and say when it is ready."""
     t0 = time.monotonic()
     pool.start()
-    progress.message(f"{pool.size} worker processes on GPU(s) {gpus} ready in "
+    progress.message(f"{pool.size} worker processes on GPU(s) {pool.gpus} ready in "
                      f"{time.monotonic() - t0:.1f} s: {pool.device.get('name', '?')}")
     return pool
 
@@ -158,8 +156,9 @@ def start_pool(arch: str, settings: SearchSettings, gpus: list, processes: int, 
 def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list[str], space: SearchSpace,
                         storage, settings: SearchSettings, progress: Progress) -> list[dict]:
     """One study per GPU at a time: a pool per GPU, each run by a thread that takes the next problem
-    from the queue (the largest first) until it is empty. The first error stops the other threads taking new problems;
-    it is raised once they finished their current study, and every pool is closed."""
+    from the queue (the largest first) until it is empty. The first error stops the other threads
+    taking new problems; it is raised once they finished their current study, and every pool is
+    closed."""
     gpus = settings.gpus[:len(problems)]            # a GPU without a problem gets no pool
     processes = max(1, settings.process_count() // len(settings.gpus))
     pools = [new_pool(arch, settings, [gpu], processes) for gpu in gpus]
@@ -175,9 +174,9 @@ def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list
         with taken:
             return None if stop.is_set() or not waiting else waiting.popleft()
 
-    def run_lane(gpu, pool: WorkerPool) -> None:
+    def run_lane(pool: WorkerPool) -> None:
         try:
-            start_pool(arch, settings, [gpu], processes, progress, pool)
+            start_pool(pool, progress)
             while (index := next_problem()) is not None:
                 summary = run_study(arch, problems[index], space, storage, pool, settings, progress, names[index])
                 progress.study_finished(summary["wall_s"], summary["evaluated_this_run"])
@@ -187,7 +186,7 @@ def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list
             stop.set()
 
     progress.start_set(names, lanes=len(pools))
-    threads = [threading.Thread(target=run_lane, args=(gpu, pool), name=f"fa4tune-studies-gpu{gpu}", daemon=True)
+    threads = [threading.Thread(target=run_lane, args=(pool,), name=f"fa4tune-studies-gpu{gpu}", daemon=True)
                for gpu, pool in zip(gpus, pools)]
     try:
         for thread in threads:
