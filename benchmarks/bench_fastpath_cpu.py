@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=40, help="timed batches")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
+    # the stand-in family compiles; the disk cache would ask the (absent) GPU for its SM count first
+    os.environ["FA4TUNE_DISK_CACHE"] = "0"
 
     import torch
     import tvm_ffi
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
     from cutlass.cutlass_dsl.tvm_ffi_provider import TVMFFIJitCompiledFunctionWithKwargs
 
     import fa4
-    from fa4 import checks, database, kernels, runtime
+    from fa4 import checks, database, kernels, runtime, state
     from fa4.kernels import Config
     from fa4.kernels.compiling import CompiledAttention
 
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
 
     families = {arch: StandInFamily(arch=arch) for arch in kernels.ARCHS}
     kernels.family = lambda arch: families[arch]
-    runtime._device_facts = lambda device: ("sm90", "NVIDIA H200", (9, 0))
+    state.device_facts = lambda device: ("sm90", "NVIDIA H200", (9, 0))
     checks.device_reasons = lambda spec: []
     tmp = tempfile.mkdtemp(prefix="fa4-fastpath-")
     db_path = os.path.join(tmp, "best.json")
@@ -101,14 +103,14 @@ def main(argv=None) -> int:
 
     fa4.reset_caches(compiled=True)
     fa4.attention(q, k, v)
-    launch = runtime._STATE.last[1]
+    launch = state.STATE.last[1]
     direct = launch is not None and launch.fast_run is not launch.run
     row("fa4.attention (kernel path)", lambda: fa4.attention(q, k, v),
-        "as shipped" if direct and runtime._STATE.last_kernel[1] is launch else "the kernel path was NOT taken")
+        "as shipped" if direct and state.STATE.last_kernel[1] is launch else "the kernel path was NOT taken")
     row("fa4.attention's checked path", lambda: runtime._checked_call(q, k, v, False, None, False, None,
-                                                                      "error", False, None),
+                                                                      "error", False, "auto", None),
         "full signature key and pointer checks, as every call went before the kernel path")
-    launch = runtime._STATE.last[1]
+    launch = state.STATE.last[1]
     scale = launch.default_scale
     row("CompiledAttention.run (checks + DSL __call__ + wrapper + C)",
         lambda: launch.run(q, k, v, out_buf, None, scale))

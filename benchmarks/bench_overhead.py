@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import fa4
-    from fa4 import runtime
+    from fa4 import runtime, state
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         "torch.library dispatch, as torch.compile calls it")
     try:
         fa4.attention(q, k, v, causal=causal)
-        launch = runtime._STATE.last[1]  # the signature just called
+        launch = state.STATE.last[1]  # the signature just called
     except Exception:  # the first row already says why
         launch = None
     if launch is not None and launch.run is not None:
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
             rows.append({"name": "C++ launcher (TVM-FFI load_inline)", "error": f"{type(exc).__name__}: {exc}"[:300]})
     try:  # the same with an LSE tensor: another compiled kernel (return_lse=True)
         fa4.attention(q, k, v, causal=causal, return_lse=True)
-        launch_lse = runtime._STATE.last[1]
+        launch_lse = state.STATE.last[1]
         raw_lse = _raw_tvm_ffi_function(getattr(launch_lse.compiled, "_fn", None))
         lse_buf = torch.empty((b, hq, s), device="cuda", dtype=torch.float32)
         out_lse = torch.empty_like(q)

@@ -8,8 +8,9 @@
 
 from fa4 import ops as _ops  # registers the custom op fa4::attention  # noqa: F401
 from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
-from fa4.runtime import (Explanation, Fa4Warning, KernelCompileError, NotWarmedUpError, attention, cache_info,
-                         explain, reset_caches, use_config_db)
+from fa4.explanation import Explanation
+from fa4.runtime import KernelCompileError, NotWarmedUpError, attention, explain
+from fa4.state import Fa4Warning, cache_info, reset_caches, use_config_db
 from fa4.compile_ahead import warmup
 
 __all__ = [

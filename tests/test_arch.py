@@ -28,9 +28,11 @@ def test_every_family_has_one_capability_and_one_dsl_target():
 
 def test_runtime_and_cli_use_the_same_mapping():
     import fa4.runtime
+    import fa4.state
     from fa4tune import cli
 
-    assert fa4.runtime.arch_of_capability is arch_of_capability
+    assert fa4.state.arch_of_capability is arch_of_capability   # the device's architecture
+    assert fa4.runtime.arch_of_capability is arch_of_capability  # explain's assumed target
     gpu = {"index": 0, "name": "NVIDIA B300", "cc": (10, 3)}
     import click
     with pytest.raises(click.ClickException, match="10.3"):

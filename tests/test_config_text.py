@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import fa4
-from fa4 import config_text, database, runtime
+from fa4 import config_arg, config_text, database
 from fa4.checks import InvalidInputError
-from fa4.kernels import ARCHS, Config, knobs_for
+from fa4.kernels import ARCHS, AttentionProblem, Config, knobs_for
 
 
 @pytest.fixture(autouse=True)
@@ -65,9 +65,9 @@ def test_a_label_crosses_the_custom_op_as_a_mapping():
     # under torch.compile config= travels through the custom op as a string (`_through_op`): the label
     # goes as a mapping of printed values and comes back as the same configuration
     config = Config.make("sm90", tile_n=80, softmax_overlap=False)
-    sent = runtime.config_to_str(config_text.parse_label(config.label()))
-    problem = runtime.AttentionProblem(1, 128, 128, 8, 2, 64)
-    assert runtime._coerce_config(sent, "sm90", problem) == config
+    sent = config_arg.config_to_str(config_text.parse_label(config.label()))
+    problem = AttentionProblem(1, 128, 128, 8, 2, 64)
+    assert config_arg.coerce_config(sent, "sm90", problem) == config
 
 
 def test_explain_on_cpu_tensors_says_what_it_assumed():

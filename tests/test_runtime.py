@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fa4
-from fa4 import checks, database, fallback, kernels, runtime
+from fa4 import checks, config_arg, database, fallback, kernels, planning, state
 from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
 from fa4.reference import attention_fp32 as reference, check
@@ -69,7 +69,7 @@ def fake(monkeypatch, tmp_path):
     families = {arch: FakeFamily(arch) for arch in kernels.ARCHS}
     monkeypatch.setattr(kernels, "family", lambda arch: families[arch])
     monkeypatch.setattr(kernels, "source_fingerprint", lambda arch: FINGERPRINT)
-    monkeypatch.setattr(runtime, "_device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(state, "device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
     monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
     db_path = tmp_path / "best.json"
     db_path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
@@ -421,12 +421,12 @@ def test_sm100_needs_an_opt_in(fake, monkeypatch):
     e = fa4.explain(q, k, v, arch="sm100", allow_untested_sm100=True)
     assert e.path == "kernel" and e.config.arch == "sm100"
     assert "has not yet run on hardware" in str(e)
-    monkeypatch.setenv(runtime.ALLOW_SM100_ENV, "1")
+    monkeypatch.setenv(planning.ALLOW_SM100_ENV, "1")
     assert fa4.explain(q, k, v, arch="sm100").path == "kernel"
 
 
 def test_sm100_device_without_opt_in_falls_back_only_when_asked(fake, monkeypatch):
-    monkeypatch.setattr(runtime, "_device_facts", lambda device: ("sm100", "NVIDIA B200", (10, 0)))
+    monkeypatch.setattr(state, "device_facts", lambda device: ("sm100", "NVIDIA B200", (10, 0)))
     q, k, v = qkv()
     with pytest.raises(UnsupportedInputError, match="not yet run on hardware"):
         fa4.attention(q, k, v)
@@ -438,7 +438,7 @@ def test_sm100_device_without_opt_in_falls_back_only_when_asked(fake, monkeypatc
 
 
 def test_unsupported_gpu(fake, monkeypatch):
-    monkeypatch.setattr(runtime, "_device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    monkeypatch.setattr(state, "device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
     q, k, v = qkv()
     with pytest.raises(UnsupportedInputError, match=r"A100.*compute capability 8\.0.*no fa4 kernel.*fallback='sdpa'"):
         fa4.attention(q, k, v)
@@ -518,8 +518,8 @@ def test_custom_op_opcheck(fake):
 
 def test_config_string_round_trip():
     cfg = Config.make("sm90", tile_n=80, rescale_threshold=4.0, softmax_overlap=False)
-    assert runtime._config_from_str(runtime.config_to_str(cfg), "sm90") == cfg
-    assert runtime._knobs_from_str(runtime.config_to_str({"tile_n": 80, "pv_operand": "ss"})) == {
+    assert config_arg.config_from_str(config_arg.config_to_str(cfg), "sm90") == cfg
+    assert config_arg.knobs_from_str(config_arg.config_to_str({"tile_n": 80, "pv_operand": "ss"})) == {
         "tile_n": 80, "pv_operand": "ss"}
 
 

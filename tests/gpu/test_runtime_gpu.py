@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fa4
-from fa4 import kernels, runtime
+from fa4 import kernels, state
 from fa4.reference import attention_fp32 as reference_fp32, check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_database")]
@@ -86,7 +86,7 @@ def test_forced_config_runs_that_config():
     plan = fa4.explain(q, k, v, config=forced)
     assert (plan.source, plan.config) == ("forced", forced)
     out = fa4.attention(q, k, v, config=forced)
-    launchers = [l for l in runtime._STATE.compiled.values() if getattr(l, "config", None) == forced]
+    launchers = [l for l in state.STATE.compiled.values() if getattr(l, "config", None) == forced]
     assert launchers, "the forced configuration was not the one compiled"
     check_against_references(out, q, k, v, False)
 
@@ -206,7 +206,7 @@ def test_kernel_path_refusals_reach_the_checked_errors(change):
     q, k, v = make_qkv(1, 256, 256, 8, 2, 128)
     want = fa4.attention(q, k, v)
     fa4.attention(q, k, v)
-    assert runtime._STATE.last_kernel[1] is not None
+    assert state.STATE.last_kernel[1] is not None
     strides = (k.stride(), v.stride())
     bad_k, bad_v = k, v
     if change == "v_seqlen":

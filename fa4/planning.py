@@ -1,0 +1,274 @@
+"""The runtime's decision for a call: the implementation per mode (ours or a peer, `fa4.dispatch`) and our
+kernel's configuration (forced, exact database hit, nearest bucket, heuristic default), or why our
+kernels cannot run it. `plan` raises for invalid calls and, without a fallback, unsupported ones;
+`fa4.explain` returns its `Explanation`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from fa4 import backends as _backends, checks, dispatch, kernels, state
+from fa4.arch import describe_capabilities
+from fa4.checks import InvalidInputError, UnsupportedInputError
+from fa4.config_arg import coerce_config
+from fa4.explanation import Explanation
+from fa4.kernels import AttentionProblem, Config
+from fa4.state import STATE, warn_once
+
+ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
+FALLBACKS = ("error", "sdpa")
+# backend=: "auto" runs the fastest measured implementation (fa4.dispatch), a name forces that one
+BACKENDS = ("auto",) + dispatch.IMPLEMENTATIONS
+
+UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
+                           "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
+                           "was available to run it"}
+
+
+def sm100_allowed(flag: bool) -> bool:
+    return bool(flag) or os.environ.get(ALLOW_SM100_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Plan:
+    explanation: Explanation
+    spec: checks.InputSpec
+    problem: AttentionProblem | None
+    causal: bool
+    return_lse: bool
+
+
+def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend="auto",
+          arch: str | None = None, device_name: str | None = None) -> Plan:
+    """Decide what to run; raise for invalid calls and, without a fallback, unsupported ones.
+
+    `arch` and `device_name` override the device's (explain for another GPU, e.g. on CPU tensors).
+    """
+    if fallback not in FALLBACKS:
+        raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise InvalidInputError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    another_gpu = arch is not None  # explain for a GPU the tensors are not on
+    if not isinstance(causal, bool) or not isinstance(return_lse, bool):
+        raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
+    spec = checks.inspect_inputs(q, k, v)
+    reasons = list(spec.unsupported)
+    if arch is not None:
+        if arch not in kernels.ARCHS:
+            raise InvalidInputError(f"unknown architecture {arch!r}; known: {', '.join(kernels.ARCHS)}")
+        device_name = device_name or "unknown device"
+    else:
+        device_problems = checks.device_reasons(spec)
+        reasons += device_problems
+        arch, device_name, capability = (None, None, None) if device_problems else state.device_facts(spec.device)
+        if arch is None and not device_problems:
+            reasons.append(
+                f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
+                f"they exist for {describe_capabilities()}")
+    notes: list[str] = []
+    if arch in UNTESTED_ARCHS:
+        notes.append(UNTESTED_ARCHS[arch])
+        if not sm100_allowed(allow_untested_sm100):
+            reasons.append(
+                f"{UNTESTED_ARCHS[arch]}; opt in with fa4.attention(..., allow_untested_sm100=True) or "
+                f"{ALLOW_SM100_ENV}=1")  # the error itself adds how to fall back to SDPA
+    if arch is not None and spec.dtype is not None and not reasons:
+        reasons += checks.kernel_reasons(arch, spec, causal, return_lse)
+
+    label = (f"B{spec.batch} Sq{spec.seqlen_q} Sk{spec.seqlen_k} H{spec.heads_q}/{spec.heads_kv} "
+             f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {'causal' if causal else 'full'}")
+    expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
+                       device_name=device_name, notes=notes)
+    if backend in dispatch.PEERS:
+        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
+    if reasons:
+        if fallback != "sdpa":
+            raise UnsupportedInputError(
+                "fa4.attention cannot run these inputs with its kernels: " + "; ".join(reasons)
+                + ". Pass fallback='sdpa' to run PyTorch SDPA instead.")
+        expl.path, expl.reasons = "sdpa", reasons
+    if spec.is_empty:
+        expl.path = "empty"
+    elif spec.has_no_keys:
+        expl.path = "no_keys"
+    if expl.path != "kernel":
+        if config is not None and arch is not None and spec.dtype is not None:
+            # a malformed config= is an error even where nothing launches
+            coerce_config(config, arch, spec.problem(causal, return_lse))
+        if config is not None and expl.path == "sdpa":
+            message = ("fa4: config= is ignored: PyTorch SDPA runs (fallback='sdpa') because "
+                       + "; ".join(reasons))
+            notes.append(message[len("fa4: "):])
+            warn_once("sdpa-config:" + "|".join(reasons), message)
+        return Plan(expl, spec, None, causal, return_lse)
+
+    problem = spec.problem(causal, return_lse)
+    try:
+        _choose_config(expl, arch, device_name, problem, config)
+    except UnsupportedInputError as exc:  # the heuristic default does not fit this problem
+        if fallback != "sdpa":
+            raise
+        expl.path, expl.reasons, expl.config, expl.source = "sdpa", [str(exc)], None, None
+        return Plan(expl, spec, None, causal, return_lse)
+    key = kernels.compile_key(expl.config, problem)
+    expl.compile_key = key
+    expl.compiled = key in STATE.compiled
+    _choose_backends(expl, backend, problem)
+    return Plan(expl, spec, problem, causal, return_lse)
+
+
+def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> Plan:
+    """backend= names a peer: it runs in every mode, or the call raises saying why it cannot
+    (`another_gpu`: explained for a GPU the tensors are not on, so their device is no reason)."""
+    title = dispatch.TITLES[backend]
+    if config is not None:
+        raise InvalidInputError(f"config= configures our kernel, but backend={backend!r} runs {title}: "
+                                "pass one or the other")
+    why = [] if another_gpu else checks.device_reasons(spec)
+    if spec.dtype is None:
+        why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
+    missing = _backends.unavailable(backend)
+    why += ([missing] if missing else []) + _backends.inapplicable(
+        backend, return_lse=return_lse, causal=causal, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k)
+    if why:
+        raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {'; '.join(why)}")
+    expl.runs = {mode: backend for mode in dispatch.MODES}
+    expl.forced_backend = backend
+    if spec.is_empty:
+        expl.path = "empty"
+    elif spec.has_no_keys:
+        expl.path = "no_keys"
+    return Plan(expl, spec, None, causal, return_lse)
+
+
+def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem) -> None:
+    """Fill expl.runs (and expl.backends, expl.notes): per mode, the implementation to run.
+
+    backend="ours" runs ours. "auto": an exact database entry's measured times (a neighbour's were
+    measured at another shape, so they decide nothing here), among the implementations installed here
+    and able to give this call our semantics, judged by `fa4.dispatch.choose`; ours without an entry,
+    without times, or where it wins or ties."""
+    return_lse = problem.return_lse
+    expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
+    if backend == dispatch.OURS:
+        expl.forced_backend = backend
+    if expl.source != "exact" or not expl.entry.backend_us:
+        return
+    measured = dict(expl.entry.backend_us)
+    excluded: dict[str, str] = {}
+    for name in measured:
+        if name == dispatch.OURS or name not in dispatch.PEERS:
+            continue
+        why = [_backends.unavailable(name)] + _backends.inapplicable(
+            name, return_lse=return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
+            seqlen_k=problem.seqlen_k)
+        refused = STATE.refused.get((name, expl.problem, return_lse))
+        why += [f"{dispatch.TITLES[name]} refused this call earlier in this process ({refused})"] if refused else []
+        why = [w for w in why if w]
+        if why:
+            excluded[name] = "; ".join(why)
+    host = dispatch.host_us(expl.device_name or "")
+    candidates = {name: us for name, us in measured.items() if name not in excluded}
+    for mode in dispatch.MODES:
+        choice = dispatch.choose(candidates, host, mode)
+        if choice is None:
+            continue
+        expl.backends.append(choice)
+        if backend == "auto":
+            expl.runs[mode] = choice.backend
+        unfiltered = dispatch.choose(measured, host, mode)
+        if unfiltered is not None and unfiltered.backend != choice.backend:
+            expl.notes.append(f"{mode}: {dispatch.TITLES[unfiltered.backend]} measured fastest "
+                              f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
+    if not host:
+        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
+                          "judged by GPU time alone")
+
+
+def _choose_config(expl: Explanation, arch: str, device_name: str, problem: AttentionProblem,
+                   config: Any) -> None:
+    """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
+    if config is not None:
+        cfg = coerce_config(config, arch, problem)
+        why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
+        if why:
+            raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
+        expl.config, expl.source = cfg, "forced"
+        return
+
+    db = state.database()
+    if db is None:
+        expl.database = f"unusable ({STATE.db_error}); defaults are used"
+    else:
+        expl.database = _describe_database(db)
+        fingerprint = state.fingerprint(arch)
+        try:
+            found = db.lookup(arch, device_name, problem, fingerprint, max_distance=_max_distance(),
+                              broken=STATE.db_broken)
+        except Exception as exc:  # a malformed entry must not break a forward pass either
+            warn_once("db-lookup", f"fa4: best-config database lookup failed ({type(exc).__name__}: "
+                                    f"{exc}); running heuristic default configurations")
+            expl.notes.append(f"database lookup failed: {exc}")
+            found = None
+        if found is not None and found.stale:
+            keys = ", ".join(e.key for e in found.stale[:3]) + (" ..." if len(found.stale) > 3 else "")
+            message = (f"fa4: {len(found.stale)} tuned entr{'y' if len(found.stale) == 1 else 'ies'} for "
+                       f"{arch} {problem.dtype} d{problem.head_dim} gqa{problem.gqa_ratio} "
+                       f"{'causal' if problem.causal else 'full'} {'was' if len(found.stale) == 1 else 'were'} "
+                       f"tuned on other kernel sources (fingerprint differs from {fingerprint}) and "
+                       f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
+            expl.notes.append(message)
+            warn_once("stale:" + "|".join(e.key for e in found.stale), message)
+        if found is not None:
+            expl.notes += list(found.passed_over)
+        if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
+            try:
+                cfg = Config.from_dict(arch, found.entry.config)
+                why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
+            except (ValueError, KeyError, TypeError) as exc:  # knobs renamed since the tuning
+                cfg, why = None, [str(exc)]
+            if not why:
+                expl.config, expl.source, expl.entry = cfg, found.kind, found.entry
+                expl.distance, expl.layer = found.distance, found.layer
+                return
+            expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
+                              f"({'; '.join(why)}); using the heuristic default")
+    expl.config, expl.source = kernels.default_config(arch, problem), "default"
+    too_big = checks.launch_reasons(expl.config, problem)
+    if too_big and expl.config.scheduler == "single":
+        # the same tiles, one CTA each, on a 1-D grid: our choice of default, not the user's, so it is
+        # adjusted (and said), where a forced or tuned configuration is refused
+        adjusted = expl.config.replace(scheduler="single_lpt")
+        if not kernels.feasible(adjusted, problem) and not checks.launch_reasons(adjusted, problem):
+            expl.notes.append(f"the heuristic default's scheduler=single cannot launch this shape "
+                              f"({'; '.join(too_big)}): scheduler=single_lpt runs the same tiles instead")
+            expl.config, too_big = adjusted, []
+    why = kernels.feasible(expl.config, problem) + too_big
+    if why:
+        raise UnsupportedInputError(
+            f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")
+
+
+def _describe_database(db) -> str:
+    """The database's files for explain: each layer with its entry count or its error."""
+    parts = []
+    for layer, path, count, error in db.layers:
+        state = f"unusable: {error}" if error else (f"{count} entries" if os.path.exists(path) else "absent")
+        parts.append(f"{layer + ' ' if layer else ''}{path} ({state})")
+    if STATE.db_broken:
+        parts.append(f"{len(STATE.db_broken)} unusable entr{'y' if len(STATE.db_broken) == 1 else 'ies'} skipped")
+    return "; ".join(parts) or "none"
+
+
+def _max_distance() -> float:
+    """The nearest-bucket limit (`fa4.database.max_distance`); a malformed setting warns once and the
+    documented default is used."""
+    from fa4 import database
+
+    try:
+        return database.max_distance()
+    except ValueError as exc:
+        warn_once(f"max-distance:{exc}", f"fa4: {exc}; using the default limit {database.DEFAULT_MAX_DISTANCE:g}")
+        return database.DEFAULT_MAX_DISTANCE
