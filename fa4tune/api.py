@@ -123,10 +123,11 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
                    trial_timeout: float = 20.0, compile_timeout: float = 300.0, storage: Optional[str] = None,
                    study: Optional[str] = None, workers: int = 1, jobs: Optional[int] = None,
                    db: Optional[str] = None, record_db: bool = True, space: Optional[str] = None,
-                   l2: str = "warm", peers: bool = True, warm_start: bool = True, retime_rounds: int = 3,
-                   progress=None) -> list[dict]:
+                   l2: str = "warm", peers: bool = True, warm_start: bool = True,
+                   retime_rounds: Optional[int] = None, progress=None) -> list[dict]:
     """`fa4tune search` after option parsing: one study per problem on `gpus` (from `detect_gpus`);
-    returns one summary dict per study (`fa4tune.study.summarize`)."""
+    returns one summary dict per study (`fa4tune.study.summarize`). `retime_rounds` None: the
+    search's default (`fa4tune.retime.ROUNDS`)."""
     from fa4tune import paths, search_runner
     from fa4tune.peers import PEER_NAMES
     from fa4tune.progress import Progress
@@ -145,7 +146,8 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
         trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
         timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
-        db_path=db, record_db=record_db, space_path=space, warm_start=warm_start, retime_rounds=retime_rounds)
+        db_path=db, record_db=record_db, space_path=space, warm_start=warm_start,
+        **({} if retime_rounds is None else {"retime_rounds": retime_rounds}))
     progress.message(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
                      f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
                      f"{storage or paths.storage_path()}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import click
 
 from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
+from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
 from fa4tune.timing import L2_STATES
 
 # the shape options' defaults: the API's default problem (one definition)
@@ -302,9 +303,9 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--warm-start/--cold-start", default=True, show_default=True,
               help="seed a new study with the best configurations of its nearest tuned neighbours in the "
                    "database (same arch, dtype, head dim; both masks)")
-@click.option("--retime", "retime_rounds", type=click.IntRange(min=0), default=3, show_default=True,
-              help="after a study, time its 3 fastest configurations and the default this many times each "
-                   "and record the lowest median (the search's single best is partly luck); 0: off")
+@click.option("--retime", "retime_rounds", type=click.IntRange(min=0), default=RETIME_ROUNDS, show_default=True,
+              help=f"after a study, time its {RETIME_TOP} fastest configurations and the default this many times "
+                   "each and record the lowest median (the search's single best is partly luck); 0: off")
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
 def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,

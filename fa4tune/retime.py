@@ -25,6 +25,8 @@ from fa4tune.outcomes import OK
 from fa4tune.study import params_key
 
 POLL_S = 1.0
+TOP = 3        # finalists re-timed: the fastest distinct configurations (the default joins them)
+ROUNDS = 3     # re-times of each finalist
 
 
 def finalists(study, top: int) -> list[dict]:

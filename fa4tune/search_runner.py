@@ -62,7 +62,7 @@ from fa4tune.environment import kernel_api, kernel_fingerprint
 from fa4tune.peers import PEER_NAMES
 from fa4tune.progress import Progress
 from fa4tune.record import record_best
-from fa4tune.retime import retime
+from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP, retime
 from fa4tune.shapes import shape_key
 from fa4tune.space import SearchSpace, load_space
 from fa4tune.storage import open_storage
@@ -94,8 +94,8 @@ class SearchSettings:
     warm_start: bool = True                    # seed new studies from tuned neighbours (fa4tune.warm_start)
     evaluator: str = DEFAULT_EVALUATOR
     kernel_api: str = "fa4.kernels"            # tests inject a CPU model of the kernel API here
-    retime_rounds: int = 3                     # re-times of each finalist after the loop (0: none)
-    retime_top: int = 3                        # finalists: the fastest distinct configurations, and the default
+    retime_rounds: int = RETIME_ROUNDS         # re-times of each finalist after the loop (0: none)
+    retime_top: int = RETIME_TOP               # finalists: the fastest distinct configurations, and the default
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:

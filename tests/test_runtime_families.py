@@ -10,7 +10,7 @@ import torch
 
 import fa4
 from fa4 import database, kernels
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem
 
 
 @pytest.fixture(autouse=True)

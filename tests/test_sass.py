@@ -8,7 +8,6 @@ analysis is wrong); one compile of our default configuration is disassembled whe
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 

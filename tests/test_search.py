@@ -97,6 +97,7 @@ def test_workers_spread_over_gpus_one_lock_each(tmp_path):
         results = {}
         while len(results) < 4:
             results.update(pool.poll(5.0))
+    assert sorted(results) == sorted(ids)  # every task came back once
     assert {r["visible_gpu"] for r in results.values()} == {"0", "1"}
     assert len({r["worker_pid"] for r in results.values()}) == 4
     assert sorted(p.name for p in tmp_path.glob("*.lock")) == ["fa4tune-gpu0.lock", "fa4tune-gpu1.lock"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fa4.kernels import ARCHS, Config, knob, knobs_for
+from fa4.kernels import ARCHS, Config, knobs_for
 from fa4tune.space import SearchSpace, SpaceError, full_space, load_space, space_path
 
 
