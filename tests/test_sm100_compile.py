@@ -151,6 +151,27 @@ def test_scheduler_launches_a_pair_per_task():
         TileScheduler("static", 4, 8, 32, 1, 148, cta_group=4)
 
 
+def test_single_cta_measured_spill_is_a_reason():
+    """Found by a 1,200-configuration CPU sample (results/compile_space/sm100-v5-sample1200-full.json):
+    4 polynomial exp2 columns at softmax_regs 176 with one Q stage, two TMEM stages and 128-key blocks
+    spilled 16 B, one CTA; its measured neighbours compiled clean and stay allowed."""
+    spill = cfg(exp2_poly_columns=4, softmax_regs=176, q_stages=1, tmem_stages=2, tile_n=128, kv_stages=4,
+                rescale_tile=16, scheduler="single")
+    assert any("spilled 16 B" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(tmem_stages=1), spill.replace(tmem_stages=3), spill.replace(q_stages=2, kv_stages=2),
+               spill.replace(exp2_poly_columns=8), spill.replace(exp2_poly_columns=0), spill.replace(softmax_regs=184)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
+
+
+@pytest.mark.slow
+def test_single_cta_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    c = cfg(exp2_poly_columns=4, softmax_regs=176, q_stages=1, tmem_stages=2, tile_n=128, kv_stages=2,
+            rescale_tile=64, scheduler="static", rescale_threshold=12.0)
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(tmem_stages=1), BASE)["spill_stores"] == 0
+
+
 @pytest.mark.slow
 def test_two_cta_measured_spill_is_what_the_compiler_does():
     pytest.importorskip("cutlass")

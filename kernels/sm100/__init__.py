@@ -102,18 +102,41 @@ def _softmax_register_need(tile_n: int, busy: bool) -> int:
 _CORRECTION_REGISTER_NEED = {8: 64, 16: 64, 32: 96, 64: 112}
 
 
-# Register limits at which a configuration spilled although the row and correction rules above
-# allow it, measured on sm_100a compiles of this kernel (issue 14). ptxas is not monotonic here:
-# 8 polynomial exp2 columns of 32 with causal/LSE/LPT work spilled 24 B at softmax_regs=192 for
-# D=64 and D=128, and compiled clean at 184 and at 200 (and without that work at 176-200).
-_MEASURED_SPILLS = {(8, True, 192): 24}  # (exp2_poly_columns, busy, softmax_regs) -> bytes
-# The cluster pair has one more such case (`_two_cta_reasons`): 8 polynomial columns at 192 with
-# one Q stage and 128-key blocks spilled 16 B (tmem_stages=3) and 24 B (2) at D=128, 12 B (2) at
-# D=64 (D=64 with 3 was clean; rejected all the same), and was clean at 176, 184, 200 and with two
-# Q stages, one TMEM stage or 64-key blocks. And one found by a 400-configuration sample on the H200
-# host's cores (results/compile_space/sm100-v4-sample200-both-h200host.json): 4 polynomial columns at
-# 176 with two Q stages and 128-key blocks spilled 8-16 B whatever rescale_tile, tmem_stages, kv_stages,
-# scheduler or GQA packing (clean at 184 and 192, with 0 or 8 columns, one Q stage or 64-key blocks).
+# Register limits at which configurations spilled although the row and correction rules above allow
+# them: corners of ptxas's allocation, measured on sm_100a compiles of this kernel (issue 14), each
+# bracketed by clean neighbours (ptxas is not monotonic here). A corner names plan values (a tuple:
+# any of them; `busy`: causal, LSE or the LPT order), what spilled, and how it was measured.
+_MEASURED_SPILL_CORNERS = (
+    (dict(busy=(True,), exp2_poly_columns=(8,), softmax_regs=(192,)),
+     "exp2_poly_columns=8 with causal/LSE/LPT work spilled 24 B at softmax_regs=192",
+     "D=64 and D=128; clean at 184 and 200, and without that work at 176-200"),
+    (dict(two_cta=(True,), exp2_poly_columns=(8,), softmax_regs=(192,), q_stages=(1,), tile_n=(128,),
+          tmem_stages=(2, 3)),
+     "two_cta with exp2_poly_columns=8, one Q stage, 128-key blocks and tmem_stages >= 2 spilled "
+     "12-24 B at softmax_regs=192",
+     "16 B with 3 TMEM stages and 24 B with 2 at D=128, 12 B with 2 at D=64; clean at 176, 184 and 200, "
+     "with two Q stages, one TMEM stage or 64-key blocks"),
+    (dict(two_cta=(True,), exp2_poly_columns=(4,), softmax_regs=(176,), q_stages=(2,), tile_n=(128,)),
+     "two_cta with exp2_poly_columns=4, two Q stages and 128-key blocks spilled 8-16 B at "
+     "softmax_regs=176",
+     "whatever rescale_tile, tmem_stages, kv_stages, scheduler or packing, in a 400-configuration sample "
+     "on the H200 host's cores; clean at 184 and 192, with 0 or 8 columns, one Q stage, 64-key blocks "
+     "or one CTA"),
+    (dict(two_cta=(False,), exp2_poly_columns=(4,), softmax_regs=(176,), q_stages=(1,), tile_n=(128,),
+          tmem_stages=(2,)),
+     "exp2_poly_columns=4 with one Q stage, two TMEM stages and 128-key blocks spilled 16 B at "
+     "softmax_regs=176",
+     "4 of 4 in a 1,200-configuration CPU sample, whatever scheduler, packing, kv_stages, rescale_tile "
+     "or threshold; clean with one or three TMEM stages, two Q stages, 0 or 8 columns"),
+)
+
+
+def _measured_spill_reasons(plan: KernelPlan, busy: bool) -> list[str]:
+    values = {"busy": busy, "two_cta": plan.two_cta, "exp2_poly_columns": plan.exp2_poly_columns,
+              "softmax_regs": plan.softmax_regs, "q_stages": plan.q_stages, "tile_n": plan.tile_n,
+              "tmem_stages": plan.tmem_stages}
+    return [f"registers: {what} (measured: {how})" for fields, what, how in _MEASURED_SPILL_CORNERS
+            if all(values[name] in allowed for name, allowed in fields.items())]
 
 
 def _correction_register_need(rescale_tile: int) -> int:
@@ -142,10 +165,7 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
         reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
                        f"(~{need_sm} registers{' with causal/LSE/LPT work' if busy else ''}) > "
                        f"softmax_regs={plan.softmax_regs}")
-    spilled = _MEASURED_SPILLS.get((plan.exp2_poly_columns, busy, plan.softmax_regs))
-    if spilled:
-        reasons.append(f"registers: exp2_poly_columns={plan.exp2_poly_columns} with causal/LSE/LPT "
-                       f"work spilled {spilled} B at softmax_regs={plan.softmax_regs} (measured)")
+    reasons += _measured_spill_reasons(plan, busy)
     need_corr = _correction_register_need(plan.rescale_tile)
     if plan.regs_correction < need_corr:
         reasons.append(f"registers: the correction warpgroup needs ~{need_corr} for rescale_tile="
@@ -165,22 +185,10 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
 
 def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
     """What the cluster-pair mode (two_cta) cannot run."""
-    if not plan.two_cta:
-        return []
-    reasons = []
-    if problem.causal:
-        reasons.append("two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; "
-                       "with a causal mask the two halves need different block ranges and masks)")
-    if (plan.exp2_poly_columns, plan.softmax_regs, plan.q_stages, plan.tile_n) == (8, 192, 1, 128) \
-            and plan.tmem_stages >= 2:
-        reasons.append("registers: two_cta with exp2_poly_columns=8, one Q stage, 128-key blocks "
-                       "and tmem_stages >= 2 spilled 12-24 B at softmax_regs=192 (measured; clean at "
-                       "176, 184 and 200)")
-    if (plan.exp2_poly_columns, plan.softmax_regs, plan.q_stages, plan.tile_n) == (4, 176, 2, 128):
-        reasons.append("registers: two_cta with exp2_poly_columns=4, two Q stages and 128-key blocks "
-                       "spilled 8-16 B at softmax_regs=176 (measured; clean at 184 and 192, with 0 or "
-                       "8 polynomial columns, one Q stage, 64-key blocks or one CTA)")
-    return reasons
+    if plan.two_cta and problem.causal:
+        return ["two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; with a "
+                "causal mask the two halves need different block ranges and masks)"]
+    return []
 
 
 # The heuristic default: the knobs' declared defaults (FA4's shape: 2 Q stages, 2 TMEM stages,
