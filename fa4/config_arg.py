@@ -41,8 +41,7 @@ def coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
             return config_text.with_values(kernels.default_config(arch, problem), config)
         except (ValueError, KeyError) as exc:
             raise InvalidInputError(f"config= {dict(config)}: {exc}") from exc
-    raise InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
-                            f"string, got {type(config).__name__}")
+    raise _wrong_type(config)
 
 
 _PARTIAL = "*"  # arch field of a config string holding knob overrides of the heuristic default
@@ -91,6 +90,10 @@ def for_op(config: Any) -> str | None:
     if isinstance(config, (Config, Mapping)):
         return config_to_str(config)
     if config is not None:
-        raise InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
-                                f"string, got {type(config).__name__}")
+        raise _wrong_type(config)
     return None
+
+
+def _wrong_type(config: Any) -> InvalidInputError:
+    return InvalidInputError(f"config= must be a fa4.kernels.Config, a dict of knob values or a label "
+                             f"string, got {type(config).__name__}")

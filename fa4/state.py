@@ -80,21 +80,23 @@ def use_config_db(path: str | os.PathLike | None) -> None:
     `$FA4_CONFIG_DB` or the results directory's). Forgets cached choices."""
     with STATE.lock:
         STATE.db_path = None if path is None else os.fspath(path)
-        STATE.db = None
-        STATE.db_loaded = False
-        STATE.db_error = None
-        STATE.db_broken = frozenset()
+        _forget_database()
         forget_signatures()
+
+
+def _forget_database() -> None:
+    """The loaded database and what was read from it; the next lookup loads it again."""
+    STATE.db = None
+    STATE.db_loaded = False
+    STATE.db_error = None
+    STATE.db_broken = frozenset()
 
 
 def reset_caches(compiled: bool = False) -> None:
     """Forget cached decisions, the database and one-time warnings (and compiled kernels if asked)."""
     with STATE.lock:
         forget_signatures()
-        STATE.db = None
-        STATE.db_loaded = False
-        STATE.db_error = None
-        STATE.db_broken = frozenset()
+        _forget_database()
         STATE.fingerprints.clear()
         STATE.warned.clear()
         STATE.refused.clear()

@@ -131,6 +131,7 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
     from fa4tune import paths, search_runner
     from fa4tune.peers import PEER_NAMES
     from fa4tune.progress import Progress
+    from fa4tune.retime import ROUNDS as RETIME_ROUNDS
     from fa4tune.space import load_space
     from fa4tune.timing import TimingSettings
 
@@ -147,7 +148,7 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
         timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
         db_path=db, record_db=record_db, space_path=space, warm_start=warm_start,
-        **({} if retime_rounds is None else {"retime_rounds": retime_rounds}))
+        retime_rounds=RETIME_ROUNDS if retime_rounds is None else retime_rounds)
     progress.message(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
                      f"{settings.process_count()} worker processes on {workers} GPU(s), L2 {l2}; storage "
                      f"{storage or paths.storage_path()}")
@@ -200,16 +201,18 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
 
 def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: Optional[str] = None,
                   out: Optional[str] = None, csv: Optional[str] = None, jobs: int = 4, l2: str = "warm",
-                  peers: bool = True, rounds: int = 2, progress=None) -> dict:
+                  peers: bool = True, rounds: Optional[int] = None, progress=None) -> dict:
     """`fa4tune bench` after option parsing: time every variant of every problem `rounds` times
     (interleaved; each row keeps its lowest, `fa4tune.bench_runner`), write the bench file (`out`,
-    default the results directory's bench.json; `csv` too when given); returns its document."""
+    default the results directory's bench.json; `csv` too when given); returns its document.
+    `rounds` None: `fa4tune.bench_runner.ROUNDS`."""
     from fa4tune import bench_runner, paths
     from fa4tune.peers import PEER_NAMES
     from fa4tune.progress import Progress
     from fa4tune.timing import TimingSettings
 
     progress = progress or Progress()
+    rounds = bench_runner.ROUNDS if rounds is None else rounds
     if not gpus:
         raise NoGpuError(NO_GPU_BENCH)
     arch = resolve_arch(arch, gpus, need_gpu=True)

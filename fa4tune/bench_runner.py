@@ -79,6 +79,7 @@ CSV_FIELDS = ("shape", "variant", "outcome", "us", "eager_us", "backend", "tflop
               "lookup", "db_key", "max_err", "config", "error", "us_rounds")
 DISPATCHED = "dispatched"
 POLL_S = 1.0
+ROUNDS = 2  # rounds per row (`--rounds`)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
               timing: TimingSettings = TimingSettings(), peers=PEER_NAMES,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
-              progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = 2) -> dict:
+              progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = ROUNDS) -> dict:
     """Measure every variant of every problem `rounds` times; returns the document described above."""
     from fa4.database import BestConfigDB, entry_key, max_distance
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import click
 
 from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
+from fa4tune.bench_runner import ROUNDS as BENCH_ROUNDS
 from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
 from fa4tune.timing import L2_STATES
 
@@ -498,7 +499,7 @@ def db_import_bench(bench_path, db_path):
               help="worker processes in all (they compile in parallel)")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
-@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--rounds", type=click.IntRange(min=1), default=BENCH_ROUNDS, show_default=True,
               help="time every row this many times, in interleaved rounds, and keep its lowest median "
                    "(a transient slows one round, not all)")
 def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,

@@ -68,9 +68,9 @@ def longest_first_for_causal(config: Config, problem: AttentionProblem) -> Confi
 
 def wide_tiles_for_causal_head_dim_128(config: Config, problem: AttentionProblem) -> Config:
     """Causal, head dim 128, one CTA per tile: 192 x 80 tiles (B1 S1024 22.2 -> 21.6 us, B1 S4096
-    249.0 -> 233.9, B4 S2048 H64/8 572.0 -> 545.3; with longer keys, in one bench run against
-    128 x 128: B1 S8192 bf16 909.1 -> 846.4, B2 S16384 H8/1 bf16 1725.5 -> 1611.0 with 3 K/V stages,
-    results/h200/bench_s6b.log, results/h200/s6/bench_warm_entries.json)."""
+    249.0 -> 233.9, B4 S2048 H64/8 572.0 -> 545.3; with longer keys, the 128 x 128 default in one
+    bench (results/h200/s6/bench_warm_entries.json) -> this rule's default in the next
+    (results/bench.json): B1 S8192 bf16 909.1 -> 836.9, B2 S16384 H8/1 bf16 1725.5 -> 1589.0)."""
     ratio = problem.gqa_ratio
     if (config.scheduler != "single_lpt" or problem.head_dim != 128
             or not _fits_192_rows(problem) or (config.pack_gqa and 192 % ratio)):
