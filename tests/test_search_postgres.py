@@ -77,9 +77,13 @@ def test_three_processes_share_one_budget_and_survive_a_sigkill(tmp_path, postgr
                 trials = _trials(postgres_url, study)
             except KeyError:
                 continue
-            mine = [t for t in trials if t.state == TrialState.RUNNING
-                    and (t.system_attrs.get("fa4tune:owner") or {}).get("pid") == victim.pid]
-            if sum(t.state.is_finished() for t in trials) >= 6 and mine:
+            victims = [t for t in trials if (t.system_attrs.get("fa4tune:owner") or {}).get("pid") == victim.pid]
+            mine = [t for t in victims if t.state == TrialState.RUNNING]
+            # the victim must have measured a trial of its own first, or the check below that all
+            # three processes took part in the budget is a race
+            victim_measured = any(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                                  and t.user_attrs.get("outcome") != "infeasible" for t in victims)
+            if sum(t.state.is_finished() for t in trials) >= 6 and mine and victim_measured:
                 os.killpg(victim.pid, signal.SIGKILL)   # the search and its workers, mid-trial
                 victim.wait(30)
                 killed_running = [t.number for t in mine]
