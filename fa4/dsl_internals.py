@@ -1,19 +1,29 @@
-"""The one place that relies on the CuTe DSL's private objects: the eager fast path's direct launcher.
+"""The one place that relies on the CuTe DSL's private objects.
 
-Why: an eager call of our kernel would otherwise pass three Python frames of the DSL (its compiled
-function's `__call__`, which checks that it is initialised and converts pointer-address arguments,
-and a generated keyword wrapper that forwards six positionals) before TVM-FFI's C call, about 1-2 us
-of a ~9 us call. What it reads, all private to nvidia-cutlass-dsl 4.8 / apache-tvm-ffi 0.1:
-`CompiledAttention._fn` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
-`_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`).
+1. The eager fast path's direct launcher (`direct_launcher`).
+   Why: an eager call of our kernel would otherwise pass three Python frames of the DSL (its compiled
+   function's `__call__`, which checks that it is initialised and converts pointer-address arguments,
+   and a generated keyword wrapper that forwards six positionals) before TVM-FFI's C call, about 1-2 us
+   of a ~9 us call. What it reads, all private to nvidia-cutlass-dsl 4.8 / apache-tvm-ffi 0.1:
+   `CompiledAttention._fn` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
+   `_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`).
+   Anything that does not look exactly as expected gives None and the checked `run` stays in use: an
+   upgrade can make calls slower, never wrong. `tests/test_runtime_direct_launch.py::
+   test_real_sm90_compile_is_accepted` compiles the real sm90 kernel on CPU and fails loudly when this
+   module stops recognising the DSL's object (the slowdown would otherwise go unnoticed).
 
-Anything that does not look exactly as expected gives None and the checked `run` stays in use: an
-upgrade can make calls slower, never wrong. `tests/test_runtime_direct_launch.py::
-test_real_sm90_compile_is_accepted` compiles the real sm90 kernel on CPU and fails loudly when this
-module stops recognising the DSL's object (the slowdown would otherwise go unnoticed).
+2. Compile reports without source locations (`without_source_locations`).
+   Why: a compile report asks for ptxas's remarks (registers, spills, warnings), and the DSL then
+   records the Python call site of every MLIR op it builds (a frame walk per op): about half of a
+   report's time (sm100 default configuration on CPU: 4.7-5.2 s with, 2.5-2.8 s without; the same
+   registers, spills, shared memory and PTX markers). What it replaces: `cutlass.base_dsl.dsl.
+   _set_enable_frame_filtering`, which the DSL calls at the start of each compile. If it is gone the
+   compile runs as before (slower, never wrong); `tests/test_compile_report_speed.py` fails loudly.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 
 def direct_launcher(compiled):
@@ -83,3 +93,23 @@ def forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
                             "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
             return False
     return loaded == list(code.co_varnames[:6])
+
+
+@contextmanager
+def without_source_locations():
+    """Compiles inside this block build no source locations, even when ptxas remarks are asked for.
+    Yields whether it took effect (False: this DSL has no such hook; compiles run as they would)."""
+    try:
+        from cutlass.base_dsl import dsl
+    except ImportError:
+        yield False
+        return
+    setter = getattr(dsl, "_set_enable_frame_filtering", None)
+    if not callable(setter):
+        yield False
+        return
+    dsl._set_enable_frame_filtering = lambda enable: setter(False)
+    try:
+        yield True
+    finally:
+        dsl._set_enable_frame_filtering = setter

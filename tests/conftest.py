@@ -26,6 +26,16 @@ os.environ["FA4TUNE_CACHE_DIR"] = os.path.join(os.environ["FA4TUNE_HOME"], "kern
 os.environ["FA4TUNE_DISK_CACHE"] = "0"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compile_reports_as_the_harness_makes_them():
+    """CPU compile reports here are made as fa4tune's evaluator makes them: without source locations,
+    which cost half a report's time and change nothing in it (tests/test_compile_report_locations.py)."""
+    from fa4.dsl_internals import without_source_locations
+
+    with without_source_locations():
+        yield
+
+
 @functools.lru_cache(maxsize=1)
 def _compute_capability() -> tuple[int, int] | None:
     try:
