@@ -83,7 +83,7 @@ class _RecordingPool:
 
 def test_shards_split_the_feasible_configurations(monkeypatch):
     """Shards are disjoint and together cover every feasible configuration; shard 0 has the default."""
-    from fa4.kernels import AttentionProblem, default_config, knobs_for
+    from fa4.kernels import AttentionProblem, default_config, knobs_for, source_fingerprint
     from fa4tune import compile_space
     from fa4tune.space import SearchSpace
 
@@ -97,6 +97,8 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
         _RecordingPool.submitted = []
         [result] = compile_space.run("sm90", [problem], space, 10**9, shard=(i, 3))
         assert result["shard"] == [i, 3]
+        # shards of one space join only when they compiled the same kernel source
+        assert result["source_fingerprint"] == source_fingerprint("sm90")
         shards.append(set(_RecordingPool.submitted))
     [whole] = compile_space.run("sm90", [problem], space, 0)
     default = default_config("sm90", problem)
