@@ -200,7 +200,9 @@ def compact(result: dict) -> dict:
     checkout's own location cut from the compiler's messages (committed files carry no machine paths)."""
     entries = []
     for entry in result["compiled"]:
-        report = {k: v for k, v in (entry.get("report") or {}).items() if k not in ("config", "problem")}
+        # a clean compile's ptxas remarks say nothing its parsed registers and spills do not
+        repeated = ("config", "problem") + (() if entry.get("problems") else ("remarks_excerpt",))
+        report = {k: v for k, v in (entry.get("report") or {}).items() if k not in repeated}
         entries.append(_relative({**entry, "report": report}))
     return {**result, "compiled": entries}
 

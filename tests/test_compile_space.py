@@ -110,10 +110,14 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
 def test_compact_drops_only_what_repeats():
     from fa4tune.compile_space import compact
 
-    result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok",
-                                             "report": {"config": {"tile_n": 64}, "problem": {}, "registers": 128}}]}
+    report = {"config": {"tile_n": 64}, "problem": {}, "registers": 128, "remarks_excerpt": "ptxas info"}
+    result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok", "problems": [],
+                                             "report": report},
+                                            {"config": {"tile_n": 128}, "outcome": "ok",
+                                             "problems": ["spills"], "report": dict(report)}]}
     small = compact(result)
-    assert small["compiled"][0]["report"] == {"registers": 128}
+    assert small["compiled"][0]["report"] == {"registers": 128}  # clean: the remarks say nothing more
+    assert small["compiled"][1]["report"] == {"registers": 128, "remarks_excerpt": "ptxas info"}
     assert small["compiled"][0]["config"] == {"tile_n": 64} and small["arch"] == "sm100"
     assert result["compiled"][0]["report"]["config"] == {"tile_n": 64}  # the input is left alone
 
