@@ -34,11 +34,19 @@ PROCESSES = 3
 
 _RUN = """
 import sys
+import time
+from pathlib import Path
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
 from fa4tune.search_runner import SearchSettings, run_search
 if __name__ == "__main__":
+    # start together: on a loaded machine one process's imports can take longer than the others need
+    # to spend the whole budget, and then the test could not tell a shared budget from a lone one
+    ready, go = Path(sys.argv[3]), Path(sys.argv[4])
+    ready.touch()
+    while not go.exists():
+        time.sleep(0.05)
     s = SearchSettings(trials={budget}, processes=2, storage={url!r}, study_name={study!r}, db_path=sys.argv[1],
                        evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes", peers=(),
                        seed=int(sys.argv[2]))
@@ -65,11 +73,20 @@ def test_three_processes_share_one_budget_and_survive_a_sigkill(tmp_path, postgr
     script = tmp_path / "run.py"
     script.write_text(_RUN.format(tests=str(TESTS), budget=BUDGET, url=postgres_url, study=study))
     env = {**os.environ, fakes.FAKE_COMPILE_S_ENV: "0.5"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"db{i}.json"), str(i)], env=env,
+    ready = [tmp_path / f"ready{i}" for i in range(PROCESSES)]
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"db{i}.json"), str(i),
+                               str(ready[i]), str(go)], env=env,
                               start_new_session=True, stderr=subprocess.PIPE, text=True)
              for i in range(PROCESSES)]
     victim, finished_before, killed_running = procs[0], {}, []
     try:
+        deadline = time.time() + 240
+        while not all(r.exists() for r in ready):
+            assert time.time() < deadline, "the search processes did not start"
+            assert all(proc.poll() is None for proc in procs), "a search process ended before it started"
+            time.sleep(0.1)
+        go.touch()
         deadline = time.time() + 240
         while time.time() < deadline:
             time.sleep(0.5)
