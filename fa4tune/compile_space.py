@@ -256,3 +256,39 @@ def print_tables(results: list[dict], stream=None) -> None:
                           str(report.get("compile_seconds", entry.get("compile_s", "-"))),
                           "; ".join(entry["problems"]) or "ok")
         console.print(table)
+
+
+def shard_census(results: list[dict]) -> list[dict]:
+    """Shard results of one space (as `write_json` writes them) added up per problem: {"problem",
+    "source_fingerprint", "shard_count", "shards" (the indices present), "feasible", "compiled",
+    "problems": [(shard, config label, problems)], "complete"}. Raises ValueError where they cannot
+    add up: another kernel source, another shard count or another space size for the same problem,
+    a shard twice, or a result compiled with a --limit (a sample, not a shard's whole part)."""
+    by_problem: dict[str, dict] = {}
+    for r in results:
+        label = AttentionProblem(**r["problem"]).label()
+        index, count = r["shard"]
+        census = by_problem.setdefault(label, {
+            "problem": label, "source_fingerprint": r.get("source_fingerprint"), "shard_count": count,
+            "space_size": r["space_size"], "shards": [], "feasible": r["feasible"], "compiled": 0,
+            "problems": [], "complete": False})
+        for key, value in (("source_fingerprint", r.get("source_fingerprint")), ("shard_count", count),
+                           ("space_size", r["space_size"]), ("feasible", r["feasible"])):
+            if census[key] != value:
+                raise ValueError(f"{label}: shard {index}/{count} has {key} {value}, others {census[key]}")
+        if index in census["shards"]:
+            raise ValueError(f"{label}: shard {index}/{count} given twice")
+        # a shard's part is every count-th feasible configuration, and shard 0 also takes the default
+        # from wherever it falls: a shard with fewer was a --limit sample
+        part = len(range(index, r["feasible"], count))
+        if abs(len(r["compiled"]) - part) > 1:
+            raise ValueError(f"{label}: shard {index}/{count} compiled {len(r['compiled'])} of its {part}")
+        census["shards"].append(index)
+        census["compiled"] += len(r["compiled"])
+        census["problems"] += [(index, display_label(r["arch"], e["config"]), e["problems"])
+                               for e in r["compiled"] if e["problems"]]
+    for census in by_problem.values():
+        census["shards"].sort()
+        census["complete"] = (census["shards"] == list(range(census["shard_count"]))
+                              and census["compiled"] == census["feasible"])
+    return list(by_problem.values())

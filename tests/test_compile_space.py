@@ -107,6 +107,33 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
     assert tuple(sorted(default.to_dict().items())) in shards[0]
 
 
+def test_shard_census_adds_up_a_whole_space_and_refuses_what_does_not_add_up(monkeypatch):
+    from fa4.kernels import AttentionProblem, knobs_for
+    from fa4tune import compile_space
+    from fa4tune.space import SearchSpace
+
+    monkeypatch.setattr(compile_space, "WorkerPool", _RecordingPool)
+    problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
+    varied = {"tile_n": (64, 128, 192), "kv_stages": (2, 3), "pv_operand": ("rs", "ss")}
+    space = SearchSpace("sm90", tuple((k.name, varied.get(k.name, (k.default,))) for k in knobs_for("sm90")))
+    shards = [compile_space.compact(r) for i in range(3)
+              for r in compile_space.run("sm90", [problem], space, 10**9, shard=(i, 3))]
+
+    [whole] = compile_space.shard_census(shards)
+    assert whole["complete"] and whole["shards"] == [0, 1, 2] and whole["compiled"] == whole["feasible"] > 3
+    # the fake pool reports nothing: every configuration fails the check, and each is named
+    assert len(whole["problems"]) == whole["feasible"]
+    [part] = compile_space.shard_census(shards[:2])
+    assert not part["complete"] and part["compiled"] < part["feasible"]
+
+    with pytest.raises(ValueError, match="given twice"):
+        compile_space.shard_census(shards + shards[:1])
+    with pytest.raises(ValueError, match="source_fingerprint"):
+        compile_space.shard_census(shards[:2] + [{**shards[2], "source_fingerprint": "0" * 16}])
+    [sample] = compile_space.run("sm90", [problem], space, 1, shard=(1, 3))
+    with pytest.raises(ValueError, match="compiled 1 of its"):
+        compile_space.shard_census(shards[:1] + [compile_space.compact(sample)])
+
 def test_compact_drops_only_what_repeats():
     from fa4tune.compile_space import compact
 
@@ -134,3 +161,19 @@ def test_compact_cuts_the_checkout_location_from_compiler_messages():
     entry = compact(result)["compiled"][0]
     assert entry["warnings"] == ["kernels/sm90/kernel.py:138: spill"]
     assert entry["report"]["remarks"] == ["loc('kernels/sm90/kernel.py')"]
+
+
+def test_the_committed_whole_space_shards_add_up_and_are_clean():
+    """results/compile_space/sm100-v5-shard-*: one kernel source, no shard twice, every configuration
+    compiled clean (benchmarks/sm100_whole_space_summary.py says how much of the space they cover)."""
+    import json
+    from pathlib import Path
+
+    from fa4tune.compile_space import shard_census
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "results" / "compile_space").glob("sm100-v5-shard-*.json"))
+    if not paths:
+        pytest.skip("no whole-space shards committed")
+    census = shard_census([r for path in paths for r in json.loads(path.read_text())])
+    assert len({c["source_fingerprint"] for c in census}) == 1
+    assert all(c["compiled"] > 0 and not c["problems"] for c in census), [c["problems"] for c in census]

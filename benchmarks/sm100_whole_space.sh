@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole sm100 search space compiled on CPU (no GPU is used), in 40 shards that each fit a session:
+# shard i is `fa4tune compile-space --arch sm100 --shard i/40` at the base problem (B=1 S=1024 H32/8
+# D128 fp16), once non-causal and once causal with LSE. Shards FIRST..LAST, skipping those already in
+# DIR, starting none after BUDGET seconds (0: no limit). About 24 min a shard on 2 cores.
+#     bash benchmarks/sm100_whole_space.sh 0 3                   # into results/compile_space
+#     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 4 9 480   # on the device host, into $OUT
+# Then `python benchmarks/sm100_whole_space_summary.py DIR` adds them up (one kernel source only).
+set -u
+first=$1 last=$2 budget=${3:-0}
+dir=${DIR:-results/compile_space} jobs=${JOBS:-$(nproc)} shards=40
+logs=${LOGS:-/tmp/sm100-whole-space}   # compile-space's progress, one file a run (not kept in results/)
+mkdir -p "$dir" "$logs"
+start=$(date +%s)
+for i in $(seq "$first" "$last"); do
+  for mask in full causal-lse; do
+    out="$dir/sm100-v5-shard-$i-of-$shards-$mask.json"
+    [ -s "$out" ] && continue
+    elapsed=$(( $(date +%s) - start ))
+    if [ "$budget" -gt 0 ] && [ "$elapsed" -gt "$budget" ]; then
+      echo "budget spent after $elapsed s: shard $i $mask and later not started"
+      exit 0
+    fi
+    if [ "$mask" = full ]; then flags=(--no-causal); else flags=(--causal --lse); fi
+    fa4tune compile-space --arch sm100 "${flags[@]}" --jobs "$jobs" --shard "$i/$shards" --format json \
+        --out "$out.part" > /dev/null 2> "$logs/shard-$i-of-$shards-$mask.log"
+    rc=$?
+    # exit 1 is a finding (a configuration the model accepts failed the check): keep it
+    if [ -s "$out.part" ]; then mv "$out.part" "$out"; fi
+    echo "shard $i/$shards $mask: exit $rc at $(( $(date +%s) - start )) s on $jobs processes"
+  done
+done
