@@ -1,5 +1,7 @@
-"""Add up the whole-space shards of benchmarks/sm100_whole_space.sh: per problem, how much of the
-feasible space has compiled and what failed the check, at which kernel source (it must be one).
+"""Add up the whole-space shards of benchmarks/sm100_whole_space.sh against the feasibility model as
+it is now: per problem, how much of the feasible space has compiled, what failed the check and is
+still accepted, at which kernel source (it must be one). Exit 1 on a problem, a gap in a present
+shard or a stale kernel source.
 
     python benchmarks/sm100_whole_space_summary.py [DIR]     # default results/compile_space
 """
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from fa4.kernels import source_fingerprint
 from fa4tune.compile_space import shard_census
+from fa4tune.space import load_space
 
 
 def main(directory: str = "results/compile_space") -> int:
@@ -22,15 +25,17 @@ def main(directory: str = "results/compile_space") -> int:
         return 1
     current = source_fingerprint("sm100")
     status = 0
-    for census in shard_census(results):
-        share = census["compiled"] / census["feasible"]
-        print(f"{census['problem']}: {len(census['shards'])} of {census['shard_count']} shards, "
+    for census in shard_census(results, load_space("sm100")):
+        source = census["source_fingerprint"]
+        print(f"{census['problem']}: {len(census['shards'])} of {census['shard_count']} shards; "
               f"{census['compiled']:,} of {census['feasible']:,} feasible configurations compiled "
-              f"({share:.1%}), {len(census['problems'])} with problems; kernel source "
-              f"{census['source_fingerprint']}{'' if census['source_fingerprint'] == current else ' (NOT the current ' + current + ')'}")
+              f"({census['compiled'] / census['feasible']:.1%}), {census['missing']} of the present shards' "
+              f"not compiled, {len(census['problems'])} with problems ({census['resolved']} more that the "
+              f"model now rejects); kernel source {source}"
+              + ("" if source == current else f" (NOT the current {current})"))
         for index, config, problems in census["problems"]:
             print(f"  shard {index}: {config}: {'; '.join(problems)}")
-        if census["problems"] or census["source_fingerprint"] != current:
+        if census["problems"] or census["missing"] or source != current:
             status = 1
     return status
 

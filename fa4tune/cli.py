@@ -253,8 +253,9 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="compile processes [default: all cores]")
 @click.option("--seed", type=int, default=0, show_default=True, help="which sample --limit takes")
 @click.option("--shard", default="0/1", show_default=True,
-              help="i/n: compile only the i-th of n interleaved parts of the feasible configurations, "
-                   "so a whole space fits several time-limited runs")
+              help="i/n: compile only the feasible configurations in part i of n (by a hash of their knob "
+                   "values, so a configuration keeps its part when the model changes): a whole space "
+                   "in several time-limited runs")
 @click.option("--compile-timeout", type=float, default=300.0, show_default=True, help="seconds per compile")
 @format_option
 @click.option("--out", "out_path", default=None, help="also write the results as JSON (a list, one per problem)")

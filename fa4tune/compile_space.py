@@ -3,7 +3,8 @@
 
 For each problem (both causal modes unless one is named), every configuration of the space is first
 put to the kernel's `feasible`; the rejected ones are counted by reason. Then the feasible ones (all, or
-up to `limit`: the default configuration first, then a seeded sample; `shard` i/n keeps every n-th) of
+up to `limit`: the default configuration first, then a seeded sample; `shard` i/n keeps those
+`shard_of` puts in shard i) of
 every problem are compiled in one pool of CPU worker processes, and each compile report is checked: no
 register spills, no wgmma serialised for lack of registers, PTX with the architecture's MMA and TMA
 instructions (every marker the family declares in `PTX_MARKERS`: one list, read by the compile report
@@ -18,6 +19,7 @@ On 2 cores a whole space takes hours; the H200 machine's 16 cores (no GPU needed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -79,10 +81,18 @@ class _Plan:
     picked: list = field(default_factory=list)
 
 
+def shard_of(config: dict, shard_count: int) -> int:
+    """The shard a configuration belongs to: a hash of its knob values, so a configuration stays in its
+    shard when the feasibility model or the space's other values change (shards compiled before a new
+    measured corner still add up)."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shard_count
+
+
 def plan(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, kernels, seed: int = 0,
          shard: tuple[int, int] = (0, 1)) -> _Plan:
     """Feasibility of every configuration, and up to `limit` feasible ones of distinct compile keys to
-    compile: the default first (shard 0 has it), then a seeded sample of this shard's part."""
+    compile: the default first (where this shard has it), then a seeded sample of this shard's part."""
     shard_index, shard_count = shard
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard {shard_index}/{shard_count}: the index must be in [0, count)")
@@ -97,8 +107,9 @@ def plan(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, k
             feasible_configs.append(config)
     result.feasible = len(feasible_configs)
     rng = random.Random(seed)
-    mine = [c for c in feasible_configs[shard_index::shard_count] if c != result.default]
-    candidates = ([result.default] if shard_index == 0 else []) + rng.sample(mine, len(mine))
+    mine = [c for c in feasible_configs if shard_of(c.to_dict(), shard_count) == shard_index]
+    rest = [c for c in mine if c != result.default]
+    candidates = ([result.default] if len(rest) < len(mine) else []) + rng.sample(rest, len(rest))
     keys = set()
     for config in candidates:
         if len(result.picked) >= limit:
@@ -258,37 +269,51 @@ def print_tables(results: list[dict], stream=None) -> None:
         console.print(table)
 
 
-def shard_census(results: list[dict]) -> list[dict]:
-    """Shard results of one space (as `write_json` writes them) added up per problem: {"problem",
-    "source_fingerprint", "shard_count", "shards" (the indices present), "feasible", "compiled",
-    "problems": [(shard, config label, problems)], "complete"}. Raises ValueError where they cannot
-    add up: another kernel source, another shard count or another space size for the same problem,
-    a shard twice, or a result compiled with a --limit (a sample, not a shard's whole part)."""
-    by_problem: dict[str, dict] = {}
+def shard_census(results: list[dict], space: SearchSpace, kernels=None) -> list[dict]:
+    """Shard results of one space (as `write_json` writes them) held to the feasibility model as it is
+    now, per problem: {"problem", "source_fingerprint", "shard_count", "shards" (the indices present),
+    "feasible" (now), "compiled" (of those), "missing" (feasible now, in a present shard, not compiled:
+    a --limit run, or a shard compiled when the model rejected them), "problems": [(shard, config
+    label, problems)] of configurations the model still accepts, "resolved" (problems of ones it now
+    rejects), "complete"}. Raises ValueError where results cannot add up: two kernel sources or shard
+    counts for one problem, or a shard twice."""
+    if kernels is None:
+        import fa4.kernels as kernels
+    by_problem: dict[str, list[dict]] = {}
     for r in results:
-        label = AttentionProblem(**r["problem"]).label()
-        index, count = r["shard"]
-        census = by_problem.setdefault(label, {
-            "problem": label, "source_fingerprint": r.get("source_fingerprint"), "shard_count": count,
-            "space_size": r["space_size"], "shards": [], "feasible": r["feasible"], "compiled": 0,
-            "problems": [], "complete": False})
-        for key, value in (("source_fingerprint", r.get("source_fingerprint")), ("shard_count", count),
-                           ("space_size", r["space_size"]), ("feasible", r["feasible"])):
-            if census[key] != value:
-                raise ValueError(f"{label}: shard {index}/{count} has {key} {value}, others {census[key]}")
-        if index in census["shards"]:
-            raise ValueError(f"{label}: shard {index}/{count} given twice")
-        # a shard's part is every count-th feasible configuration, and shard 0 also takes the default
-        # from wherever it falls: a shard with fewer was a --limit sample
-        part = len(range(index, r["feasible"], count))
-        if abs(len(r["compiled"]) - part) > 1:
-            raise ValueError(f"{label}: shard {index}/{count} compiled {len(r['compiled'])} of its {part}")
-        census["shards"].append(index)
-        census["compiled"] += len(r["compiled"])
-        census["problems"] += [(index, display_label(r["arch"], e["config"]), e["problems"])
-                               for e in r["compiled"] if e["problems"]]
-    for census in by_problem.values():
-        census["shards"].sort()
-        census["complete"] = (census["shards"] == list(range(census["shard_count"]))
-                              and census["compiled"] == census["feasible"])
-    return list(by_problem.values())
+        by_problem.setdefault(json.dumps(r["problem"], sort_keys=True), []).append(r)
+    censuses = []
+    for problem_json, shard_results in by_problem.items():
+        problem = AttentionProblem(**json.loads(problem_json))
+        label = problem.label()
+        for what, values in (("kernel source", {r.get("source_fingerprint") for r in shard_results}),
+                             ("shard count", {r["shard"][1] for r in shard_results})):
+            if len(values) > 1:
+                raise ValueError(f"{label}: the shards differ in {what}: {sorted(map(str, values))}")
+        count = shard_results[0]["shard"][1]
+        present = sorted(r["shard"][0] for r in shard_results)
+        if len(set(present)) < len(present):
+            raise ValueError(f"{label}: a shard given twice ({present})")
+        feasible_now = {_key(c.to_dict()): c for c in space.configs() if not kernels.feasible(c, problem)}
+        entries = {_key(e["config"]): (r["shard"][0], e) for r in shard_results for e in r["compiled"]}
+        expected = {k for k, c in feasible_now.items() if shard_of(c.to_dict(), count) in present}
+        problems, resolved = [], 0
+        for key, (index, entry) in sorted(entries.items()):
+            if not entry["problems"]:
+                continue
+            if key in feasible_now:
+                problems.append((index, display_label(shard_results[0]["arch"], entry["config"]),
+                                 entry["problems"]))
+            else:
+                resolved += 1  # the model rejects it now
+        censuses.append({
+            "problem": label, "source_fingerprint": shard_results[0].get("source_fingerprint"),
+            "shard_count": count, "shards": present, "feasible": len(feasible_now),
+            "compiled": len(expected & entries.keys()), "missing": len(expected - entries.keys()),
+            "problems": problems, "resolved": resolved,
+            "complete": present == list(range(count)) and not expected - entries.keys()})
+    return censuses
+
+
+def _key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)

@@ -163,6 +163,28 @@ def test_single_cta_measured_spill_is_a_reason():
         assert not sm100.resource_reasons(ok, BASE), ok.label()
 
 
+def test_two_cta_lpt_measured_spill_is_a_reason():
+    """Found by whole-space shard 0/40 (benchmarks/sm100_whole_space.sh): the cluster pair with the LPT
+    order, 8 polynomial columns, two Q stages, one TMEM stage and rescale_tile 32 spilled 32 B at
+    softmax_regs 184; its measured neighbours compiled clean and stay allowed."""
+    spill = cfg(two_cta=True, scheduler="lpt", exp2_poly_columns=8, softmax_regs=184, q_stages=2, tmem_stages=1,
+                tile_n=128, rescale_tile=32, kv_stages=4, rescale_threshold=0.0)
+    assert any("spilled 32 B" in r for r in sm100.resource_reasons(spill, BASE))
+    for ok in (spill.replace(scheduler="static"), spill.replace(scheduler="single"), spill.replace(rescale_tile=16),
+               spill.replace(exp2_poly_columns=4), spill.replace(exp2_poly_columns=0), spill.replace(q_stages=1),
+               spill.replace(tmem_stages=2), spill.replace(tile_n=64), spill.replace(two_cta=False, kv_stages=3)):
+        assert not sm100.resource_reasons(ok, BASE), ok.label()
+
+
+@pytest.mark.slow
+def test_two_cta_lpt_measured_spill_is_what_the_compiler_does():
+    pytest.importorskip("cutlass")
+    c = cfg(two_cta=True, scheduler="lpt", exp2_poly_columns=8, softmax_regs=184, q_stages=2, tmem_stages=1,
+            tile_n=128, rescale_tile=32, kv_stages=3, pack_gqa=False)
+    assert sm100.compile_report(c, BASE)["spill_stores"] > 0
+    assert sm100.compile_report(c.replace(scheduler="static"), BASE)["spill_stores"] == 0
+
+
 @pytest.mark.slow
 def test_single_cta_measured_spill_is_what_the_compiler_does():
     pytest.importorskip("cutlass")
@@ -309,7 +331,7 @@ def test_softmax_register_model_matches_the_measured_compiles():
     # 128-key rows fit the smallest offered softmax_regs without causal/LSE/LPT work and the next
     # one with it (the CI sample compiles both corners without spills; causal + LSE + LPT spilled
     # 8 B at 176 in one configuration); 160-key rows spill at every offered value (slow test below)
-    from fa4.kernels.sm100 import _softmax_register_need
+    from fa4.kernels.sm100.feasibility import _softmax_register_need
     regs = sorted(next(k for k in knobs_for("sm100") if k.name == "softmax_regs").choices)
     assert _softmax_register_need(128, busy=False) == regs[0]
     assert _softmax_register_need(128, busy=True) == regs[1]
@@ -352,3 +374,14 @@ def test_measured_spill_is_what_the_compiler_does():
     c = cfg(exp2_poly_columns=8, softmax_regs=192, scheduler="lpt")
     assert sm100.compile_report(c, busy)["spill_stores"] > 0
     assert sm100.compile_report(c.replace(softmax_regs=184), busy)["spill_stores"] == 0
+
+
+def test_the_model_and_the_default_are_outside_the_fingerprint():
+    """The feasibility model and the default rules judge configurations; they never change what one
+    compiles to: adding a measured spill corner must not make the whole-space shards' compile results
+    (benchmarks/sm100_whole_space.sh) or the disk cache stale."""
+    from fa4.kernels.sm100 import defaults, feasibility
+
+    assert sm100.default_config is defaults.default_config
+    assert sm100.resource_reasons is feasibility.resource_reasons
+    assert not {"defaults.py", "feasibility.py"} & set(sm100.SOURCE_FILES)

@@ -22,16 +22,18 @@ from .. import compiling
 from ..family import CAPABILITY_ARCH
 from ..knobs import Config
 from ..problem import AttentionProblem
-from .plan import (B200_NUM_SMS, REG_BUDGET_PER_THREAD_X4, REGS_MIN, REGS_OTHER, SMEM_LIMIT_BYTES,
-                   SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan, kv_ring_deadlock, make_plan)
+# the family's judgement and default live outside the fingerprint: they pick configurations
+from .defaults import DEFAULT_RULES, default_config
+from .feasibility import can_implement, resource_reasons, resources
+from .plan import B200_NUM_SMS, KernelPlan, make_plan
 
 ARCH = "sm100"
 HARDWARE_VERIFIED = False
 NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is compile-verified for "
                 "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
-# The files that decide the generated code (emulation.py does not); the kernel takes its exp2
-# polynomial's exponent add from the shared fast_exp2.py.
+# The files that decide the generated code (emulation.py, feasibility.py and defaults.py do not); the
+# kernel takes its exp2 polynomial's exponent add from the shared fast_exp2.py.
 SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py", "../fast_exp2.py")
 DEFAULT_NUM_SMS = B200_NUM_SMS
 # what a right sm_100a compile's PTX holds
@@ -45,199 +47,8 @@ PTX_MARKERS = {
 __all__ = [
     "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "DEFAULT_NUM_SMS", "PTX_MARKERS",
     "can_implement", "resources", "resource_reasons", "default_config", "problem_key", "make_kernel",
-    "traced_smem_bytes", "compile_attention", "compile_report", "make_plan", "KernelPlan",
+    "traced_smem_bytes", "compile_attention", "compile_report", "make_plan", "KernelPlan", "DEFAULT_RULES",
 ]
-
-
-def can_implement(problem: AttentionProblem) -> list[str]:
-    """Reasons this kernel family cannot run the problem under any configuration (empty: it can)."""
-    reasons = []
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        reasons.append(f"head_dim {problem.head_dim} not supported (sm100 kernel: "
-                       f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
-    if problem.dtype not in ("fp16", "bf16"):
-        reasons.append(f"dtype {problem.dtype} not supported (fp16, bf16)")
-    return reasons
-
-
-def resources(config: Config, problem: AttentionProblem) -> dict:
-    """What the configuration uses, from the same plan the kernel is built from."""
-    plan = make_plan(config, problem)
-    return {
-        "smem_bytes": plan.smem_bytes,
-        "smem_limit_bytes": SMEM_LIMIT_BYTES,
-        "tmem_columns": plan.tmem_columns,
-        "tmem_alloc_columns": plan.tmem_alloc_columns,
-        "tmem_limit_columns": TMEM_COLUMNS,
-        "threads": 512,
-        "regs_softmax": plan.regs_softmax,
-        "regs_correction": plan.regs_correction,
-        "regs_other": plan.regs_other,
-        "mma_lag": plan.mma_lag,
-        "barriers": plan.num_barriers,
-    }
-
-
-def _softmax_register_need(tile_n: int, busy: bool) -> int:
-    """Registers a softmax thread needs: its row of S (tile_n fp32; P goes to TMEM 32 keys at a
-    time from 16 more) plus about 48 for addresses, loop state, the partial sums and the row
-    statistics, 56 when the problem is causal or returns the LSE or the LPT order is used (more row
-    and task arithmetic).
-
-    Measured on sm_100a compiles of this kernel (issue 14): tile_n=128 at 176 registers is clean
-    without those; with causal + LSE + LPT it was clean in four variants (D=64 bf16 and D=128, GQA
-    packed or not, tmem_stages 1-3, exp2_poly_columns 0 and 8) but spilled 8 B with one Q stage,
-    one TMEM stage and rescale_tile=32 without packing; at 184 that case is clean. tile_n=160 (not
-    a knob value) spills 120-588 B at every softmax_regs from 176 to 200, plain or busy, most of it
-    in the masked-block loop: 208 and 216 > 200.
-    """
-    return tile_n + (56 if busy else 48)
-
-
-# Fewest registers per correction thread at which each RESCALE_TILE compiled without spills, over
-# sm_100a compiles of causal/LSE/LPT and plain problems (D=64 and 128, one and two Q stages): one
-# O chunk in fp32 (the round trip and the epilogue are rolled loops) plus what the warpgroup keeps
-# live across its task loop. rescale_tile=32 spilled 12 B at 80 (static and LPT alike); 64 spilled
-# at 96 (4 B, D=128) and at 80 (40 B, D=64); 16 and 8 were clean at 64 even with causal+LSE+LPT.
-_CORRECTION_REGISTER_NEED = {8: 64, 16: 64, 32: 96, 64: 112}
-
-
-# Register limits at which configurations spilled although the row and correction rules above allow
-# them: corners of ptxas's allocation, measured on sm_100a compiles of this kernel (issue 14), each
-# bracketed by clean neighbours (ptxas is not monotonic here). A corner names plan values (a tuple:
-# any of them; `busy`: causal, LSE or the LPT order), what spilled, and how it was measured.
-_MEASURED_SPILL_CORNERS = (
-    (dict(busy=(True,), exp2_poly_columns=(8,), softmax_regs=(192,)),
-     "exp2_poly_columns=8 with causal/LSE/LPT work spilled 24 B at softmax_regs=192",
-     "D=64 and D=128; clean at 184 and 200, and without that work at 176-200"),
-    (dict(two_cta=(True,), exp2_poly_columns=(8,), softmax_regs=(192,), q_stages=(1,), tile_n=(128,),
-          tmem_stages=(2, 3)),
-     "two_cta with exp2_poly_columns=8, one Q stage, 128-key blocks and tmem_stages >= 2 spilled "
-     "12-24 B at softmax_regs=192",
-     "16 B with 3 TMEM stages and 24 B with 2 at D=128, 12 B with 2 at D=64; clean at 176, 184 and 200, "
-     "with two Q stages, one TMEM stage or 64-key blocks"),
-    (dict(two_cta=(True,), exp2_poly_columns=(4,), softmax_regs=(176,), q_stages=(2,), tile_n=(128,)),
-     "two_cta with exp2_poly_columns=4, two Q stages and 128-key blocks spilled 8-16 B at "
-     "softmax_regs=176",
-     "whatever rescale_tile, tmem_stages, kv_stages, scheduler or packing, in a 400-configuration sample "
-     "on the H200 host's cores; clean at 184 and 192, with 0 or 8 columns, one Q stage, 64-key blocks "
-     "or one CTA"),
-    (dict(two_cta=(False,), exp2_poly_columns=(4,), softmax_regs=(176,), q_stages=(1,), tile_n=(128,),
-          tmem_stages=(2,)),
-     "exp2_poly_columns=4 with one Q stage, two TMEM stages and 128-key blocks spilled 16 B at "
-     "softmax_regs=176",
-     "4 of 4 in a 1,200-configuration CPU sample, whatever scheduler, packing, kv_stages, rescale_tile "
-     "or threshold; clean with one or three TMEM stages, two Q stages, 0 or 8 columns"),
-)
-
-
-def _measured_spill_reasons(plan: KernelPlan, busy: bool) -> list[str]:
-    values = {"busy": busy, "two_cta": plan.two_cta, "exp2_poly_columns": plan.exp2_poly_columns,
-              "softmax_regs": plan.softmax_regs, "q_stages": plan.q_stages, "tile_n": plan.tile_n,
-              "tmem_stages": plan.tmem_stages}
-    return [f"registers: {what} (measured: {how})" for fields, what, how in _MEASURED_SPILL_CORNERS
-            if all(values[name] in allowed for name, allowed in fields.items())]
-
-
-def _correction_register_need(rescale_tile: int) -> int:
-    return _CORRECTION_REGISTER_NEED.get(rescale_tile, rescale_tile + 48)
-
-
-def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
-    """Every reason this configuration cannot run this problem (TMEM, SMEM, registers, layout)."""
-    if config.arch != ARCH:
-        return [f"configuration is for {config.arch}, not {ARCH}"]
-    reasons = []
-    plan = make_plan(config, problem)
-    if plan.tmem_columns > TMEM_COLUMNS:
-        reasons.append(
-            f"TMEM: q_stages*head_dim + tmem_stages*tile_n = {plan.q_stages}*{plan.head_dim} + "
-            f"{plan.tmem_stages}*{plan.tile_n} = {plan.tmem_columns} > {TMEM_COLUMNS} columns")
-    if plan.smem_bytes > SMEM_LIMIT_BYTES:
-        reasons.append(f"shared memory {plan.smem_bytes} B > {SMEM_LIMIT_BYTES} B per block")
-    if plan.regs_correction < REGS_MIN:
-        reasons.append(f"registers: softmax_regs={plan.softmax_regs} leaves {plan.regs_correction} "
-                       f"per correction thread (< {REGS_MIN})")
-    lpt = plan.scheduler == "lpt"
-    busy = problem.causal or problem.return_lse or lpt
-    need_sm = _softmax_register_need(plan.tile_n, busy)
-    if plan.softmax_regs < need_sm:
-        reasons.append(f"registers: a softmax thread holds a {plan.tile_n}-column row of S and P "
-                       f"(~{need_sm} registers{' with causal/LSE/LPT work' if busy else ''}) > "
-                       f"softmax_regs={plan.softmax_regs}")
-    reasons += _measured_spill_reasons(plan, busy)
-    need_corr = _correction_register_need(plan.rescale_tile)
-    if plan.regs_correction < need_corr:
-        reasons.append(f"registers: the correction warpgroup needs ~{need_corr} for rescale_tile="
-                       f"{plan.rescale_tile}, but softmax_regs={plan.softmax_regs} leaves it "
-                       f"{plan.regs_correction}")
-    if problem.head_dim % plan.rescale_tile:
-        reasons.append(f"rescale_tile {plan.rescale_tile} does not divide head_dim {problem.head_dim}")
-    if config.pack_gqa and TILE_M % problem.gqa_ratio:
-        reasons.append(f"pack_gqa: the GQA ratio {problem.gqa_ratio} must divide the 128-row Q tile "
-                       f"(TMA view (ratio, seqlen))")
-    deadlock = kv_ring_deadlock(plan.q_stages, plan.tmem_stages, plan.kv_stages)
-    if deadlock:
-        reasons.append(deadlock)
-    reasons += _two_cta_reasons(plan, problem)
-    return reasons
-
-
-def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
-    """What the cluster-pair mode (two_cta) cannot run."""
-    if plan.two_cta and problem.causal:
-        return ["two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; with a "
-                "causal mask the two halves need different block ranges and masks)"]
-    return []
-
-
-# The heuristic default: the knobs' declared defaults (FA4's shape: 2 Q stages, 2 TMEM stages,
-# 128-key blocks, rescale_tile 16, threshold 8, 192 softmax registers), then these rules in order.
-# A model of a kernel that has never run: the search decides on hardware.
-
-def _persistent_scheduler(config: Config, problem: AttentionProblem) -> Config:
-    """Persistent CTAs over the SMs, longest tiles first when causal (as FA4)."""
-    return config.replace(scheduler="lpt" if problem.causal else "static")
-
-
-def _pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Config:
-    """GQA packing when the ratio divides the 128-row tile (K/V loaded once per group)."""
-    return config.replace(pack_gqa=problem.gqa_ratio > 1 and TILE_M % problem.gqa_ratio == 0)
-
-
-def _exp2_poly_for_head_dim(config: Config, problem: AttentionProblem) -> Config:
-    """The polynomial exp2 share the static estimate of `fa4tune sass` favours: at D=128, 4 of 32
-    keys (the declared default: exp unit 88 % of the tensor floor, est. throughput 1.00; 0: 0.99, 8:
-    1.00 with more issue slots); at D=64, where the exp unit bounds the block, 8 of 32 (est. 0.65 of
-    the floor; 4: 0.57, 0: 0.50)."""
-    return config.replace(exp2_poly_columns=8) if problem.head_dim <= 64 else config
-
-
-# (softmax_regs, kv_stages) tried in this order: the deepest K/V ring that fits, at 192 softmax
-# registers, else 200, else 184; none fitting leaves the declared defaults.
-_FIT_ORDER = tuple((regs, kv) for regs in (192, 200, 184) for kv in (3, 2, 4))
-
-
-def _deepest_kv_ring_that_fits(config: Config, problem: AttentionProblem) -> Config:
-    for regs, kv in _FIT_ORDER:
-        candidate = config.replace(softmax_regs=regs, kv_stages=kv)
-        if not resource_reasons(candidate, problem):
-            return candidate
-    return config
-
-
-DEFAULT_RULES = (_persistent_scheduler, _pack_gqa_when_it_divides, _exp2_poly_for_head_dim,
-                 _deepest_kv_ring_that_fits)
-
-
-def default_config(problem: AttentionProblem) -> Config:
-    """The knobs' declared defaults, then `DEFAULT_RULES` in order."""
-    config = Config.make(ARCH)
-    for rule in DEFAULT_RULES:
-        config = rule(config, problem)
-    return config
-
-
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem is compiled in: never sequence lengths, batch or head counts."""
     return (("head_dim", problem.head_dim), ("dtype", problem.dtype), ("causal", problem.causal),
