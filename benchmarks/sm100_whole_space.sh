@@ -14,7 +14,7 @@ mkdir -p "$dir" "$logs"
 start=$(date +%s)
 for i in $(seq "$first" "$last"); do
   for mask in full causal-lse; do
-    out="$dir/sm100-v5-shard-$i-of-$shards-$mask.json"
+    out="$dir/sm100-v5-shard-$i-of-$shards-$mask.json.gz" part="$dir/sm100-v5-shard-$i-of-$shards-$mask.part.json.gz"
     [ -s "$out" ] && continue
     elapsed=$(( $(date +%s) - start ))
     if [ "$budget" -gt 0 ] && [ "$elapsed" -gt "$budget" ]; then
@@ -23,10 +23,10 @@ for i in $(seq "$first" "$last"); do
     fi
     if [ "$mask" = full ]; then flags=(--no-causal); else flags=(--causal --lse); fi
     fa4tune compile-space --arch sm100 "${flags[@]}" --jobs "$jobs" --shard "$i/$shards" --format json \
-        --out "$out.part" > /dev/null 2> "$logs/shard-$i-of-$shards-$mask.log"
+        --out "$part" > /dev/null 2> "$logs/shard-$i-of-$shards-$mask.log"
     rc=$?
     # exit 1 is a finding (a configuration the model accepts failed the check): keep it
-    if [ -s "$out.part" ]; then mv "$out.part" "$out"; fi
+    if [ -s "$part" ]; then mv "$part" "$out"; fi
     echo "shard $i/$shards $mask: exit $rc at $(( $(date +%s) - start )) s on $jobs processes"
   done
 done

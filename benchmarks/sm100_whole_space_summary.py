@@ -8,18 +8,17 @@ shard or a stale kernel source.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from fa4.kernels import source_fingerprint
-from fa4tune.compile_space import shard_census
+from fa4tune.compile_space import read_json, shard_census
 from fa4tune.space import load_space
 
 
 def main(directory: str = "results/compile_space") -> int:
-    paths = sorted(Path(directory).glob("sm100-v5-shard-*-of-*.json"))
-    results = [r for path in paths for r in json.loads(path.read_text())]
+    paths = sorted(Path(directory).glob("sm100-v5-shard-*-of-*.json.gz"))
+    results = [r for path in paths for r in read_json(path)]
     if not results:
         print(f"no shard results in {directory}")
         return 1

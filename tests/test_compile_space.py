@@ -197,15 +197,25 @@ def test_the_committed_whole_space_shards_add_up_and_are_clean():
     """results/compile_space/sm100-v5-shard-*: one kernel source, no shard twice, every configuration
     the model accepts now compiled, and clean (benchmarks/sm100_whole_space_summary.py says how much of
     the space they cover)."""
-    import json
     from pathlib import Path
 
-    from fa4tune.compile_space import shard_census
+    from fa4tune.compile_space import read_json, shard_census
     from fa4tune.space import load_space
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "results" / "compile_space").glob("sm100-v5-shard-*.json"))
+    paths = sorted((Path(__file__).resolve().parents[1] / "results" / "compile_space").glob("sm100-v5-shard-*.json.gz"))
     if not paths:
         pytest.skip("no whole-space shards committed")
-    census = shard_census([r for path in paths for r in json.loads(path.read_text())], load_space("sm100"))
+    census = shard_census([r for path in paths for r in read_json(path)], load_space("sm100"))
     assert len({c["source_fingerprint"] for c in census}) == 1
     assert all(c["compiled"] > 0 and not c["problems"] and not c["missing"] for c in census), census
+
+
+def test_write_json_compresses_where_the_name_says_gz(tmp_path):
+    from fa4tune.compile_space import read_json, write_json
+
+    result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok", "problems": [],
+                                             "report": {"registers": 128}}]}
+    write_json([result], tmp_path / "r.json.gz")
+    write_json([result], tmp_path / "r.json")
+    assert (tmp_path / "r.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert read_json(tmp_path / "r.json.gz") == read_json(tmp_path / "r.json") == [result]
