@@ -161,16 +161,7 @@ class TrialLoop:
         self.report_progress()
 
     def held_by_earlier(self, trial):
-        """The lower-numbered trial of any process that holds (or ran) this configuration, else None.
-        The lower number wins, so two processes that drew the same configuration at once agree."""
-        from optuna.trial import TrialState
-
-        key = params_key(trial.params)
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                TrialState.RUNNING)):
-            if t.number < trial.number and "repeat_of" not in t.user_attrs and params_key(t.params) == key:
-                return t
-        return None
+        return held_by_earlier(self.study, trial)
 
     def within_budget(self, number: int) -> bool:
         """Whether trial `number` (feasible, about to go to a worker) fits the study's budget, shared by
@@ -272,3 +263,31 @@ class TrialLoop:
             with contextlib.suppress(Exception):
                 entry.trial.set_user_attr("outcome", INTERRUPTED)
                 self.study.tell(entry.trial, state=TrialState.FAIL)
+
+
+# How long a lower-numbered trial may show only some of its knobs: optuna's `ask` writes a trial's
+# parameters one storage call at a time, so another process can read it half-written (milliseconds;
+# longer only for a process that died mid-ask, whose trial the sweep then fails).
+ASK_SETTLE_S = 2.0
+
+
+def held_by_earlier(study, trial, settle_s: float = ASK_SETTLE_S):
+    """The lower-numbered trial of any process that holds (or ran) this configuration, else None.
+    The lower number wins, so two processes that drew the same configuration at once agree; a
+    lower-numbered trial still being asked elsewhere (some knobs not yet written) is waited for,
+    up to `settle_s`, or both processes would measure the configuration."""
+    from optuna.trial import TrialState
+
+    key, knobs = params_key(trial.params), set(trial.params)
+    deadline = time.monotonic() + settle_s
+    while True:
+        earlier = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                         TrialState.RUNNING))
+                   if t.number < trial.number and "repeat_of" not in t.user_attrs]
+        for t in earlier:
+            if params_key(t.params) == key:
+                return t
+        half_written = [t for t in earlier if t.state == TrialState.RUNNING and set(t.params) != knobs]
+        if not half_written or time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
