@@ -87,8 +87,15 @@ def shard_of(config: dict, shard_count: int) -> int:
     """The shard a configuration belongs to: a hash of its knob values, so a configuration stays in its
     shard when the feasibility model or the space's other values change (shards compiled before a new
     measured corner still add up)."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shard_count
+    return _shard_of_key(_key(config), shard_count)
+
+
+def _key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _shard_of_key(key: str, shard_count: int) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % shard_count
 
 
 def plan(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, kernels, seed: int = 0,
@@ -241,11 +248,12 @@ def write_json(results: list[dict], path: str) -> None:
     about 700 B a configuration as text, a tenth of that compressed)."""
     from fa4.files import atomic_write
 
+    compacted = [compact(r) for r in results]
     if str(path).endswith(".gz"):
-        text = json.dumps([compact(r) for r in results], sort_keys=True, separators=(",", ":"))
+        text = json.dumps(compacted, sort_keys=True, separators=(",", ":"))
         atomic_write(path, gzip.compress(text.encode(), mtime=0))
     else:
-        atomic_write(path, json.dumps([compact(r) for r in results], indent=1, sort_keys=True) + "\n")
+        atomic_write(path, json.dumps(compacted, indent=1, sort_keys=True) + "\n")
 
 
 def read_json(path) -> list[dict]:
@@ -308,9 +316,9 @@ def shard_census(results: list[dict], space: SearchSpace, kernels=None) -> list[
         present = sorted(r["shard"][0] for r in shard_results)
         if len(set(present)) < len(present):
             raise ValueError(f"{label}: a shard given twice ({present})")
-        feasible_now = {_key(c.to_dict()): c for c in space.configs() if not kernels.feasible(c, problem)}
+        feasible_now = {_key(c.to_dict()) for c in space.configs() if not kernels.feasible(c, problem)}
         entries = {_key(e["config"]): (r["shard"][0], e) for r in shard_results for e in r["compiled"]}
-        expected = {k for k, c in feasible_now.items() if shard_of(c.to_dict(), count) in present}
+        expected = {k for k in feasible_now if _shard_of_key(k, count) in present}
         problems, resolved = [], 0
         for key, (index, entry) in sorted(entries.items()):
             if not entry["problems"]:
@@ -328,6 +336,3 @@ def shard_census(results: list[dict], space: SearchSpace, kernels=None) -> list[
             "complete": present == list(range(count)) and not expected - entries.keys()})
     return censuses
 
-
-def _key(config: dict) -> str:
-    return json.dumps(config, sort_keys=True)

@@ -150,7 +150,7 @@ class TrialLoop:
         # who runs it, so that a later run can tell a live trial from one of a dead process
         tid = liveness.claim_trial(self.storage, self.study, trial.number, self.owner)
         entry = _InFlight(trial, tid, bool(trial.user_attrs.get("is_default")))
-        holder = self.held_by_earlier(trial)
+        holder = held_by_earlier(self.study, trial)
         # the seeded default runs even when a sampled trial happened to hold its configuration
         if holder is not None and not (entry.is_default and not holder.user_attrs.get("is_default")):
             self.repeats_in_a_row += 1
@@ -159,9 +159,6 @@ class TrialLoop:
         self.repeats_in_a_row = 0
         self.screen_and_submit(entry, Config.from_dict(self.arch, trial.params))
         self.report_progress()
-
-    def held_by_earlier(self, trial):
-        return held_by_earlier(self.study, trial)
 
     def within_budget(self, number: int) -> bool:
         """Whether trial `number` (feasible, about to go to a worker) fits the study's budget, shared by
