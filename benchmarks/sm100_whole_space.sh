@@ -2,9 +2,12 @@
 # The whole sm100 search space compiled on CPU (no GPU is used), in 40 shards that each fit a session:
 # shard i is `fa4tune compile-space --arch sm100 --shard i/40` at the base problem (B=1 S=1024 H32/8
 # D128 fp16), once non-causal and once causal with LSE. Shards FIRST..LAST, skipping those already in
-# DIR, starting none after BUDGET seconds (0: no limit). About 24 min a shard on 2 cores.
-#     bash benchmarks/sm100_whole_space.sh 0 3                   # into results/compile_space
-#     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 4 9 480   # on the device host, into $OUT
+# DIR, starting none after BUDGET seconds (0: no limit). A shard, both masks: about 24 min on 2 cores
+# here; about 5.5 min on the device host's 16 (non-causal 210-240 s, causal 110-120 s), so one 600 s
+# device call holds one shard pair and the next shard's non-causal half at most: a BUDGET of 340 s
+# leaves a late start room to finish.
+#     bash benchmarks/sm100_whole_space.sh 0 3                        # into results/compile_space
+#     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 4 9 340   # on the device host, into $OUT
 # Then `python benchmarks/sm100_whole_space_summary.py DIR` adds them up (one kernel source only).
 set -u
 first=$1 last=$2 budget=${3:-0}
