@@ -4,6 +4,8 @@
 #   bash benchmarks/h200_search_scaling.sh one    # the grid, cold, 1 GPU, 12 worker processes
 #   bash benchmarks/h200_search_scaling.sh two    # the same grid and budget, cold, 2 GPUs, 24 processes
 #   bash benchmarks/h200_search_scaling.sh warm   # warm vs cold trial counts (benchmarks/warm_vs_cold.py)
+# `one` then `WORKERS=1 JOBS=12 ... warm` also fit the one-GPU machine (the counts do not depend on the
+# number of GPUs: same seed, same budget).
 # TRIALS (default 40) configurations per study that pass the feasibility model; the re-time step runs
 # in one and two (the search's default). Wall times are printed and kept in $OUT/<step>.wall.
 set -u
@@ -30,7 +32,7 @@ case $step in
   warm)
     t0=$(date +%s)
     python3 benchmarks/warm_vs_cold.py --shapes-file "$grid" --trials "$trials" --cold-storage "$KEEP/one.journal" \
-      --seed-db "$KEEP/one.json" --storage "$KEEP/warm.journal" --workers 2 --jobs 24 --out "$OUT/warm_vs_cold.json" \
+      --seed-db "$KEEP/one.json" --storage "$KEEP/warm.journal" --workers "${WORKERS:-2}" --jobs "${JOBS:-24}" --out "$OUT/warm_vs_cold.json" \
       2> "$OUT/warm.log" | tail -20
     echo "warm: $(( $(date +%s) - t0 )) s wall"
     cp "$KEEP/warm.journal" "$OUT"/ ;;
