@@ -3,11 +3,14 @@
 # shard i is `fa4tune compile-space --arch sm100 --shard i/40` at the base problem (B=1 S=1024 H32/8
 # D128 fp16), once non-causal and once causal with LSE. Shards FIRST..LAST, skipping those already in
 # DIR, starting none after BUDGET seconds (0: no limit). A shard, both masks: about 24 min on 2 cores
-# here; about 5.5 min on the device host's 16 (non-causal 210-240 s, causal 110-120 s), so one 600 s
+# here; about 5.5 min on the device host's 16 (non-causal 180-240 s, causal 85-120 s), so one 600 s
 # device call holds one shard pair and the next shard's non-causal half at most: a BUDGET of 340 s
 # leaves a late start room to finish.
 #     bash benchmarks/sm100_whole_space.sh 0 3                        # into results/compile_space
 #     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 4 9 340   # on the device host, into $OUT
+# A shard already in DIR or in results/compile_space is skipped: on the device host $OUT starts empty
+# every call, so copy each call's shards into results/compile_space before the next call (the working
+# tree travels with it) and no shard is compiled twice.
 # Then `python benchmarks/sm100_whole_space_summary.py DIR` adds them up (one kernel source only).
 set -u
 first=$1 last=$2 budget=${3:-0}
@@ -17,8 +20,9 @@ mkdir -p "$dir" "$logs"
 start=$(date +%s)
 for i in $(seq "$first" "$last"); do
   for mask in full causal-lse; do
-    out="$dir/sm100-v5-shard-$i-of-$shards-$mask.json.gz" part="$dir/sm100-v5-shard-$i-of-$shards-$mask.part.json.gz"
-    [ -s "$out" ] && continue
+    name="sm100-v5-shard-$i-of-$shards-$mask"
+    out="$dir/$name.json.gz" part="$dir/$name.part.json.gz"
+    [ -s "$out" ] || [ -s "results/compile_space/$name.json.gz" ] && continue
     elapsed=$(( $(date +%s) - start ))
     if [ "$budget" -gt 0 ] && [ "$elapsed" -gt "$budget" ]; then
       echo "budget spent after $elapsed s: shard $i $mask and later not started"
