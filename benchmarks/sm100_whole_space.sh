@@ -10,9 +10,9 @@
 #     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 4 9 340   # on the device host, into $OUT
 # A shard already in DIR or in results/compile_space is skipped: on the device host $OUT starts empty
 # every call, so copy each call's shards into results/compile_space before the next call (the working
-# tree travels with it) and no shard is compiled twice. MASKS (default "full causal-lse") picks the masks:
-# a call's last ~100 s hold a causal shard but not a non-causal one, so a call
-# can go on after its pairs with causal shards alone, BUDGET being what the call has left less ~110 s:
+# tree travels with it) and no shard is compiled twice. MASKS (default "full causal-lse") picks the
+# masks: a call's last ~100 s hold a causal shard but not a non-causal one, so a call can go on after
+# its pairs with causal shards alone, BUDGET being what the call has left less ~110 s:
 #     DIR=$OUT JOBS=16 bash benchmarks/sm100_whole_space.sh 12 12 330; \
 #     DIR=$OUT JOBS=16 MASKS=causal-lse bash benchmarks/sm100_whole_space.sh 13 14 100
 # Then `python benchmarks/sm100_whole_space_summary.py DIR` adds them up (one kernel source only).
@@ -20,6 +20,10 @@ set -u
 first=$1 last=$2 budget=${3:-0}
 dir=${DIR:-results/compile_space} jobs=${JOBS:-$(nproc)} masks=${MASKS:-full causal-lse} shards=40
 logs=${LOGS:-/tmp/sm100-whole-space}   # compile-space's progress, one file a run (not kept in results/)
+declare -A mask_flags=([full]="--no-causal" [causal-lse]="--causal --lse")
+for mask in $masks; do   # a bad name fails before any shard compiles, not after the good ones
+  [ -n "${mask_flags[$mask]:-}" ] || { echo "unknown mask '$mask' in MASKS (full, causal-lse)" >&2; exit 2; }
+done
 mkdir -p "$dir" "$logs"
 start=$(date +%s)
 for i in $(seq "$first" "$last"); do
@@ -32,11 +36,7 @@ for i in $(seq "$first" "$last"); do
       echo "budget spent after $elapsed s: shard $i $mask and later not started"
       exit 0
     fi
-    case $mask in
-      full) flags=(--no-causal) ;;
-      causal-lse) flags=(--causal --lse) ;;
-      *) echo "unknown mask '$mask' in MASKS (full, causal-lse)" >&2; exit 2 ;;
-    esac
+    read -ra flags <<< "${mask_flags[$mask]}"
     fa4tune compile-space --arch sm100 "${flags[@]}" --jobs "$jobs" --shard "$i/$shards" --format json \
         --out "$part" > /dev/null 2> "$logs/shard-$i-of-$shards-$mask.log"
     rc=$?
