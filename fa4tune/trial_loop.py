@@ -205,6 +205,11 @@ class TrialLoop:
             self.finish(entry, {"outcome": "compile_error", "error": self.failed_keys[key], "compile_cached": True})
         elif not self.within_budget(entry.trial.number):
             self.record_over_budget(entry)
+            # the counts this ask went by are stale: another process claimed a place since the last
+            # refresh. Without a recount `fill_pool` would go on asking (every ask over budget, no
+            # result polled, so no place ever freed) until the ask cap: processes sharing a study
+            # spun for minutes each other's trials in flight
+            self.refresh()
         else:
             payload = {"arch": self.arch, "config": config.to_dict(), "problem": self.problem.to_dict(),
                        "timing": self.timing, "validate": self.settings.validate}
