@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -52,7 +54,7 @@ def open_storage(spec: str | os.PathLike | None = None,
 
     text = str(spec) if spec is not None else str(storage_path())
     if "://" in text:
-        return optuna.storages.RDBStorage(rdb_url(text))
+        return _open_rdb(rdb_url(text))
     Path(text).parent.mkdir(parents=True, exist_ok=True)
     lock = JournalFlock(text)
     repair = repair_journal(text, lock)
@@ -62,6 +64,23 @@ def open_storage(spec: str | os.PathLike | None = None,
         else:
             say(repair.describe())
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text, lock_obj=lock))
+
+
+# Processes (or hosts) that open a new database at once race to create optuna's tables and stamp its
+# schema version: the losers get a unique-key violation or "relation already exists". Once the winner
+# is done, opening again finds everything in place.
+RDB_OPEN_ATTEMPTS = 6
+
+
+def _open_rdb(url: str) -> optuna.storages.RDBStorage:
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(RDB_OPEN_ATTEMPTS - 1):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except (IntegrityError, ProgrammingError):
+            time.sleep(0.05 * 2 ** attempt * (1 + random.random()))   # apart, so one wins the next round
+    return optuna.storages.RDBStorage(url)   # the last attempt's error, if any, is the caller's
 
 
 def _is_sqlite_file(path: Path) -> bool:

@@ -149,3 +149,42 @@ def test_three_processes_share_one_budget_and_survive_a_sigkill(tmp_path, postgr
     keys = [json.dumps(t.params, sort_keys=True) for t in measured]
     assert len(keys) == len(set(keys))
     assert sum(1 for t in measured if t.user_attrs.get("is_default")) == 1
+
+
+_OPEN = """
+import sys
+import time
+from pathlib import Path
+from fa4tune.storage import open_storage
+if __name__ == "__main__":
+    go = Path(sys.argv[2])
+    while not go.exists():
+        time.sleep(0.005)
+    open_storage(sys.argv[1])
+"""
+OPENERS = 6
+
+
+def test_processes_that_open_a_new_database_at_once_all_get_it(tmp_path, postgres_url):
+    # a new schema stands for a new database: optuna creates its tables and stamps its version there
+    psycopg2 = pytest.importorskip("psycopg2")
+    schema = f"fa4tune_new_{uuid.uuid4().hex[:12]}"
+    plain = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    with psycopg2.connect(plain) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA {schema}")
+    url = f"{postgres_url}?options=-csearch_path%3D{schema}"
+    script, go = tmp_path / "open.py", tmp_path / "go"
+    script.write_text(_OPEN)
+    try:
+        procs = [subprocess.Popen([sys.executable, str(script), url, str(go)], stderr=subprocess.PIPE, text=True)
+                 for _ in range(OPENERS)]
+        time.sleep(3)   # every process imported and waiting
+        go.touch()
+        errors = [proc.communicate(timeout=120)[1] for proc in procs]
+        failed = [err[-1500:] for proc, err in zip(procs, errors) if proc.returncode != 0]
+        assert not failed, f"{len(failed)} of {OPENERS} processes could not open the new database:\n{failed[0]}"
+    finally:
+        conn = psycopg2.connect(plain)
+        conn.autocommit = True
+        conn.cursor().execute(f"DROP SCHEMA {schema} CASCADE")
+        conn.close()
