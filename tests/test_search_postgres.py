@@ -58,10 +58,15 @@ if __name__ == "__main__":
 def postgres_url() -> str:
     psycopg2 = pytest.importorskip("psycopg2", reason='psycopg2 missing: pip install "fa4tune[postgres]"')
     try:
-        psycopg2.connect(URL.replace("postgresql+psycopg2://", "postgresql://"), connect_timeout=3).close()
+        psycopg2.connect(_libpq_url(URL), connect_timeout=3).close()
     except psycopg2.OperationalError as exc:
         pytest.skip(f"no PostgreSQL server at {URL}: {str(exc).strip()}")
     return URL
+
+
+def _libpq_url(url: str) -> str:
+    """The URL as psycopg2 itself takes it (without SQLAlchemy's driver name)."""
+    return url.replace("postgresql+psycopg2://", "postgresql://")
 
 
 def _trials(url: str, study: str):
@@ -168,10 +173,17 @@ OPENERS = 6
 def test_processes_that_open_a_new_database_at_once_all_get_it(tmp_path, postgres_url):
     # a new schema stands for a new database: optuna creates its tables and stamps its version there
     psycopg2 = pytest.importorskip("psycopg2")
+
+    def execute(sql):
+        conn = psycopg2.connect(_libpq_url(postgres_url))
+        try:
+            conn.autocommit = True
+            conn.cursor().execute(sql)
+        finally:
+            conn.close()
+
     schema = f"fa4tune_new_{uuid.uuid4().hex[:12]}"
-    plain = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
-    with psycopg2.connect(plain) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE SCHEMA {schema}")
+    execute(f"CREATE SCHEMA {schema}")
     url = f"{postgres_url}?options=-csearch_path%3D{schema}"
     script, go = tmp_path / "open.py", tmp_path / "go"
     script.write_text(_OPEN)
@@ -184,7 +196,4 @@ def test_processes_that_open_a_new_database_at_once_all_get_it(tmp_path, postgre
         failed = [err[-1500:] for proc, err in zip(procs, errors) if proc.returncode != 0]
         assert not failed, f"{len(failed)} of {OPENERS} processes could not open the new database:\n{failed[0]}"
     finally:
-        conn = psycopg2.connect(plain)
-        conn.autocommit = True
-        conn.cursor().execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
+        execute(f"DROP SCHEMA {schema} CASCADE")

@@ -17,6 +17,7 @@ from fa4tune import liveness
 from fa4tune.progress import Progress
 from fa4tune.search_runner import SearchSettings
 from fa4tune.space import load_space
+from fa4tune.storage import trial_id
 from fa4tune.study import finish_trial, search_distributions
 from fa4tune.trial_loop import TrialLoop
 
@@ -44,36 +45,36 @@ class _IdlePool:
         return []
 
 
-def _loop(study, pool):
+def _study_and_loop(pool):
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
     distributions = search_distributions(load_space("sm90"), fakes.default_config("sm90", PROBLEM))
     settings = SearchSettings(trials=BUDGET, peers=(), kernel_api="test_search_fakes")
     me = {"host": "this-host", "pid": 1, "start": "1"}
-    return TrialLoop(study=study, storage=study._storage, arch="sm90", problem=PROBLEM,
-                     distributions=distributions, kernels=fakes, pool=pool, settings=settings,
-                     progress=Progress(quiet=True), owner=me, name="budget-test")
+    return study, TrialLoop(study=study, storage=storage, arch="sm90", problem=PROBLEM,
+                            distributions=distributions, kernels=fakes, pool=pool, settings=settings,
+                            progress=Progress(quiet=True), owner=me, name="budget-test")
 
 
 def _measured_elsewhere(study, loop, n):
     for _ in range(n):
         trial = study.ask(loop.distributions)
         finish_trial(study, trial, {"outcome": "ok", "us": 100.0 + trial.number}, False,
-                     storage=study._storage, trial_id=trial._trial_id)
+                     storage=loop.storage, trial_id=trial_id(loop.storage, study, trial.number))
 
 
 def _claimed_elsewhere(study, loop):
     trial = study.ask(loop.distributions)
-    liveness.claim_trial(study._storage, study, trial.number, {"host": "other-host", "pid": 2, "start": "2"})
+    liveness.claim_trial(loop.storage, study, trial.number, {"host": "other-host", "pid": 2, "start": "2"})
     return trial
 
 
 def test_a_place_claimed_after_the_recount_stops_the_asking():
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     pool = _IdlePool()
-    loop = _loop(study, pool)
+    study, loop = _study_and_loop(pool)
     _measured_elsewhere(study, loop, BUDGET - 2)
     loop.refresh()
     # one place left for this process's own trial in flight, one for another process's
-    loop.asked = 0
     loop.ask_one()
     assert len(pool.submitted) == 1
     # the other process claims the last place after this loop's recount
@@ -87,9 +88,8 @@ def test_a_place_claimed_after_the_recount_stops_the_asking():
 
 
 def test_the_loop_asks_again_once_a_place_frees():
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     pool = _IdlePool()
-    loop = _loop(study, pool)
+    study, loop = _study_and_loop(pool)
     _measured_elsewhere(study, loop, BUDGET - 1)
     other = _claimed_elsewhere(study, loop)
     loop.refresh()
