@@ -196,9 +196,12 @@ class SdpaKernel:
         self.config, self.problem = config, problem
 
     def run(self, q, k, v, out, lse, softmax_scale):
-        from fa4tune.peers import _sdpa_call
+        from fa4.backends import runner
 
-        out.copy_(_sdpa_call(q, k, v, self.problem.causal, softmax_scale, expand_kv=True)())
+        # K and V expanded to the query heads: SDPA's flash backend refuses GQA on some builds
+        group = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        out.copy_(runner("sdpa_flash", self.problem.causal)(q, k, v, softmax_scale, False)[0])
 
 
 def _real_evaluator_base():
