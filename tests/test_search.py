@@ -68,6 +68,20 @@ def test_shape_key_and_parse_shape():
         parse_shape("gqa5", defaults)
 
 
+def test_the_gpu_tests_sdpa_stand_in_kernel_computes_attention():
+    """The stand-in of tests/test_search_gpu.py runs only there; on CPU its call path (SDPA through
+    fa4.backends, GQA expanded) is checked against the fp32 reference, so a rename breaks it here."""
+    import torch
+
+    from fa4.reference import Expected
+
+    problem = AttentionProblem(1, 64, 64, 4, 2, 64, "fp16", causal=True)
+    q, k, v = (torch.randn(1, 64, heads, 64) for heads in (4, 2, 2))
+    out = torch.full_like(q, float("nan"))
+    fakes.SdpaKernel(Config.make("sm90"), problem).run(q, k, v, out, None, 0.125)
+    assert (out - Expected.of(q, k, v, True, 0.125).out_fp32).abs().max() < 1e-4
+
+
 def test_identical_compile_keys_compile_once(pool):
     from fa4tune.timing import TimingSettings
 
