@@ -1,0 +1,66 @@
+"""Every import of our own code resolves, including in code that CI never runs.
+
+GPU tests, benchmarks and worker-side paths run only on the H200, so a renamed helper breaks them
+unnoticed until device time is spent (the SDPA stand-in of tests/test_search_gpu.py imported a helper
+of fa4tune.peers for months after it had moved). This reads the imports without running the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("fa4", "fa4tune", "test_search_fakes")  # kernels/ is imported as fa4.kernels
+SOURCES = ("fa4", "fa4tune", "kernels", "tests", "benchmarks")
+
+
+def _has(module_name: str, name: str) -> bool:
+    module = importlib.import_module(module_name)
+    if hasattr(module, name):
+        return True
+    try:  # `from package import submodule`
+        importlib.import_module(f"{module_name}.{name}")
+        return True
+    except ImportError:
+        return False
+
+
+def unresolved_imports(paths) -> list[str]:
+    """'file:line module.name' for each absolute import of our packages that does not resolve."""
+    missing = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.split(".")[0] not in OURS:
+                    continue
+                try:
+                    missing += [f"{where} {node.module}.{a.name}" for a in node.names
+                                if a.name != "*" and not _has(node.module, a.name)]
+                except ImportError as exc:
+                    missing.append(f"{where} {node.module} ({exc})")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] in OURS:
+                        try:
+                            importlib.import_module(alias.name)
+                        except ImportError as exc:
+                            missing.append(f"{where} {alias.name} ({exc})")
+    return missing
+
+
+def test_every_import_of_our_code_resolves():
+    paths = sorted(p for top in SOURCES for p in (ROOT / top).rglob("*.py"))
+    assert len(paths) > 100
+    assert unresolved_imports(paths) == []
+
+
+def test_a_missing_name_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    stale = tmp_path / "stale.py"
+    stale.write_text("from fa4tune.peers import _sdpa_call\nimport fa4tune.no_such_module\n")
+    assert unresolved_imports([stale]) == ["stale.py:1 fa4tune.peers._sdpa_call",
+                                           "stale.py:2 fa4tune.no_such_module (No module named "
+                                           "'fa4tune.no_such_module')"]
