@@ -16,9 +16,11 @@ OURS = ("fa4", "fa4tune", "test_search_fakes")  # kernels/ is imported as fa4.ke
 SOURCES = ("fa4", "fa4tune", "kernels", "tests", "benchmarks")
 
 
-def _has(module_name: str, name: str) -> bool:
+def _resolves(module_name: str, name: str | None) -> bool:
+    """`import module_name` (name None) or `from module_name import name`; ImportError when the module
+    itself does not import."""
     module = importlib.import_module(module_name)
-    if hasattr(module, name):
+    if name is None or hasattr(module, name):
         return True
     try:  # `from package import submodule`
         importlib.import_module(f"{module_name}.{name}")
@@ -32,22 +34,21 @@ def unresolved_imports(paths) -> list[str]:
     missing = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if node.module.split(".")[0] not in OURS:
+                wanted = [(node.module, alias.name) for alias in node.names if alias.name != "*"]
+            elif isinstance(node, ast.Import):
+                wanted = [(alias.name, None) for alias in node.names]
+            else:
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            for module, name in wanted:
+                if module.split(".")[0] not in OURS:
                     continue
                 try:
-                    missing += [f"{where} {node.module}.{a.name}" for a in node.names
-                                if a.name != "*" and not _has(node.module, a.name)]
+                    if not _resolves(module, name):
+                        missing.append(f"{where} {module}.{name}")
                 except ImportError as exc:
-                    missing.append(f"{where} {node.module} ({exc})")
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] in OURS:
-                        try:
-                            importlib.import_module(alias.name)
-                        except ImportError as exc:
-                            missing.append(f"{where} {alias.name} ({exc})")
+                    missing.append(f"{where} {module} ({exc})")
     return missing
 
 

@@ -198,7 +198,9 @@ class SdpaKernel:
     def run(self, q, k, v, out, lse, softmax_scale):
         from fa4.backends import runner
 
-        # K and V expanded to the query heads: SDPA's flash backend refuses GQA on some builds
+        # K and V always expanded to the query heads, as before the dispatch rework: the peers'
+        # try-then-expand (fa4tune.peers.peer_call) probes with a call, which would run inside
+        # the CUDA-graph capture that times this kernel
         group = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         out.copy_(runner("sdpa_flash", self.problem.causal)(q, k, v, softmax_scale, False)[0])
