@@ -177,7 +177,7 @@ def fingerprint(arch: str) -> str | None:
     fp = STATE.fingerprints.get(arch)
     if fp is None:
         try:
-            fp = kernels.source_fingerprint(arch)
+            fp = kernels.kernel_fingerprint(arch)
         except Exception:  # a family without sources yet: nothing can be trusted
             return None
         STATE.fingerprints[arch] = fp

@@ -140,7 +140,7 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
         processes: int = 2, shard: tuple[int, int] = (0, 1), evaluator: str = DEFAULT_EVALUATOR,
         compile_timeout_s: float = 300.0, progress: Optional[Progress] = None,
         api: str = "fa4.kernels") -> list[dict]:
-    """One result per problem: {"arch", "source_fingerprint", "problem", "space_size", "feasible", "infeasible",
+    """One result per problem: {"arch", "source_fingerprint", "toolchain", "problem", "space_size", "feasible", "infeasible",
     "infeasible_reasons", "default", "default_feasible", "shard", "compiled": [entry], "failures"};
     an entry: {"config", "is_default", "outcome", "compile_s", "report", "error", "warnings",
     "model_smem_bytes", "problems"}."""
@@ -172,9 +172,11 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
                     progress.count(done, total, f"compiled ({len(plans)} problem(s))")
     # the plan's order (the default first), not the order in which the workers finished
     compiled = [[entry for _, entry in sorted(done_list, key=lambda pair: pair[0])] for done_list in compiled]
-    # which kernel source compiled: shards of one space join only when they name the same one
+    # which kernel source compiled: shards of one space join only when they name the same one; and
+    # with which DSL toolchain (recorded, so a check's result says what compiled it)
     fingerprint = kernels.source_fingerprint(arch)
-    return [{"arch": arch, "source_fingerprint": fingerprint, "problem": p.problem.to_dict(),
+    return [{"arch": arch, "source_fingerprint": fingerprint, "toolchain": kernels.toolchain(),
+             "problem": p.problem.to_dict(),
              "space_size": p.total, "feasible": p.feasible,
              "infeasible": p.total - p.feasible, "infeasible_reasons": dict(p.reasons.most_common()),
              "default": p.default.to_dict(), "default_feasible": not kernels.feasible(p.default, p.problem),

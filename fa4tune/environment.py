@@ -24,16 +24,17 @@ def versions() -> dict:
 
 
 def kernel_api(name: str = "fa4.kernels"):
-    """The module giving feasible/default_config/compile_key/source_fingerprint (tests inject one)."""
+    """The module giving feasible/default_config/compile_key/kernel_fingerprint (tests inject one)."""
     return importlib.import_module(name)
 
 
 def kernel_fingerprint(arch: str, api: str = "fa4.kernels") -> str:
-    """The kernel source fingerprint of a family, or "unavailable (why)" when it cannot be imported."""
+    """The kernel fingerprint of a family (our sources and the DSL toolchain), or "unavailable (why)"
+    when it cannot be imported."""
     from fa4tune.outcomes import short_error
 
     try:
-        return kernel_api(api).source_fingerprint(arch)
+        return kernel_api(api).kernel_fingerprint(arch)
     except Exception as exc:  # the family is not importable (yet): say so, do not guess
         return f"unavailable ({short_error(exc, 80)})"
 

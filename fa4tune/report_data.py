@@ -149,12 +149,12 @@ def device_name(device: Any) -> str:
 
 
 def current_fingerprints(archs: Iterable[str]) -> dict[str, str | None]:
-    """source_fingerprint(arch) for each arch; None where the kernel sources cannot be read."""
+    """kernel_fingerprint(arch) for each arch; None where the kernel sources cannot be read."""
     from fa4 import kernels
     out: dict[str, str | None] = {}
     for arch in sorted(set(archs)):
         try:
-            out[arch] = kernels.source_fingerprint(arch)
+            out[arch] = kernels.kernel_fingerprint(arch)
         except Exception:  # an arch whose family is absent here cannot be compared: "unknown", not stale
             out[arch] = None
     return out

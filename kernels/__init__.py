@@ -11,7 +11,9 @@ Public surface, the same for every kernel family:
 - `compile_key(config, problem)`: what the generated code depends on (no sequence lengths or batch).
 - `compile_attention(config, problem)`: a launchable kernel for the GPU in this process.
 - `compile_report(config, problem)`: compile without a GPU and report registers, spills, shared memory.
-- `source_fingerprint(arch)`: a hash of the sources that generate the kernel, to detect stale tunings.
+- `kernel_fingerprint(arch)`: a hash of everything that decides a family's generated code (our sources
+  and the DSL toolchain, `toolchain()`), to detect stale tunings; `source_fingerprint(arch)` is our
+  sources' part alone (what a compile check of the sources records beside the toolchain).
 
 A family (`sm90`, `sm100`) is a subpackage implementing the protocol `family.KernelFamily` (the
 registry: `family(arch)`); what families share when compiling (target architecture, fake arguments,
@@ -21,6 +23,7 @@ options, the compile cache, the compile-report schema) is `compiling.py`.
 from __future__ import annotations
 
 import hashlib
+from importlib import metadata
 from pathlib import Path
 
 from .family import KernelFamily, family
@@ -30,12 +33,17 @@ from .problem import DTYPES, AttentionProblem
 __all__ = [
     "ARCHS", "KNOBS", "DTYPES", "Config", "Knob", "knob", "knobs_for", "AttentionProblem",
     "KernelFamily", "family", "feasible", "default_config", "compile_key", "compile_attention", "compile_report",
-    "source_fingerprint",
+    "source_fingerprint", "kernel_fingerprint", "toolchain",
 ]
 
 _HERE = Path(__file__).resolve().parent
 # shared files that decide every family's generated code (with the family's own SOURCE_FILES)
 SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py")
+# Besides our sources, the DSL decides the generated code: its MLIR passes and the ptxas it bundles
+# (the distributions `nvidia-cutlass-dsl` pins, one per CUDA major). Read from the installed
+# packages' metadata: importing the DSL takes seconds.
+TOOLCHAIN_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+                           "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
 
 
 def feasible(config: Config, problem: AttentionProblem) -> list[str]:
@@ -62,8 +70,28 @@ def compile_report(config: Config, problem: AttentionProblem):
     return family(config.arch).compile_report(config, problem)
 
 
+def toolchain() -> dict[str, str]:
+    """{distribution: version} of the installed DSL distributions (`TOOLCHAIN_DISTRIBUTIONS`)."""
+    found = {}
+    for name in TOOLCHAIN_DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def kernel_fingerprint(arch: str) -> str:
+    """sha256 (first 16 hex digits) of what decides a family's generated code: our sources
+    (`source_fingerprint`) and the DSL toolchain (`toolchain`). A tuning recorded under another
+    fingerprint is stale: after an edit of our kernel sources and after a DSL upgrade alike."""
+    text = repr((source_fingerprint(arch), sorted(toolchain().items())))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def source_fingerprint(arch: str) -> str:
-    """sha256 (first 16 hex digits) of the sources that decide the generated code of a family."""
+    """sha256 (first 16 hex digits) of our sources that decide the generated code of a family (the
+    toolchain's part is `kernel_fingerprint`'s)."""
     fam = family(arch)
     fam_dir = _HERE / arch
     paths = [_HERE / p for p in SHARED_SOURCE_FILES] + [fam_dir / p for p in sorted(fam.SOURCE_FILES)]

@@ -185,7 +185,7 @@ def measured_db(tmp_path) -> Path:
             arch="sm90", device="NVIDIA H200", problem=problem,
             config=kernels.default_config("sm90", problem).replace(kv_stages=3).to_dict(), us=us,
             tflops=400.0, default_us=us + 1.0, peers_us=peers, max_err=1e-3,
-            kernel_fingerprint=kernels.source_fingerprint("sm90"), versions={}, study="s", trial=0), path)
+            kernel_fingerprint=kernels.kernel_fingerprint("sm90"), versions={}, study="s", trial=0), path)
     return path
 
 

@@ -337,7 +337,7 @@ def test_collect_reports_unreadable_inputs(tmp_path):
 def test_collect_end_to_end(synthetic, monkeypatch):
     folder, expected = synthetic
     import fa4.kernels
-    monkeypatch.setattr(fa4.kernels, "source_fingerprint", lambda arch: "f" * 16)
+    monkeypatch.setattr(fa4.kernels, "kernel_fingerprint", lambda arch: "f" * 16)
     data = rd.collect(folder)
     assert not data.missing
     assert sorted(s.name for s in data.studies) == sorted(expected)

@@ -68,7 +68,7 @@ def fake(monkeypatch, tmp_path):
     """Stand-in kernels on a pretend H200 that runs CPU tensors; an empty database in tmp_path."""
     families = {arch: FakeFamily(arch) for arch in kernels.ARCHS}
     monkeypatch.setattr(kernels, "family", lambda arch: families[arch])
-    monkeypatch.setattr(kernels, "source_fingerprint", lambda arch: FINGERPRINT)
+    monkeypatch.setattr(kernels, "kernel_fingerprint", lambda arch: FINGERPRINT)
     monkeypatch.setattr(state, "device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
     monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
     db_path = tmp_path / "best.json"

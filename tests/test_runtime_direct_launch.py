@@ -93,7 +93,7 @@ class Family(types.SimpleNamespace):
 def family(monkeypatch, tmp_path):
     fam = Family(arch="sm90", calls=[], compiled=[])
     monkeypatch.setattr(kernels, "family", lambda arch: fam)
-    monkeypatch.setattr(kernels, "source_fingerprint", lambda arch: "fp")
+    monkeypatch.setattr(kernels, "kernel_fingerprint", lambda arch: "fp")
     monkeypatch.setattr(state, "device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
     monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
     db_path = tmp_path / "best.json"

@@ -59,7 +59,7 @@ def test_tuned_entry_is_used_on_a_matching_device(empty_database):
     database.record(database.Entry.from_result(
         arch="sm90", device="NVIDIA H200", problem=problem, config=tuned.to_dict(), us=28.0,
         tflops=600.0, default_us=30.0, peers_us={"flash_attn_4": 30.0}, max_err=1e-3,
-        kernel_fingerprint=kernels.source_fingerprint("sm90"), versions={}, study="s", trial=3),
+        kernel_fingerprint=kernels.kernel_fingerprint("sm90"), versions={}, study="s", trial=3),
         empty_database)
     fa4.use_config_db(empty_database)
     e = fa4.explain(*meta_qkv(), arch="sm90", device_name="NVIDIA H200")

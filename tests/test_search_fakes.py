@@ -54,8 +54,16 @@ def family(arch: str) -> _FakeFamily:
     return _FakeFamily(arch)
 
 
-def source_fingerprint(arch: str) -> str:
+def kernel_fingerprint(arch: str) -> str:
     return os.environ.get(FAKE_FINGERPRINT_ENV, "fake-fingerprint-1")
+
+
+def source_fingerprint(arch: str) -> str:
+    return "fake-source-1"
+
+
+def toolchain() -> dict:
+    return {"fake-dsl": "1.0"}
 
 
 def fake_us(config: dict) -> float:

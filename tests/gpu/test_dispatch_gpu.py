@@ -66,7 +66,7 @@ def record_times(path, problem: AttentionProblem, times: dict) -> None:
     entry = database.Entry.from_result(
         arch="sm90", device=torch.cuda.get_device_name(), problem=problem, config=config.to_dict(),
         us=times["ours"], tflops=1.0, default_us=times["ours"], peers_us={}, max_err=0.0,
-        kernel_fingerprint=kernels.source_fingerprint("sm90"), versions={}, study="test", trial=0)
+        kernel_fingerprint=kernels.kernel_fingerprint("sm90"), versions={}, study="test", trial=0)
     database.record(dataclasses.replace(entry, backend_us=dict(times), backend_source="test"), path)
     fa4.use_config_db(path)
 
