@@ -26,7 +26,7 @@ case ${1:-} in
     tail -n 3 "$OUT/gpu_runtime.txt" ;;
   tune)
     [ -f "$OUT/best_configs.json" ] || cp results/best_configs.json "$OUT"/
-    [ -f "$OUT/studies.journal" ] || cp results/studies.journal "$OUT"/ 2>/dev/null
+    [ -f "$OUT/studies.journal" ] || gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
     if [ "${2:-A}" = A ]; then grid=("${GRID_A[@]}"); else grid=("${GRID_B[@]}"); fi
     start=$(date +%s)
     for args in "${grid[@]}"; do

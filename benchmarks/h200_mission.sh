@@ -8,7 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/fa4-mission-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-cp results/studies.journal results/best_configs.json "$OUT"/ 2>/dev/null
+cp results/best_configs.json "$OUT"/ && gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
 python3 -m fa4tune.cli search --seqlen 1024 --gqa 4 --timeout "${STUDY_TIMEOUT:-170}" \

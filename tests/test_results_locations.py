@@ -4,6 +4,7 @@ package; result files are 0644; the harness uses no private attribute of optuna.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -144,7 +145,13 @@ def test_committed_results_name_no_machine_paths():
     """Results carry the commands that made them, with $OUT or relative paths, never a machine's
     folders (the device's /root/out, a checkout under /work or /home)."""
     machine = re.compile(r"(?<![\w.$])/(root|work|home)/")
+    text_suffixes = {".json", ".txt", ".log", ".md", ".csv", ".html", ".journal", ".toml"}
+
+    def text_of(path: Path) -> str | None:
+        if path.suffix == ".gz" and Path(path.stem).suffix in text_suffixes:   # compressed evidence
+            return gzip.decompress(path.read_bytes()).decode(errors="replace")
+        return path.read_text(errors="replace") if path.suffix in text_suffixes else None
+
     offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / "results").rglob("*"))
-                 if p.is_file() and p.suffix in {".json", ".txt", ".log", ".md", ".csv", ".html", ".journal"}
-                 and machine.search(p.read_text(errors="replace"))]
+                 if p.is_file() and machine.search(text_of(p) or "")]
     assert not offenders, offenders

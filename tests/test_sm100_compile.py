@@ -152,7 +152,7 @@ def test_scheduler_launches_a_pair_per_task():
 
 
 def test_single_cta_measured_spill_is_a_reason():
-    """Found by a 1,200-configuration CPU sample (results/compile_space/sm100-v5-sample1200-full.json):
+    """Found by a 1,200-configuration CPU sample (results/compile_space/sm100-v5-sample1200-full.json.gz):
     4 polynomial exp2 columns at softmax_regs 176 with one Q stage, two TMEM stages and 128-key blocks
     spilled 16 B, one CTA; its measured neighbours compiled clean and stay allowed."""
     spill = cfg(exp2_poly_columns=4, softmax_regs=176, q_stages=1, tmem_stages=2, tile_n=128, kv_stages=4,
