@@ -93,13 +93,18 @@ def _bench_doc():
     return json.loads((REPO / "results" / "bench.json").read_text())
 
 
-def test_every_packaged_entry_carries_the_bench_times_of_its_shape():
+def test_every_packaged_entry_carries_the_times_of_every_implementation_at_its_shape():
+    """An entry the bench timed carries the bench's times; one tuned since (the wide set) carries
+    its search's, which timed every peer in the same run."""
     doc = _bench_doc()
     times = backend_times(doc)
     db = BestConfigDB.load(REPO / "fa4" / "data" / "best_configs.json")
-    assert set(times) == {e.key for e in db.entries}
+    assert set(times) <= {e.key for e in db.entries}
     for e in db.entries:
-        assert e.backend_us == times[e.key] and e.backend_source == f"bench {doc['date']}"
+        if e.key in times:
+            assert e.backend_us == times[e.key] and e.backend_source == f"bench {doc['date']}"
+        else:
+            assert e.backend_source == "search" and e.backend_us["ours"] == e.us
         assert set(e.backend_us) == set(dispatch.IMPLEMENTATIONS)
     # the row of the README's table: B1 S1024 causal, as the bench timed it
     causal = db.get(MISSION_CAUSAL_KEY)
