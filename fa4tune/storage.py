@@ -6,7 +6,9 @@ JSON line per operation; `fa4tune.journal` locks it with `flock` and repairs a t
 `postgresql://...`) selects an `RDBStorage` instead.
 
 Reading must not write: `open_for_reading` opens an SQLite file read-only and only when it already holds
-optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given).
+optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given); an
+`sqlite:///` URL is read the same way, and one naming a missing file is an error (SQLAlchemy's sqlite
+driver would create it).
 
 Trials and studies are addressed through the storage's public API (`get_study_id_from_name`,
 `get_trial_id_from_study_id_trial_number`), never through private attributes of a study or a trial.
@@ -139,11 +141,33 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     without creating anything in it."""
     kind = storage_kind(spec)
     if kind == "url":
-        return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
+        sqlite_file = _sqlite_file_of(spec)
+        if sqlite_file is None:
+            return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
+        # SQLAlchemy's sqlite driver creates a missing file when it connects: the file is checked and
+        # opened read-only as a path to it would be
+        if not sqlite_file.is_file():
+            raise FileNotFoundError(f"optuna storage {spec}: the SQLite file {sqlite_file} does not exist")
+        if storage_kind(str(sqlite_file)) != "sqlite":
+            raise ValueError(f"optuna storage {spec}: {sqlite_file} is not an SQLite database")
+        kind, spec = "sqlite", str(sqlite_file)
     if kind == "sqlite":
         url = f"sqlite:///file:{Path(spec).resolve()}?mode=ro&uri=true"
         return optuna.storages.RDBStorage(url, skip_table_creation=True)
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec)))
+
+
+def _sqlite_file_of(url: str) -> Path | None:
+    """The database file an sqlite URL names (None for another URL or an in-memory database)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if parsed.query.get("uri") == "true" and database.startswith("file:"):
+        database = database[len("file:"):]
+    return Path(database)
 
 
 def find_storages(results_dir: Path) -> list[Path]:
