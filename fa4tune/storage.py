@@ -1,12 +1,20 @@
 """The optuna storage of the searches: opening it to write (the search) or only to read (the report).
 
 One storage holds every study: by default an optuna `JournalStorage` over a `JournalFileBackend` (one
-JSON line per operation; `fa4tune.journal` locks it with `flock` and repairs a torn line first),
-`studies.journal` in the results directory (`fa4tune.paths`). A URL (`sqlite:///...`,
+JSON line per operation; `fa4tune.journal` locks the journal file itself with `flock` and repairs a torn
+line first), `studies.journal` in the results directory (`fa4tune.paths`). A URL (`sqlite:///...`,
 `postgresql://...`) selects an `RDBStorage` instead.
 
+Writing never destroys a file that is not a journal: `open_storage` refuses an SQLite database, a JSON
+document, other text or binary data given as a journal path (`StorageError`, naming what the file looks
+like and the option that fits, e.g. `sqlite:///s.db`) and leaves it byte-identical; an absent or empty
+file is a new journal. A symbolic link to a journal that needs repair is refused too (see
+`fa4tune.journal`).
+
 Reading must not write: `open_for_reading` opens an SQLite file read-only and only when it already holds
-optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given).
+optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given); an
+`sqlite:///` URL is read the same way, and one naming a missing file is an error (SQLAlchemy's sqlite
+driver would create it).
 
 Trials and studies are addressed through the storage's public API (`get_study_id_from_name`,
 `get_trial_id_from_study_id_trial_number`), never through private attributes of a study or a trial.
@@ -25,7 +33,7 @@ from typing import Callable
 
 import optuna
 
-from fa4tune.journal import JournalFlock, repair_journal
+from fa4tune.journal import JournalError, JournalFlock, NotAJournalError, repair_journal
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # files that sit in a results folder but are never a storage
@@ -45,11 +53,17 @@ def rdb_url(url: str) -> str:
     return url
 
 
+class StorageError(ValueError):
+    """A storage that cannot be opened as asked; nothing in it was changed."""
+
+
 def open_storage(spec: str | os.PathLike | None = None,
                  say: Callable[[str], None] | None = None) -> optuna.storages.BaseStorage:
     """The storage a search writes: a journal file path (default: the results directory's) or an RDB
     URL. The journal's folder is created; a journal damaged by a killed writer is repaired first
-    (`fa4tune.journal`), and `say` (default: a warning) is told what was done."""
+    (`fa4tune.journal`), and `say` (default: a warning) is told what was done. A file that is not an
+    optuna journal (an SQLite database, a JSON document, other text or binary data), or a symbolic link
+    to a journal that needs repair, raises StorageError and is left byte-identical."""
     from fa4tune.paths import storage_path
 
     text = str(spec) if spec is not None else str(storage_path())
@@ -57,13 +71,37 @@ def open_storage(spec: str | os.PathLike | None = None,
         return _open_rdb(rdb_url(text))
     Path(text).parent.mkdir(parents=True, exist_ok=True)
     lock = JournalFlock(text)
-    repair = repair_journal(text, lock)
+    try:
+        repair = repair_journal(text, lock)
+    except NotAJournalError as exc:
+        raise StorageError(_not_a_journal_message(text, exc)) from exc
+    except JournalError as exc:
+        raise StorageError(str(exc)) from exc
     if repair is not None:
         if say is None:
             warnings.warn(repair.describe(), RuntimeWarning, stacklevel=2)
         else:
             say(repair.describe())
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(text, lock_obj=lock))
+
+
+def _not_a_journal_message(spec: str, exc: NotAJournalError) -> str:
+    """What the file looks like, and the option that fits it."""
+    path = Path(spec)
+    unchanged = "not an optuna journal; it was left unchanged"
+    new_journal = "a journal path (one that does not exist yet starts a new journal)"
+    if _is_sqlite_file(path):
+        if _has_optuna_tables(path):
+            return f"storage {spec} is an optuna SQLite database, {unchanged}. Pass it as the URL sqlite:///{spec}"
+        return (f"storage {spec} is an SQLite database without optuna's tables, {unchanged}. Pass {new_journal}, "
+                f"or sqlite:///{spec} to add optuna's tables to this database")
+    if _is_json_document(path):
+        what = "a JSON document (such as a best-config database)"
+    elif _is_text(path):
+        what = f"a text file (line {exc.line} {exc.why})"
+    else:
+        what = "binary data"
+    return f"storage {spec} is {what}, {unchanged}. Pass {new_journal} or an optuna storage URL (sqlite:///...)"
 
 
 # Processes (or hosts) that open a new database at once race to create optuna's tables and stamp its
@@ -89,6 +127,23 @@ def _is_sqlite_file(path: Path) -> bool:
             return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
     except OSError:
         return False
+
+
+def _is_json_document(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _is_text(path: Path) -> bool:
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return b"\x00" not in data
 
 
 def _is_journal_file(path: Path) -> bool:
@@ -139,11 +194,33 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     without creating anything in it."""
     kind = storage_kind(spec)
     if kind == "url":
-        return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
+        sqlite_file = _sqlite_file_of(spec)
+        if sqlite_file is None:
+            return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
+        # SQLAlchemy's sqlite driver creates a missing file when it connects: the file is checked and
+        # opened read-only as a path to it would be
+        if not sqlite_file.is_file():
+            raise FileNotFoundError(f"optuna storage {spec}: the SQLite file {sqlite_file} does not exist")
+        if storage_kind(str(sqlite_file)) != "sqlite":
+            raise ValueError(f"optuna storage {spec}: {sqlite_file} is not an SQLite database")
+        kind, spec = "sqlite", str(sqlite_file)
     if kind == "sqlite":
         url = f"sqlite:///file:{Path(spec).resolve()}?mode=ro&uri=true"
         return optuna.storages.RDBStorage(url, skip_table_creation=True)
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec)))
+
+
+def _sqlite_file_of(url: str) -> Path | None:
+    """The database file an sqlite URL names (None for another URL or an in-memory database)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if parsed.query.get("uri") == "true" and database.startswith("file:"):
+        database = database[len("file:"):]
+    return Path(database)
 
 
 def find_storages(results_dir: Path) -> list[Path]:

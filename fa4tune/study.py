@@ -10,7 +10,9 @@ Study name: the shape key, `fa4tune.shapes.shape_key(arch, problem)`, e.g.
 log-sum-exp is returned). When a study of that name was made with another kernel fingerprint,
 another search space or on another device, its trials do not describe the current kernel: the search continues in
 `<name>~2` (then `~3`, ...) and records `"previous_study"`; so does a study timed on another device. The current study of a shape is the one
-with the highest suffix.
+with the highest suffix. A study of the name that is not this search's is never adopted (optuna's
+`load_if_exists` would): one with another direction than minimise, another arch or problem, or trials
+but no problem (not made by fa4tune) raises `StudyMismatchError`, naming what differs.
 
 Study user_attrs:
     arch, problem (AttentionProblem fields), device {"name", "sm_count", "driver", "cc"},
@@ -111,6 +113,7 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
     while True:
         study = optuna.create_study(study_name=name, storage=storage, sampler=new_sampler(),
                                     direction="minimize", load_if_exists=True)
+        refuse_another_search(study, arch, problem)
         attrs = study.user_attrs
         stored_device = (attrs.get("device") or {}).get("name")
         same_device = not device_name or not stored_device or stored_device == device_name
@@ -119,11 +122,8 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
             # a fact not written yet agrees: another process sharing the storage may be writing them
             return key not in attrs or attrs[key] == value
 
-        if (agrees("kernel_fingerprint", fingerprint) and agrees("space_fingerprint", space_fp) and same_device
-                and agrees("problem", problem.to_dict()) and agrees("arch", arch)):
+        if agrees("kernel_fingerprint", fingerprint) and agrees("space_fingerprint", space_fp) and same_device:
             break
-        if not (agrees("problem", problem.to_dict()) and agrees("arch", arch)):
-            raise ValueError(f"study {name!r} holds another problem ({attrs.get('problem')}); choose another --study")
         why = ("kernel fingerprint" if not agrees("kernel_fingerprint", fingerprint)
                else "search space" if not agrees("space_fingerprint", space_fp) else "device")
         progress.message(f"study {name}: its {why} differs from the current one; continuing in a new study")
@@ -133,6 +133,45 @@ def open_study(storage, name: str, arch: str, problem: AttentionProblem, space: 
     if previous:
         study.set_user_attr("previous_study", previous)
     return study
+
+
+class StudyMismatchError(ValueError):
+    """A stored study of the name a search asked for is not that search's: it is left as it is."""
+
+
+def refuse_another_search(study, arch: str, problem: AttentionProblem) -> None:
+    """Raise StudyMismatchError unless `study` is empty or a search of this problem: optuna's
+    `load_if_exists` adopts any study of the name, whatever its direction or content."""
+    from optuna.study import StudyDirection
+
+    name = study.study_name
+    proceed = "choose another --study name or another --storage"
+    if study.directions != [StudyDirection.MINIMIZE]:
+        directions = ", ".join(d.name.lower() for d in study.directions)
+        raise StudyMismatchError(f"study {name!r} exists with direction {directions}, but a search minimises the "
+                                 f"kernel time; {proceed}")
+    attrs = study.user_attrs
+    if "problem" not in attrs and "arch" not in attrs:
+        # fa4tune writes both before the study's first trial; a process sharing the storage may be
+        # writing them right now, so only a study that already holds trials is someone else's
+        trials = len(study.get_trials(deepcopy=False))
+        if trials:
+            raise StudyMismatchError(f"study {name!r} exists with {trials} trial(s) but no problem: it is not a "
+                                     f"study of fa4tune search; {proceed}")
+        return
+    differences = []
+    if "arch" in attrs and attrs["arch"] != arch:
+        differences.append(f"arch {attrs['arch']!r} (this search: {arch!r})")
+    here = problem.to_dict()
+    stored = attrs.get("problem", here)
+    if stored != here:
+        if isinstance(stored, dict):
+            differences += [f"{key} {stored.get(key)!r} (this search: {here.get(key)!r})"
+                            for key in list(here) + sorted(set(stored) - set(here)) if stored.get(key) != here.get(key)]
+        else:
+            differences.append(f"problem {stored!r}")
+    if differences:
+        raise StudyMismatchError(f"study {name!r} holds another problem: {', '.join(differences)}; {proceed}")
 
 
 def write_study_attrs(study, arch: str, problem: AttentionProblem, device: dict, fingerprint: str,

@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from fa4tune.journal import FLOCK_SUFFIX, JournalFlock, repair_journal
+from fa4tune.journal import JournalFlock, repair_journal
 from fa4tune.storage import find_storages, open_storage
 
 DIST = {"x": CategoricalDistribution([1, 2, 3])}
@@ -91,10 +91,13 @@ def test_a_torn_line_an_append_already_landed_on_keeps_the_appended_operation(tm
     path.write_bytes(b"".join(lines[:cut]) + damaged + b"".join(lines[cut + 1:]))
     with pytest.raises(Exception):
         list(optuna.storages.journal.JournalFileBackend(str(path)).read_logs(0))
+    torn_length = len(damaged) - len(lines[cut])
     repair = repair_journal(path)
     assert repair.torn_lines == [cut + 1] and repair.salvaged == 1
-    assert path.read_bytes() == data
+    # in place: the torn bytes became spaces (JSON allows them), every line keeps its offset
+    assert path.read_bytes() == b"".join(lines[:cut]) + b" " * torn_length + b"".join(lines[cut:])
     assert _values(path) == [0.0, 1.0]
+    assert repair_journal(path) is None
 
 
 def test_the_journal_lock_is_what_optuna_calls(tmp_path):
@@ -135,10 +138,10 @@ def test_a_lock_held_by_a_process_killed_with_sigkill_does_not_stall_the_next_wr
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        # while it lives, it holds the lock
+        # while it lives, it holds the lock: a flock on the journal file itself
         probe = textwrap.dedent(f"""
             import fcntl, sys
-            fd = open({str(path) + FLOCK_SUFFIX!r}, "a+")
+            fd = open({str(path)!r}, "rb")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
