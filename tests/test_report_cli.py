@@ -137,3 +137,59 @@ def test_the_report_carries_no_absolute_paths(tmp_path):
     for text in (out.read_text(encoding="utf-8"), data_json.read_text()):
         assert str(tmp_path) not in text
         assert "results/studies.journal" in text   # still says which input it read
+
+
+# notes as a real toolchain writes them: under a home, site-packages, /tmp
+PATHY_NOTES = ("ImportError: /root/.venv/lib/python3.12/site-packages/flash_attn/cute/interface.py: bad ELF",
+               "RuntimeError: ptxas died, see /home/x/runs/ptxas.log",
+               "OSError: /usr/lib/python3/site-packages/cutlass/_mlir/libmlir.so: cannot open",
+               "[Errno 28] No space left on device: '/tmp/fa4tune-run/peer.bin'")
+PLANTED = ("/root/", "/home/x", "/usr/lib", "/tmp/fa4tune-run")
+
+
+def _plant_path_notes(results):
+    """A bench row and a study's peers that failed with reasons naming absolute paths."""
+    import optuna
+
+    bench = json.loads((results / "bench.json").read_text())
+    for row, note in zip([r for r in bench["rows"] if r["variant"] == "sdpa_flash"], PATHY_NOTES):
+        row.update(outcome="launch_error", us=None, tflops=None, error=note)
+    (results / "bench.json").write_text(json.dumps(bench))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(results / "studies.journal")))
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        study.set_user_attr("peers", {**study.user_attrs["peers"], "flash_attn_4": {"error": PATHY_NOTES[0]},
+                                      "sdpa_flash": {"error": PATHY_NOTES[3]}})
+
+
+def test_report_notes_carry_no_absolute_path(tmp_path):
+    """An error note read from a bench file or a study (a peer that did not import, a launch that
+    failed) is shown in the report, its absolute paths rewritten (`fa4tune.outcomes.portable_note`)."""
+    from test_portable_notes import ABSOLUTE_PATH
+
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    _plant_path_notes(results)
+    out, data_json = tmp_path / "r.html", tmp_path / "r.json"
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                 "--data-json", str(data_json)])
+    assert result.exit_code == 0, result.output
+    html, data = out.read_text(encoding="utf-8"), json.loads(data_json.read_text())
+    for planted in PLANTED:
+        assert planted not in html and planted not in data_json.read_text(), planted
+    notes = data["missing"] + data["warnings"] + [s["importance_note"] for s in data["studies"]]
+    notes += [e["error"] for r in data["shape_rows"] for e in r["impls"].values() if "error" in e]
+    notes += [p["error"] for s in data["studies"] for p in s["peers"].values() if "error" in p]
+    assert "<site-packages>/flash_attn/cute/interface.py: bad ELF" in "\n".join(notes)
+    assert "peer.bin" in "\n".join(notes) and "ptxas.log" in "\n".join(notes)
+    assert not [n for n in notes if ABSOLUTE_PATH.search(n)]
+    # a storage that cannot be read: its error names it, without the folder it lies in
+    notes_file = tmp_path / "notes.txt"
+    notes_file.write_text("not a storage\n")
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--storage", str(notes_file),
+                                                 "--out", str(out)])
+    [missing] = [line for line in result.stderr.splitlines() if line.startswith("missing: optuna storage")]
+    assert result.exit_code == 0 and "notes.txt" in missing and str(tmp_path) not in missing
+    assert str(tmp_path) not in out.read_text(encoding="utf-8")
+
