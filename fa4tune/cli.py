@@ -6,6 +6,11 @@ progress, `-v` adds a line per item). Options mean the same in every command: th
 from one decorator, `shape_options`, and `--arch`, `--db`, `--jobs`, `--format` from their own.
 Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else ~/.cache/fa4tune)
 unless an option names a file.
+
+Every command refuses options that contradict each other (`refuse_contradictions`, run by the group
+for each command it resolves, whoever defined it): two spellings of one setting (`--causal
+--no-causal`, `--peers --no-peers`), one option given twice with different values, two options that
+exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently.
 """
 
 from __future__ import annotations
@@ -40,7 +45,71 @@ class Verbosity:
         return Progress(quiet=self.quiet, verbose=self.verbose)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# ------------------------------------------------------------------------------------------------
+# contradicting options
+
+# options that exclude each other, in whichever command has both
+EXCLUSIVE_OPTIONS = (("--gqa", "--heads-kv"), ("--shapes-file", "--model"), ("--shapes", "--shapes-file"),
+                     ("--shapes", "--model"), ("--db", "--no-db"))
+
+
+def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
+    """Raise a UsageError naming both options when `args` (the command line of `ctx`'s command, before
+    click parses it) set one setting two ways: two flags of one parameter (`--causal --no-causal`,
+    `--both --causal`, `--peers --no-peers`), one option twice with different values (`--seqlen 1024
+    --seqlen 2048`), or both options of an `EXCLUSIVE_OPTIONS` pair. Options that may repeat
+    (multiple, count) are left alone; the parsing itself stays click's."""
+    # option string -> (its parameter, whether it takes a value, the value a flag sets)
+    spellings: dict[str, tuple[click.Option, bool, object]] = {}
+    for param in ctx.command.get_params(ctx):
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                spellings[opt] = (param, not param.is_flag and not param.count, param.flag_value)
+            for opt in param.secondary_opts:   # the --no-x of a --x/--no-x pair
+                spellings[opt] = (param, False, not param.flag_value)
+
+    def said(opt: str, value: object) -> str:
+        return f"{opt} {value}" if spellings[opt][1] else opt
+
+    options = args[:args.index("--")] if "--" in args else args   # after "--" only arguments follow
+    if any(token in ctx.help_option_names for token in options):
+        return   # the help is shown, whatever else was given
+    given: dict[str, tuple[str, object]] = {}  # parameter name -> (option string, value), as first given
+    tokens = iter(options)
+    for token in tokens:
+        name, eq, attached = token.partition("=") if token.startswith("--") else (token, "", "")
+        if name not in spellings and not token.startswith("--") and token[:2] in spellings:
+            name, eq, attached = token[:2], "=", token[2:]   # a short option's value written on (-oFILE)
+        if name not in spellings:
+            continue   # an argument, or a value click will refuse
+        param, takes_value, value = spellings[name]
+        if takes_value:
+            value = attached if eq else " ".join(next(tokens, "") for _ in range(param.nargs))
+        if param.multiple or param.count:
+            continue
+        first = given.setdefault(param.name, (name, value))
+        if first[1] != value:
+            raise click.UsageError(f"{said(*first)} and {said(name, value)} contradict each other: give one",
+                                   ctx=ctx)
+    for pair in EXCLUSIVE_OPTIONS:
+        if all(opt in spellings and spellings[opt][0].name in given for opt in pair):
+            raise click.UsageError(f"give {pair[0]} or {pair[1]}, not both", ctx=ctx)
+
+
+class StrictGroup(click.Group):
+    """A click group that checks every command it runs with `refuse_contradictions` (those other
+    modules define too); its sub-groups are of this class."""
+
+    group_class = type
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, click.Group) and not ctx.resilient_parsing:
+            refuse_contradictions(click.Context(command, info_name=name, parent=ctx), rest)
+        return name, command, rest
+
+
+@click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fa4tune", prog_name="fa4tune")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr (results and errors only)")
 @click.option("-v", "--verbose", is_flag=True, help="a progress line per item (compiled configuration, bench row)")
@@ -106,14 +175,13 @@ _SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen"
 
 
 def problems_from_set(shapes_file, model, mask):
-    """The problems of --shapes-file or --model (None when neither is given); --causal/--no-causal keep
-    one mask of the set, the other shape options may not be given with a set."""
+    """The problems of --shapes-file or --model (None when neither is given; `EXCLUSIVE_OPTIONS` refuses
+    both); --causal/--no-causal keep one mask of the set, the other shape options may not be given
+    with a set."""
     from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file
 
     if shapes_file is None and model is None:
         return None
-    if shapes_file is not None and model is not None:
-        raise click.UsageError("give --shapes-file or --model, not both")
     ctx = click.get_current_context()
     given = [f"--{n.replace('_', '-')}" for n in _SHAPE_OPTION_NAMES
              if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
@@ -512,8 +580,6 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     from fa4tune.pool import PoolError
 
     shape_set = problems_from_set(shapes_file, model, mask)
-    if shape_set and shapes:
-        raise click.UsageError("give --shapes or a shape set (--shapes-file/--model), not both")
     problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
                                                   dtype, lse, mask)
     if shapes:

@@ -315,3 +315,46 @@ def test_help_version_and_verbosity(fake_compiles):
     assert "exit status" in quiet.stderr                        # the summary is the result, not progress
     assert verbose.stderr.count("compiled 1/2") == 1 and "compiled 1/2" not in normal.stderr
     assert invoke("-q", "-v", "best").exit_code == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# options that contradict each other
+
+CONTRADICTIONS = [
+    (["search", "--causal", "--no-causal"], ("--causal", "--no-causal")),
+    (["bench", "--no-causal", "--both"], ("--no-causal", "--both")),
+    (["compile-space", "--both", "--causal"], ("--both", "--causal")),
+    (["search", "--peers", "--no-peers"], ("--peers", "--no-peers")),
+    (["bench", "--no-peers", "--peers"], ("--no-peers", "--peers")),
+    (["search", "--warm-start", "--cold-start"], ("--warm-start", "--cold-start")),
+    (["search", "--seqlen", "1024", "--seqlen=2048"], ("--seqlen 1024", "--seqlen 2048")),
+    (["search", "--gqa", "4", "--heads-kv", "8"], ("--gqa", "--heads-kv")),
+    (["search", "--db", "x.json", "--no-db"], ("--db", "--no-db")),
+    (["bench", "--shapes", "s1024", "--shapes-file", "x.toml"], ("--shapes", "--shapes-file")),
+    (["db", "merge", "a.json", "-o", "x.json", "-oy.json"], ("-o x.json", "-o y.json")),
+    (["report", "--db", "a.json", "--database", "b.json"], ("--db a.json", "--database b.json")),
+    (["sass", "--peer", "--no-peer"], ("--peer", "--no-peer")),   # defined in another module: checked too
+]
+
+
+@pytest.mark.parametrize("args, named", CONTRADICTIONS, ids=[" ".join(a) for a, _ in CONTRADICTIONS])
+def test_contradicting_options_are_refused(args, named, monkeypatch):
+    """Click keeps the last of two flags of one setting silently; each command refuses them instead,
+    naming both, before it does anything."""
+    monkeypatch.setattr(cli, "detect_gpus", lambda: pytest.fail("the command ran"))
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert all(option in error for option in named), error
+
+
+def test_options_given_twice_alike_and_help_still_work():
+    from click import Context
+
+    ctx = Context(cli.search, info_name="search")
+    cli.refuse_contradictions(ctx, ["--causal", "--causal", "--seqlen", "2048", "--seqlen=2048",
+                                                "--no-peers", "--no-peers", "--storage", "--causal"])
+    cli.refuse_contradictions(ctx, ["--study", "x", "--", "--causal", "--no-causal"])
+    help_text = invoke("search", "--causal", "--no-causal", "-h")
+    assert help_text.exit_code == 0 and "Usage:" in help_text.stdout
+
