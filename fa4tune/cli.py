@@ -10,7 +10,9 @@ unless an option names a file.
 Every command refuses options that contradict each other (`refuse_contradictions`, run by the group
 for each command it resolves, whoever defined it): two spellings of one setting (`--causal
 --no-causal`, `--peers --no-peers`), one option given twice with different values, two options that
-exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently.
+exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently. Every file a
+command writes is checked before the work starts (`check_output`: a long run must not end unable to
+write), and a failed write is a one-line error, not a traceback.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Verbosity:
 
 
 # ------------------------------------------------------------------------------------------------
-# contradicting options
+# contradicting options, outputs that cannot be written
 
 # options that exclude each other, in whichever command has both
 EXCLUSIVE_OPTIONS = (("--gqa", "--heads-kv"), ("--shapes-file", "--model"), ("--shapes", "--shapes-file"),
@@ -107,6 +109,38 @@ class StrictGroup(click.Group):
         if command is not None and not isinstance(command, click.Group) and not ctx.resilient_parsing:
             refuse_contradictions(click.Context(command, info_name=name, parent=ctx), rest)
         return name, command, rest
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` could not be written as a result file (None: it can): it is a directory or a
+    read-only file, or its folder is not a folder, cannot be created or cannot be written. Nothing is
+    created to find out."""
+    path = os.path.abspath(path)   # (os.path answers False where it cannot look, Path may raise)
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "is read-only"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)   # the folders that do not exist yet are created by the write
+    if not os.path.isdir(folder):
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
+def check_output(path: str | os.PathLike | None, option: str) -> None:
+    """A ClickException naming `option` when its file could not be written (`output_problem`)."""
+    problem = output_problem(path) if path is not None else None
+    if problem:
+        raise click.ClickException(f"cannot write {option} {path}: {problem}")
+
+
+def write_failed(exc: OSError) -> click.ClickException:
+    """A write that failed anyway (disk full, a folder removed meanwhile), as one line."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return click.ClickException(f"cannot write{where}: {exc.strerror or exc}")
 
 
 @click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -293,6 +327,7 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
             raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
     except (ValueError, SpaceError) as exc:
         raise click.UsageError(str(exc)) from exc
+    check_output(out_path, "--out")
     jobs = jobs or os.cpu_count() or 2
     _echo_err(f"fa4tune compile-space: {arch}, {describe_problems(problems)}; {space.size} configurations "
               f"({space.source or 'all declared choices'}), compiling "
@@ -302,7 +337,10 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
                                 shard=(shard_index, shard_count), compile_timeout_s=compile_timeout,
                                 progress=_verbosity().progress())
     if out_path:
-        compile_space.write_json(results, out_path)
+        try:
+            compile_space.write_json(results, out_path)
+        except OSError as exc:
+            raise write_failed(exc) from exc
     if fmt == "json":
         click.echo(json.dumps(results, indent=1, sort_keys=True))
     else:
@@ -392,6 +430,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
         _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
+    _check_search_outputs(storage, db_path, no_db)
     try:
         summaries = run_search_set(
             problems, gpus=detect_gpus(), arch=arch, trials=trials, sampler=sampler, seed=seed, timeout=timeout,
@@ -401,7 +440,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     except NoGpuError as exc:
         click.echo(f"fa4tune search: {exc}", err=True)
         sys.exit(2)
-    except (PoolError, SpaceError, ValueError) as exc:
+    except (PoolError, SpaceError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
     broken_default = [s["study"] for s in summaries if s["default_us"] is None]
@@ -411,6 +450,18 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
         click.echo(f"the default configuration did not run correctly in: {', '.join(broken_default)}", err=True)
     if broken_default or not all(s["best"] for s in summaries):
         sys.exit(1)
+
+
+def _check_search_outputs(storage: str | None, db_path: str | None, no_db: bool) -> None:
+    """What a search writes, checked before it starts: the journal (or an SQLite URL's file; a
+    server's URL is the server's business) and, unless --no-db, the database it records into."""
+    from fa4tune import paths
+    from fa4tune.report_data import sqlite_file
+
+    journal = paths.storage_path() if storage is None else sqlite_file(storage) if "://" in storage else storage
+    check_output(journal, "--storage")
+    if not no_db:
+        check_output(db_path or paths.database_path(), "--db")
 
 
 def _print_summaries(summaries: list[dict], fmt: str) -> None:
@@ -575,6 +626,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
           arch, db_path,
           out_path, csv_path, fmt, jobs, l2, peers, rounds):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
+    from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
     from fa4tune.shapes import parse_shape
     from fa4tune.pool import PoolError
@@ -595,13 +647,15 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
             else:  # no mask named: the masks of --causal/--no-causal/--both
                 parsed.extend(p.__class__(**{**p.to_dict(), "causal": q.causal}) for q in problems)
         problems = parsed
+    check_output(out_path or paths.bench_path(), "--out")
+    check_output(csv_path, "--csv")
     try:
         doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
                             jobs=jobs, l2=l2, peers=peers, rounds=rounds, progress=_verbosity().progress())
     except NoGpuError as exc:
         click.echo(f"fa4tune bench: {exc}", err=True)
         sys.exit(2)
-    except (PoolError, ValueError) as exc:
+    except (PoolError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     arch = doc["arch"]
     if fmt == "json":

@@ -4,7 +4,8 @@ Three inputs, each optional: the optuna storage of the searches, the best-config
 (`best_configs.json`) and the bench results (`bench.json`), by default all in one results folder. A
 missing or unreadable input becomes a line in `ReportData.missing` and an empty section, and a malformed
 study, database entry or bench row is skipped with such a line: never an exception, since a report of
-what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`).
+what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`;
+an `sqlite:///` URL naming no file is not opened, since opening it would create the file).
 
 A report is committed and shared, so it names no machine's paths: inputs as `shown` prints them, and
 every note (a missing input, a failed implementation's or a peer's error, why importance was not
@@ -61,6 +62,17 @@ def shown(path: str | Path) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(Path("…", *p.parts[-2:]))
+
+
+def sqlite_file(spec: str) -> Path | None:
+    """The file an `sqlite:///PATH` URL names (None for another URL, a plain path or an in-memory
+    database): opening such a URL creates the file when it is absent."""
+    scheme, sep, rest = str(spec).partition(":///")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return None
+    path = rest.split("?")[0]
+    path = path[len("file:"):] if path.startswith("file:") else path
+    return Path(path) if path and path != ":memory:" else None
 
 
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
@@ -854,6 +866,10 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         missing.append(f"optuna storage: none found in {shown(results_dir)}/ (give --storage); "
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
+        named = sqlite_file(spec)
+        if named is not None and not named.is_file():
+            missing.append(f"optuna storage {shown(spec)}: no such SQLite file")
+            continue
         try:
             found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
