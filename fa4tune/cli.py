@@ -12,7 +12,7 @@ for each command it resolves, whoever defined it): two spellings of one setting 
 --no-causal`, `--peers --no-peers`), one option given twice with different values, two options that
 exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently. Every file a
 command writes is checked before the work starts (`check_output`: a long run must not end unable to
-write), and a failed write is a one-line error, not a traceback.
+write), and a failed write, like any failure on a file, is a one-line error, not a traceback.
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
 
 
 class StrictGroup(click.Group):
-    """A click group that checks every command it runs with `refuse_contradictions` (those other
-    modules define too); its sub-groups are of this class."""
+    """A click group that checks every command it runs with `refuse_contradictions`, and ends one that
+    fails on a file (an OSError its own code did not turn into a message) with one line naming the
+    file, not a traceback; those other modules define too. Its sub-groups are of this class."""
 
     group_class = type
 
@@ -109,6 +110,13 @@ class StrictGroup(click.Group):
         if command is not None and not isinstance(command, click.Group) and not ctx.resilient_parsing:
             refuse_contradictions(click.Context(command, info_name=name, parent=ctx), rest)
         return name, command, rest
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise click.ClickException(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror
+                                       else str(exc)) from exc
 
 
 def output_problem(path: str | os.PathLike) -> str | None:
@@ -440,7 +448,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     except NoGpuError as exc:
         click.echo(f"fa4tune search: {exc}", err=True)
         sys.exit(2)
-    except (PoolError, SpaceError, ValueError, OSError) as exc:
+    except (PoolError, SpaceError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summaries(summaries, fmt)
     broken_default = [s["study"] for s in summaries if s["default_us"] is None]
@@ -655,7 +663,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     except NoGpuError as exc:
         click.echo(f"fa4tune bench: {exc}", err=True)
         sys.exit(2)
-    except (PoolError, ValueError, OSError) as exc:
+    except (PoolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     arch = doc["arch"]
     if fmt == "json":

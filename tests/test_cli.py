@@ -420,3 +420,25 @@ def test_search_refuses_an_output_it_cannot_write_before_it_runs(tmp_path, monke
     _one_line_error(CliRunner().invoke(cli.main, ["search", "--causal", "--storage", url, "--no-db"]),
                     "--storage", "not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_command_that_fails_on_a_file_ends_with_one_line(monkeypatch):
+    """Any command (here `cache clear`, which has no handling of its own): an OSError is one line
+    naming the file, not a traceback."""
+    from fa4 import compile_cache
+
+    def refused():
+        raise PermissionError(13, "Permission denied", "/srv/shared/kernels/ab12.so")
+
+    monkeypatch.setattr(compile_cache, "clear", refused)
+    _one_line_error(CliRunner().invoke(cli.main, ["cache", "clear"]), "/srv/shared/kernels/ab12.so",
+                    "Permission denied")
+
+
+@pytest.mark.parametrize("command", [["sass", "--out"], ["rescale-stats", "--output"]])
+def test_commands_of_other_modules_refuse_an_output_they_cannot_write_first(command, not_a_folder, monkeypatch):
+    from fa4tune import rescale_stats, sass_build
+
+    monkeypatch.setattr(sass_build, "analyze", lambda *a, **kw: pytest.fail("it compiled"))
+    monkeypatch.setattr(rescale_stats, "measure_rescales", lambda *a, **kw: pytest.fail("it measured"))
+    _one_line_error(CliRunner().invoke(cli.main, [*command, str(not_a_folder)]), command[1], "not a directory")
