@@ -47,7 +47,8 @@ One row per (shape, variant):
                 GQA); left out of the times `fa4tune db import-bench` records for dispatch
     max_err     the largest over rounds (every round validates)
     config      knob values (ours only), lookup: "exact" | "nearest" | "default" (tuned row: how the
-                database answered), db_key (the entry used), max_err, error
+                database answered), db_key (the entry used), max_err, error (why a row failed; a bench
+                file is committed and shared, so no absolute path: `fa4tune.outcomes.portable_note`)
 
     dispatch    {shape: {"eager" | "graph": {"backend", "ratio", "reason"}}}: the implementation
                 fastest-backend dispatch picks from this run's times (`dispatched`); the "dispatched"
@@ -69,7 +70,7 @@ from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, versions
 from fa4tune.progress import Progress
 from fa4tune.shapes import shape_key
-from fa4tune.outcomes import MISSING
+from fa4tune.outcomes import MISSING, portable_note
 from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
 from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
@@ -168,6 +169,9 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     rows.sort(key=lambda r: ([shape_key(arch, p) for p in problems].index(r["shape"]), order.get(r["variant"], 99)))
     _ours_eager(rows, ours_eager)
     _speedups(rows)
+    for r in rows:   # whoever made the note: a worker, a peer's import, the database's reasons
+        if r["error"]:
+            r["error"] = portable_note(r["error"])
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
             "versions": versions(), "kernel_fingerprint": fingerprint,
             "timing": {**timing.describe(), "rounds": rounds}, "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}

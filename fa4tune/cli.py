@@ -6,6 +6,13 @@ progress, `-v` adds a line per item). Options mean the same in every command: th
 from one decorator, `shape_options`, and `--arch`, `--db`, `--jobs`, `--format` from their own.
 Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else ~/.cache/fa4tune)
 unless an option names a file.
+
+Every command refuses options that contradict each other (`refuse_contradictions`, run by the group
+for each command it resolves, whoever defined it): two spellings of one setting (`--causal
+--no-causal`, `--peers --no-peers`), one option given twice with different values, two options that
+exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently. Every file a
+command writes is checked before the work starts (`check_output`: a long run must not end unable to
+write), and a failed write, like any failure on a file, is a one-line error, not a traceback.
 """
 
 from __future__ import annotations
@@ -40,7 +47,111 @@ class Verbosity:
         return Progress(quiet=self.quiet, verbose=self.verbose)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# ------------------------------------------------------------------------------------------------
+# contradicting options, outputs that cannot be written
+
+# options that exclude each other, in whichever command has both
+EXCLUSIVE_OPTIONS = (("--gqa", "--heads-kv"), ("--shapes-file", "--model"), ("--shapes", "--shapes-file"),
+                     ("--shapes", "--model"), ("--db", "--no-db"))
+
+
+def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
+    """Raise a UsageError naming both options when `args` (the command line of `ctx`'s command, before
+    click parses it) set one setting two ways: two flags of one parameter (`--causal --no-causal`,
+    `--both --causal`, `--peers --no-peers`), one option twice with different values (`--seqlen 1024
+    --seqlen 2048`), or both options of an `EXCLUSIVE_OPTIONS` pair. Options that may repeat
+    (multiple, count) are left alone; the parsing itself stays click's."""
+    # option string -> (its parameter, whether it takes a value, the value a flag sets)
+    spellings: dict[str, tuple[click.Option, bool, object]] = {}
+    for param in ctx.command.get_params(ctx):
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                spellings[opt] = (param, not param.is_flag and not param.count, param.flag_value)
+            for opt in param.secondary_opts:   # the --no-x of a --x/--no-x pair
+                spellings[opt] = (param, False, not param.flag_value)
+
+    def said(opt: str, value: object) -> str:
+        return f"{opt} {value}" if spellings[opt][1] else opt
+
+    options = args[:args.index("--")] if "--" in args else args   # after "--" only arguments follow
+    if any(token in ctx.help_option_names for token in options):
+        return   # the help is shown, whatever else was given
+    given: dict[str, tuple[str, object]] = {}  # parameter name -> (option string, value), as first given
+    tokens = iter(options)
+    for token in tokens:
+        name, eq, attached = token.partition("=") if token.startswith("--") else (token, "", "")
+        if name not in spellings and not token.startswith("--") and token[:2] in spellings:
+            name, eq, attached = token[:2], "=", token[2:]   # a short option's value written on (-oFILE)
+        if name not in spellings:
+            continue   # an argument, or a value click will refuse
+        param, takes_value, value = spellings[name]
+        if takes_value:
+            value = attached if eq else " ".join(next(tokens, "") for _ in range(param.nargs))
+        if param.multiple or param.count:
+            continue
+        first = given.setdefault(param.name, (name, value))
+        if first[1] != value:
+            raise click.UsageError(f"{said(*first)} and {said(name, value)} contradict each other: give one",
+                                   ctx=ctx)
+    for pair in EXCLUSIVE_OPTIONS:
+        if all(opt in spellings and spellings[opt][0].name in given for opt in pair):
+            raise click.UsageError(f"give {pair[0]} or {pair[1]}, not both", ctx=ctx)
+
+
+class StrictGroup(click.Group):
+    """A click group that checks every command it runs with `refuse_contradictions`, and ends one that
+    fails on a file (an OSError its own code did not turn into a message) with one line naming the
+    file, not a traceback; those other modules define too. Its sub-groups are of this class."""
+
+    group_class = type
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, click.Group) and not ctx.resilient_parsing:
+            refuse_contradictions(click.Context(command, info_name=name, parent=ctx), rest)
+        return name, command, rest
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise click.ClickException(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror
+                                       else str(exc)) from exc
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` could not be written as a result file (None: it can): it is a directory or a
+    read-only file, or its folder is not a folder, cannot be created or cannot be written. Nothing is
+    created to find out."""
+    path = os.path.abspath(path)   # (os.path answers False where it cannot look, Path may raise)
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "is read-only"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)   # the folders that do not exist yet are created by the write
+    if not os.path.isdir(folder):
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
+def check_output(path: str | os.PathLike | None, option: str) -> None:
+    """A ClickException naming `option` when its file could not be written (`output_problem`)."""
+    problem = output_problem(path) if path is not None else None
+    if problem:
+        raise click.ClickException(f"cannot write {option} {path}: {problem}")
+
+
+def write_failed(exc: OSError) -> click.ClickException:
+    """A write that failed anyway (disk full, a folder removed meanwhile), as one line."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return click.ClickException(f"cannot write{where}: {exc.strerror or exc}")
+
+
+@click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fa4tune", prog_name="fa4tune")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr (results and errors only)")
 @click.option("-v", "--verbose", is_flag=True, help="a progress line per item (compiled configuration, bench row)")
@@ -106,14 +217,13 @@ _SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen"
 
 
 def problems_from_set(shapes_file, model, mask):
-    """The problems of --shapes-file or --model (None when neither is given); --causal/--no-causal keep
-    one mask of the set, the other shape options may not be given with a set."""
+    """The problems of --shapes-file or --model (None when neither is given; `EXCLUSIVE_OPTIONS` refuses
+    both); --causal/--no-causal keep one mask of the set, the other shape options may not be given
+    with a set."""
     from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file
 
     if shapes_file is None and model is None:
         return None
-    if shapes_file is not None and model is not None:
-        raise click.UsageError("give --shapes-file or --model, not both")
     ctx = click.get_current_context()
     given = [f"--{n.replace('_', '-')}" for n in _SHAPE_OPTION_NAMES
              if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
@@ -225,6 +335,7 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
             raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
     except (ValueError, SpaceError) as exc:
         raise click.UsageError(str(exc)) from exc
+    check_output(out_path, "--out")
     jobs = jobs or os.cpu_count() or 2
     _echo_err(f"fa4tune compile-space: {arch}, {describe_problems(problems)}; {space.size} configurations "
               f"({space.source or 'all declared choices'}), compiling "
@@ -234,7 +345,10 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
                                 shard=(shard_index, shard_count), compile_timeout_s=compile_timeout,
                                 progress=_verbosity().progress())
     if out_path:
-        compile_space.write_json(results, out_path)
+        try:
+            compile_space.write_json(results, out_path)
+        except OSError as exc:
+            raise write_failed(exc) from exc
     if fmt == "json":
         click.echo(json.dumps(results, indent=1, sort_keys=True))
     else:
@@ -324,6 +438,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
         _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
+    _check_search_outputs(storage, db_path, no_db)
     try:
         summaries = run_search_set(
             problems, gpus=detect_gpus(), arch=arch, trials=trials, sampler=sampler, seed=seed, timeout=timeout,
@@ -343,6 +458,18 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
         click.echo(f"the default configuration did not run correctly in: {', '.join(broken_default)}", err=True)
     if broken_default or not all(s["best"] for s in summaries):
         sys.exit(1)
+
+
+def _check_search_outputs(storage: str | None, db_path: str | None, no_db: bool) -> None:
+    """What a search writes, checked before it starts: the journal (or an SQLite URL's file; a
+    server's URL is the server's business) and, unless --no-db, the database it records into."""
+    from fa4tune import paths
+    from fa4tune.report_data import sqlite_file
+
+    journal = paths.storage_path() if storage is None else sqlite_file(storage) if "://" in storage else storage
+    check_output(journal, "--storage")
+    if not no_db:
+        check_output(db_path or paths.database_path(), "--db")
 
 
 def _print_summaries(summaries: list[dict], fmt: str) -> None:
@@ -507,13 +634,12 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
           arch, db_path,
           out_path, csv_path, fmt, jobs, l2, peers, rounds):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
+    from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
     from fa4tune.shapes import parse_shape
     from fa4tune.pool import PoolError
 
     shape_set = problems_from_set(shapes_file, model, mask)
-    if shape_set and shapes:
-        raise click.UsageError("give --shapes or a shape set (--shapes-file/--model), not both")
     problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
                                                   dtype, lse, mask)
     if shapes:
@@ -529,6 +655,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
             else:  # no mask named: the masks of --causal/--no-causal/--both
                 parsed.extend(p.__class__(**{**p.to_dict(), "causal": q.causal}) for q in problems)
         problems = parsed
+    check_output(out_path or paths.bench_path(), "--out")
+    check_output(csv_path, "--csv")
     try:
         doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
                             jobs=jobs, l2=l2, peers=peers, rounds=rounds, progress=_verbosity().progress())

@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Any, Optional
 
-from fa4tune.outcomes import short_error
+from fa4tune.outcomes import portable_note, short_error
 
 
 class KernelEvaluator:
@@ -114,7 +114,7 @@ class KernelEvaluator:
         for name in names:
             why_not = peer_available(name)
             if why_not:
-                out[name] = {"error": why_not}
+                out[name] = {"error": portable_note(why_not)}
                 continue
             try:
                 call, notes = peer_call(name, q, k, v, problem.causal, scale)

@@ -36,9 +36,12 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
                    out: Path | None, screenshot: Path | None, screenshot_size: str,
                    data_json: Path | None) -> None:
     """Build one self-contained HTML report (works offline) of the searches, the best-config database
-    and the bench results. Missing inputs become a note in the report, not an error."""
+    and the bench results. An input the results folder lacks, or a --db or --bench file that does not
+    exist, becomes a note in the report; a results folder or a --storage that does not exist is an
+    error, and so is an output that cannot be written (checked before anything is read)."""
     from fa4.files import atomic_write
-    from fa4tune.report_data import collect
+    from fa4tune.cli import check_output, write_failed
+    from fa4tune.report_data import collect, sqlite_file
     from fa4tune.report_draw import render_in_chromium, rendered_plot_count, write_report
 
     if screenshot is not None:
@@ -48,18 +51,32 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
             raise click.BadParameter("expected WIDTHxHEIGHT, e.g. 1400x1800", param_hint="--screenshot-size")
     from fa4tune.paths import results_dir as default_results_dir
 
-    results_dir = results_dir if results_dir is not None else default_results_dir()
+    named = results_dir is not None
+    results_dir = results_dir if named else default_results_dir()
+    if not results_dir.is_dir():   # a report of nothing would say only that
+        raise click.ClickException(f"--results {results_dir}: no such folder" if named else
+                                   f"no results folder {results_dir} (nothing was searched or benched here; "
+                                   "--results DIR names another)")
+    storage_file = sqlite_file(storage) if storage and "://" in storage else storage
+    if storage_file is not None and not Path(storage_file).exists():
+        raise click.ClickException(f"--storage {storage}: no such file")
     out = out if out is not None else results_dir / "report.html"
+    for path, option in ((out, "--out"), (data_json, "--data-json"), (screenshot, "--screenshot")):
+        check_output(path, option)
     click.echo(f"reading {results_dir}/ ...", err=True)  # (only read: nothing is created there)
     data = collect(results_dir, storage=storage, database=database, bench=bench)
     for line in data.missing:
         click.echo(f"missing: {line}", err=True)
-    built = write_report(data, out)
+    try:
+        built = write_report(data, out)
+        if data_json is not None:
+            atomic_write(data_json, json.dumps(data.to_dict(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise write_failed(exc) from exc
     click.echo(f"{len(data.studies)} studies, {len(data.shape_rows)} shapes, {len(data.best_configs)} "
                f"best configs, {len(built.figure_ids)} figures, {built.size_bytes / 1e6:.1f} MB", err=True)
     click.echo(str(built.path))
     if data_json is not None:
-        atomic_write(data_json, json.dumps(data.to_dict(), indent=2, sort_keys=True) + "\n")
         click.echo(str(data_json))
     if screenshot is None:
         return

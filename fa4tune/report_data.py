@@ -4,7 +4,13 @@ Three inputs, each optional: the optuna storage of the searches, the best-config
 (`best_configs.json`) and the bench results (`bench.json`), by default all in one results folder. A
 missing or unreadable input becomes a line in `ReportData.missing` and an empty section, and a malformed
 study, database entry or bench row is skipped with such a line: never an exception, since a report of
-what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`).
+what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`;
+an `sqlite:///` URL naming no file is not opened, since opening it would create the file).
+
+A report is committed and shared, so it names no machine's paths: inputs as `shown` prints them, and
+every note (a missing input, a failed implementation's or a peer's error, why importance was not
+computed) through `fa4tune.outcomes.portable_note`, since an error's message names the files of the
+machine it ran on.
 
 `report_draw` turns a `ReportData` into figures and one HTML file. Everything that decides a number
 (speedups, failure counts, staleness, knob importance) lives here, so it is unit-tested without a browser.
@@ -22,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
 
-from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES
+from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES, portable_note
 from fa4tune.peers import PEER_NAMES as PEERS
 from fa4tune.storage import find_storages, open_for_reading
 
@@ -56,6 +62,17 @@ def shown(path: str | Path) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(Path("…", *p.parts[-2:]))
+
+
+def sqlite_file(spec: str) -> Path | None:
+    """The file an `sqlite:///PATH` URL names (None for another URL, a plain path or an in-memory
+    database): opening such a URL creates the file when it is absent."""
+    scheme, sep, rest = str(spec).partition(":///")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return None
+    path = rest.split("?")[0]
+    path = path[len("file:"):] if path.startswith("file:") else path
+    return Path(path) if path and path != ":memory:" else None
 
 
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
@@ -849,6 +866,10 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         missing.append(f"optuna storage: none found in {shown(results_dir)}/ (give --storage); "
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
+        named = sqlite_file(spec)
+        if named is not None and not named.is_file():
+            missing.append(f"optuna storage {shown(spec)}: no such SQLite file")
+            continue
         try:
             found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds
@@ -948,9 +969,30 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
     if len(study_timings) > 1:
         notes.append("the searches used different timing methods or L2 states; compare within one only.")
 
-    return ReportData(
+    data = ReportData(
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sources=sources, missing=missing, studies=studies,
         superseded=sorted(s.study_name for s in superseded), shape_rows=shape_rows,
         heatmaps=speedup_heatmaps(shape_rows), dispatch=dispatch_rows(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
         devices=devices, versions=version_set, warnings=notes, fingerprints=fingerprints)
+    _portable_notes(data, results_dir)
+    return data
+
+
+def _portable_notes(data: ReportData, results_dir: Path) -> None:
+    """Every note of the report without an absolute path (`fa4tune.outcomes.portable_note`; paths
+    below `results_dir` become `<results>/...`): the missing inputs, the warnings, each failed
+    implementation's error, each study's peer errors and importance note."""
+    def note(text: Any) -> str:
+        return portable_note(str(text), results_dir)
+
+    def entry(value: Any) -> Any:
+        return {**value, "error": note(value["error"])} if isinstance(value, Mapping) and "error" in value else value
+
+    data.missing = [note(line) for line in data.missing]
+    data.warnings = [note(line) for line in data.warnings]
+    for row in data.shape_rows:
+        row.impls = {impl: entry(e) for impl, e in row.impls.items()}
+    for study in data.studies:
+        study.peers = {peer: entry(result) for peer, result in study.peers.items()}
+        study.importance_note = note(study.importance_note)

@@ -147,9 +147,12 @@ def rescale_stats_command(seqlens, thresholds, kinds, masks, heads_q, heads_kv, 
     """sm100, on the CPU emulation of its tile algorithm: how many O rescales each rescale_threshold
     performs and skips on real-looking inputs, and the error against the fp32 reference at each. The
     sm100 kernel has never run on hardware; these are the emulation's counts."""
+    from fa4tune.cli import check_output
+
     if show:
         click.echo(_saved_summary())
         return
+    check_output(output, "--output")   # before the measurement, not after it
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     base = Config.make("sm100")
     rows = measure_rescales(kinds, seqlens, thresholds, [m == "causal" for m in masks],

@@ -156,3 +156,37 @@ def test_rounds_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="at least one round"):
         run_bench("sm90", [], db_path=str(tmp_path / "db.json"), rounds=0, evaluator=EVALUATOR,
                   api="test_search_fakes")
+
+
+class PathyEvaluator(fakes.FakeEvaluator):
+    """Fails as a real toolchain does, with reasons that name files: the compiler's under
+    site-packages and a home, a peer's import under /tmp."""
+
+    def compile(self, config, problem):
+        raise RuntimeError("DSLRuntimeError: /root/.venv/lib/python3.12/site-packages/cutlass/base_dsl/jit.py\n"
+                           "ptxas fatal: /home/x/.cache/fa4tune/kernels/ab12.ptx: out of registers")
+
+    def time_peers(self, problem, timing, names, eager=False):
+        return {name: {"error": f"not importable: /tmp/build-7/{name}/__init__.py (from /usr/lib/python3/x.py)"}
+                for name in names}
+
+
+def test_bench_notes_carry_no_absolute_path(tmp_path):
+    """A bench file is committed and shared: every row's reason names no machine's paths, whichever
+    made it (a worker's compile error, a peer's import)."""
+    from test_portable_notes import ABSOLUTE_PATH
+
+    p = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
+    doc = run_bench("sm90", [p], db_path=str(tmp_path / "db.json"), peers=("sdpa_cudnn", "flash_attn_4"),
+                    processes=1, evaluator="test_bench:PathyEvaluator", api="test_search_fakes",
+                    progress=Progress(quiet=True), rounds=1)
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert rows["default"]["outcome"] == "compile_error"
+    assert rows["default"]["error"] == ("RuntimeError: DSLRuntimeError: <site-packages>/cutlass/base_dsl/jit.py ... "
+                                        "ptxas fatal: <home>/.cache/fa4tune/kernels/ab12.ptx: out of registers")
+    assert rows["flash_attn_4"]["error"] == "not importable: __init__.py (from x.py)"
+    assert not [r["error"] for r in doc["rows"] if r["error"] and ABSOLUTE_PATH.search(r["error"])]
+    out, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
+    write_bench(doc, out, out_csv)
+    for text in (out.read_text(), out_csv.read_text()):
+        assert not any(planted in text for planted in ("/root/", "/home/x", "/tmp/build-7", "/usr/lib")), text

@@ -315,3 +315,130 @@ def test_help_version_and_verbosity(fake_compiles):
     assert "exit status" in quiet.stderr                        # the summary is the result, not progress
     assert verbose.stderr.count("compiled 1/2") == 1 and "compiled 1/2" not in normal.stderr
     assert invoke("-q", "-v", "best").exit_code == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# options that contradict each other; outputs that cannot be written
+
+CONTRADICTIONS = [
+    (["search", "--causal", "--no-causal"], ("--causal", "--no-causal")),
+    (["bench", "--no-causal", "--both"], ("--no-causal", "--both")),
+    (["compile-space", "--both", "--causal"], ("--both", "--causal")),
+    (["search", "--peers", "--no-peers"], ("--peers", "--no-peers")),
+    (["bench", "--no-peers", "--peers"], ("--no-peers", "--peers")),
+    (["search", "--warm-start", "--cold-start"], ("--warm-start", "--cold-start")),
+    (["search", "--seqlen", "1024", "--seqlen=2048"], ("--seqlen 1024", "--seqlen 2048")),
+    (["search", "--gqa", "4", "--heads-kv", "8"], ("--gqa", "--heads-kv")),
+    (["search", "--db", "x.json", "--no-db"], ("--db", "--no-db")),
+    (["bench", "--shapes", "s1024", "--shapes-file", "x.toml"], ("--shapes", "--shapes-file")),
+    (["db", "merge", "a.json", "-o", "x.json", "-oy.json"], ("-o x.json", "-o y.json")),
+    (["report", "--db", "a.json", "--database", "b.json"], ("--db a.json", "--database b.json")),
+    (["sass", "--peer", "--no-peer"], ("--peer", "--no-peer")),   # defined in another module: checked too
+]
+
+
+@pytest.mark.parametrize("args, named", CONTRADICTIONS, ids=[" ".join(a) for a, _ in CONTRADICTIONS])
+def test_contradicting_options_are_refused(args, named, monkeypatch):
+    """Click keeps the last of two flags of one setting silently; each command refuses them instead,
+    naming both, before it does anything."""
+    monkeypatch.setattr(cli, "detect_gpus", lambda: pytest.fail("the command ran"))
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert all(option in error for option in named), error
+
+
+def test_options_given_twice_alike_and_help_still_work():
+    from click import Context
+
+    ctx = Context(cli.search, info_name="search")
+    cli.refuse_contradictions(ctx, ["--causal", "--causal", "--seqlen", "2048", "--seqlen=2048",
+                                                "--no-peers", "--no-peers", "--storage", "--causal"])
+    cli.refuse_contradictions(ctx, ["--study", "x", "--", "--causal", "--no-causal"])
+    help_text = invoke("search", "--causal", "--no-causal", "-h")
+    assert help_text.exit_code == 0 and "Usage:" in help_text.stdout
+
+
+def _one_line_error(result, *words):
+    """A ClickException: exit 1, its one line last on stderr naming the problem, no traceback."""
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: ") and "Traceback" not in result.output, result.output
+    assert all(word in error for word in words), error
+
+
+@pytest.fixture
+def not_a_folder(tmp_path):
+    """A path whose folder is a file: no one can write there, root included."""
+    (tmp_path / "a-file").write_text("mine\n")
+    return tmp_path / "a-file" / "out.json"
+
+
+@pytest.mark.parametrize("option", ["--out", "--csv"])
+def test_bench_refuses_an_output_it_cannot_write_before_it_runs(tmp_path, monkeypatch, not_a_folder, option):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
+    monkeypatch.setattr(bench_mod, "run_bench", lambda *a, **kw: pytest.fail("the bench ran"))
+    outputs = {"--out": str(tmp_path / "b.json"), "--csv": str(tmp_path / "b.csv"), option: str(not_a_folder)}
+    result = CliRunner().invoke(cli.main, ["bench", "--causal", *[a for o, p in outputs.items() for a in (o, p)]])
+    _one_line_error(result, option, "a-file", "not a directory")
+    result = CliRunner().invoke(cli.main, ["bench", "--causal", option, str(tmp_path)])
+    assert result.exit_code != 0 and "is a directory" in result.output.lower()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_compile_space_refuses_an_output_it_cannot_write_before_it_compiles(fake_compiles, monkeypatch, not_a_folder):
+    from fa4tune import compile_space
+
+    monkeypatch.setattr(compile_space, "run", lambda *a, **kw: pytest.fail("it compiled"))
+    _one_line_error(CliRunner().invoke(cli.main, ["compile-space", "--causal", "--limit", "1", "--out",
+                                                  str(not_a_folder)]), "--out", "not a directory")
+    _one_line_error(CliRunner().invoke(cli.main, ["compile-space", "--causal", "--limit", "1", "--out",
+                                                  str(not_a_folder.parent.parent)]), "--out", "is a directory")
+
+
+def test_compile_space_write_that_fails_anyway_is_one_line(fake_compiles, monkeypatch, tmp_path):
+    import errno
+
+    from fa4tune import compile_space
+
+    def full_disk(results, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(compile_space, "write_json", full_disk)
+    _one_line_error(CliRunner().invoke(cli.main, ["compile-space", "--causal", "--limit", "1", "--out",
+                                                  str(tmp_path / "c.json")]), "No space left on device", "c.json")
+
+
+@pytest.mark.parametrize("option", ["--storage", "--db"])
+def test_search_refuses_an_output_it_cannot_write_before_it_runs(tmp_path, monkeypatch, not_a_folder, option):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
+    monkeypatch.setattr(search_mod, "run_search", lambda *a, **kw: pytest.fail("the search ran"))
+    outputs = {"--storage": str(tmp_path / "s.journal"), "--db": str(tmp_path / "db.json"), option: str(not_a_folder)}
+    result = CliRunner().invoke(cli.main, ["search", "--causal", *[a for o, p in outputs.items() for a in (o, p)]])
+    _one_line_error(result, option, "a-file", "not a directory")
+    url = f"sqlite:///{not_a_folder}"
+    _one_line_error(CliRunner().invoke(cli.main, ["search", "--causal", "--storage", url, "--no-db"]),
+                    "--storage", "not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_command_that_fails_on_a_file_ends_with_one_line(monkeypatch):
+    """Any command (here `cache clear`, which has no handling of its own): an OSError is one line
+    naming the file, not a traceback."""
+    from fa4 import compile_cache
+
+    def refused():
+        raise PermissionError(13, "Permission denied", "/srv/shared/kernels/ab12.so")
+
+    monkeypatch.setattr(compile_cache, "clear", refused)
+    _one_line_error(CliRunner().invoke(cli.main, ["cache", "clear"]), "/srv/shared/kernels/ab12.so",
+                    "Permission denied")
+
+
+@pytest.mark.parametrize("command", [["sass", "--out"], ["rescale-stats", "--output"]])
+def test_commands_of_other_modules_refuse_an_output_they_cannot_write_first(command, not_a_folder, monkeypatch):
+    from fa4tune import rescale_stats, sass_build
+
+    monkeypatch.setattr(sass_build, "analyze", lambda *a, **kw: pytest.fail("it compiled"))
+    monkeypatch.setattr(rescale_stats, "measure_rescales", lambda *a, **kw: pytest.fail("it measured"))
+    _one_line_error(CliRunner().invoke(cli.main, [*command, str(not_a_folder)]), command[1], "not a directory")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -44,6 +45,7 @@ def test_report_command_data_json(tmp_path):
 def test_report_command_explicit_inputs_and_missing_ones(tmp_path):
     write_synthetic_results(tmp_path / "results", n_trials=12)
     out = tmp_path / "report.html"
+    (tmp_path / "elsewhere").mkdir()   # a results folder without the inputs named below
     result = CliRunner().invoke(report_command, [
         "--results", str(tmp_path / "elsewhere"), "--storage", str(tmp_path / "results" / "studies.journal"),
         "--bench", str(tmp_path / "results" / "bench.json"), "--out", str(out)])
@@ -137,3 +139,137 @@ def test_the_report_carries_no_absolute_paths(tmp_path):
     for text in (out.read_text(encoding="utf-8"), data_json.read_text()):
         assert str(tmp_path) not in text
         assert "results/studies.journal" in text   # still says which input it read
+
+
+# notes as a real toolchain writes them: under a home, site-packages, /tmp
+PATHY_NOTES = ("ImportError: /root/.venv/lib/python3.12/site-packages/flash_attn/cute/interface.py: bad ELF",
+               "RuntimeError: ptxas died, see /home/x/runs/ptxas.log",
+               "OSError: /usr/lib/python3/site-packages/cutlass/_mlir/libmlir.so: cannot open",
+               "[Errno 28] No space left on device: '/tmp/fa4tune-run/peer.bin'")
+PLANTED = ("/root/", "/home/x", "/usr/lib", "/tmp/fa4tune-run")
+
+
+def _plant_path_notes(results):
+    """A bench row and a study's peers that failed with reasons naming absolute paths."""
+    import optuna
+
+    bench = json.loads((results / "bench.json").read_text())
+    for row, note in zip([r for r in bench["rows"] if r["variant"] == "sdpa_flash"], PATHY_NOTES):
+        row.update(outcome="launch_error", us=None, tflops=None, error=note)
+    (results / "bench.json").write_text(json.dumps(bench))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(results / "studies.journal")))
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        study.set_user_attr("peers", {**study.user_attrs["peers"], "flash_attn_4": {"error": PATHY_NOTES[0]},
+                                      "sdpa_flash": {"error": PATHY_NOTES[3]}})
+
+
+def test_report_notes_carry_no_absolute_path(tmp_path):
+    """An error note read from a bench file or a study (a peer that did not import, a launch that
+    failed) is shown in the report, its absolute paths rewritten (`fa4tune.outcomes.portable_note`)."""
+    from test_portable_notes import ABSOLUTE_PATH
+
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    _plant_path_notes(results)
+    out, data_json = tmp_path / "r.html", tmp_path / "r.json"
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                 "--data-json", str(data_json)])
+    assert result.exit_code == 0, result.output
+    html, data = out.read_text(encoding="utf-8"), json.loads(data_json.read_text())
+    for planted in PLANTED:
+        assert planted not in html and planted not in data_json.read_text(), planted
+    notes = data["missing"] + data["warnings"] + [s["importance_note"] for s in data["studies"]]
+    notes += [e["error"] for r in data["shape_rows"] for e in r["impls"].values() if "error" in e]
+    notes += [p["error"] for s in data["studies"] for p in s["peers"].values() if "error" in p]
+    assert "<site-packages>/flash_attn/cute/interface.py: bad ELF" in "\n".join(notes)
+    assert "peer.bin" in "\n".join(notes) and "ptxas.log" in "\n".join(notes)
+    assert not [n for n in notes if ABSOLUTE_PATH.search(n)]
+    # a storage that cannot be read: its error names it, without the folder it lies in
+    notes_file = tmp_path / "notes.txt"
+    notes_file.write_text("not a storage\n")
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--storage", str(notes_file),
+                                                 "--out", str(out)])
+    [missing] = [line for line in result.stderr.splitlines() if line.startswith("missing: optuna storage")]
+    assert result.exit_code == 0 and "notes.txt" in missing and str(tmp_path) not in missing
+    assert str(tmp_path) not in out.read_text(encoding="utf-8")
+
+
+def _one_line_error(result, *words):
+    """A ClickException: exit 1, its one line last on stderr naming the problem, no traceback."""
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: ") and "Traceback" not in result.output, result.output
+    assert all(word in error for word in words), error
+
+
+def test_a_results_folder_or_storage_that_does_not_exist_is_an_error(tmp_path):
+    """Not an empty 4.8 MB report of nothing, and no file created where a name was mistyped."""
+    out = tmp_path / "r.html"
+    _one_line_error(CliRunner().invoke(report_command, ["--results", str(tmp_path / "typo"), "--out", str(out)]),
+                    "--results", "typo", "no such folder")
+    _one_line_error(CliRunner().invoke(report_command, ["--out", str(out)],
+                                       env={"FA4TUNE_HOME": str(tmp_path / "never-run")}),
+                    "no results folder", "never-run")
+    results = tmp_path / "results"
+    write_synthetic_results(results, n_trials=12)
+    _one_line_error(CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                        "--storage", str(tmp_path / "typo.journal")]),
+                    "--storage", "typo.journal")
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    _one_line_error(CliRunner().invoke(report_command, ["--results", str(results), "--out", str(out),
+                                                        "--storage", url]), "--storage", "new.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]   # no report, no new.db
+    # collect() alone does not create the file an sqlite URL names either
+    from fa4tune.report_data import collect
+
+    data = collect(results, storage=url)
+    assert any("no such SQLite file" in line for line in data.missing) and not (tmp_path / "new.db").exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--data-json", "--screenshot"])
+def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path, option):
+    results = tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "a-file").write_text("mine\n")
+    outputs = {"--out": tmp_path / "r.html", "--data-json": tmp_path / "r.json", "--screenshot": None}
+    outputs[option] = tmp_path / "a-file" / "r.out"   # its folder is a file
+    args = ["--results", str(results)] + [a for o, p in outputs.items() if p for a in (o, str(p))]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(report_command, args)
+    _one_line_error(result, option, "a-file", "not a directory")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before   # nothing half-written
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in any folder")
+def test_an_output_folder_without_write_permission_is_refused(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(locked / "r.html")])
+    _one_line_error(result, "--out", "cannot write in")
+
+
+def test_a_write_that_fails_anyway_is_one_line(tmp_path, monkeypatch):
+    """A disk that fills during the write: the error, not a traceback; no temporary file left."""
+    import errno
+
+    from fa4 import files
+
+    results = tmp_path / "results"
+    results.mkdir()
+    real = os.fdopen
+
+    def full_disk(fd, *args, **kwargs):
+        handle = real(fd, *args, **kwargs)
+        def fail(text):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r.html"))
+        handle.write = fail
+        return handle
+
+    monkeypatch.setattr(files.os, "fdopen", full_disk)
+    result = CliRunner().invoke(report_command, ["--results", str(results), "--out", str(tmp_path / "r.html")])
+    _one_line_error(result, "No space left on device", "r.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
