@@ -569,3 +569,13 @@ def test_a_fifo_as_the_database_warns_instead_of_hanging(fake, tmp_path):
     fa4.use_config_db(fifo)
     with pytest.warns(fa4.Fa4Warning, match="is not a regular file"):
         assert fa4.explain(*qkv()).source == "default"
+
+
+def test_torch_compile_with_a_softmax_scale(fake):
+    q, k, v = qkv()
+    compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, softmax_scale=0.3), fullgraph=True,
+                             backend="aot_eager")
+    assert not check(compiled(q, k, v), None, q, k, v, False, scale=0.3)
+    refused = torch.compile(lambda q, k, v: fa4.attention(q, k, v, softmax_scale=-0.3), backend="aot_eager")
+    with pytest.raises(InvalidInputError, match="softmax_scale must be positive"):
+        refused(q, k, v)
