@@ -392,3 +392,31 @@ def test_a_config_while_sdpa_runs_is_not_ignored_silently():
                                             "the tensors are on cpu"):
         fa4.attention(q, k, v, config={"tile_n": 80}, fallback="sdpa")
 
+
+@pytest.mark.parametrize("config,match", [
+    ("fast please", "config='fast please' is not a configuration label"),
+    ("tile_n=abc", "sm90 knob tile_n='abc' is not one of"),
+    ("nosuchknob=3", "unknown knob.* nosuchknob"),
+    ({"tile_n": 81}, "sm90 knob tile_n=81 is not one of"),
+    ({"tile_n": 192, "kv_stages": 4}, r"sm90: config= .* cannot run .*D128.*: shared memory 427008 B"),
+])
+@pytest.mark.parametrize("fallback", ["sdpa", "error"])
+def test_a_wrong_config_is_refused_where_sdpa_would_run(config, match, fallback):
+    """CPU tensors name no GPU architecture: config= must fit one of the kernels (each is asked), and
+    an invalid call is named before the tensors' device, whatever the fallback."""
+    q, k, v = qkv(d=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no "config= is ignored" warning
+        invalid(match, q, k, v, config=config, fallback=fallback)
+
+
+def test_a_config_is_checked_where_sdpa_runs_for_another_reason():
+    q, k, v = qkv(d=96)  # no kernel has head dim 96: no configuration runs it, so one is only read
+    invalid("sm90 knob tile_n=81 is not one of", q, k, v, config={"tile_n": 81}, fallback="sdpa")
+    with pytest.warns(fa4.Fa4Warning, match="config= is ignored"):
+        fa4.attention(q, k, v, config={"tile_n": 192, "kv_stages": 4}, fallback="sdpa")
+    q, k, v = (t.float() for t in qkv(d=128))  # fp32: judged in fp16, which takes the same resources
+    invalid("shared memory", q, k, v, config="tile_n=192 kv_stages=4", fallback="sdpa")
+    q, k, v = qkv(b=0, d=128)  # nothing launches
+    invalid("shared memory", q, k, v, config="tile_n=192 kv_stages=4", fallback="sdpa")
+

@@ -305,6 +305,24 @@ def test_forced_config_is_never_adjusted(fake):
         fa4.attention(*qkv(), config={"tile_q": 64})
 
 
+def test_a_forced_config_is_checked_where_sdpa_runs_instead(fake, monkeypatch):
+    """What the kernel path refuses is refused where SDPA runs (fallback='sdpa'), not ignored: on the
+    device's architecture (here fp32 inputs on the H200), or on each where the GPU has no kernel."""
+    q, k, v = (t.float() for t in qkv())
+    with pytest.raises(InvalidInputError, match="config= .*tile_n=192.* cannot run .*shared memory"):
+        fa4.attention(q, k, v, config={"tile_n": 192}, fallback="sdpa")
+    with pytest.raises(InvalidInputError, match="is an sm100 configuration, but the device runs the sm90"):
+        fa4.attention(q, k, v, config=Config.make("sm100"), fallback="sdpa")
+    monkeypatch.setattr(state, "device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    fa4.reset_caches()
+    with pytest.raises(InvalidInputError, match="fits none of fa4's kernels .*sm90: .*shared memory.*; "
+                                                "sm100: .*tile_n=192 is not one of"):
+        fa4.attention(*qkv(), config={"tile_n": 192}, fallback="sdpa")
+    with pytest.warns(fa4.Fa4Warning, match="config= is ignored"):
+        fa4.attention(*qkv(), config={"tile_n": 80}, fallback="sdpa")
+    assert fake.sm90.launchers == []
+
+
 # --- caches and the fast path --------------------------------------------------------------------
 
 def test_other_seqlens_reuse_the_compiled_kernel(fake):
