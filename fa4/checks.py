@@ -2,8 +2,8 @@
 
 Two kinds of problem, two error classes:
 - `InvalidInputError`: the call itself is wrong (wrong rank, shapes that disagree, mixed dtypes, tensors
-  on different devices, a tensor that requires grad, a softmax_scale that is no positive
-  fp32 number). Always raised, whatever the fallback.
+  on different devices, a tensor that requires grad, a sequence longer than 2**31 - 1, a softmax_scale
+  that is no positive fp32 number). Always raised, whatever the fallback.
 - `UnsupportedInputError`: a well-formed call our kernels cannot run (CPU tensors, fp32, a GPU without a
   kernel, a head dim no kernel supports, strides or pointers TMA cannot address). Raised by default;
   `fallback="sdpa"` runs PyTorch's SDPA instead.
@@ -31,6 +31,10 @@ KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 FALLBACK_DTYPES = (torch.float32, torch.float64)
 
 LAYOUT = "q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv, head_dim)"
+# The longest sequence (queries or keys) of any call, whatever runs it: the kernels' row and key
+# indices are 32-bit. Past it the call is invalid, not unsupported: SDPA would need the memory of
+# 2**31 rows (an error from torch's allocator, or minutes of work on expanded tensors) to say so.
+MAX_SEQLEN = 2**31 - 1
 
 
 class Fa4Error(Exception):
@@ -154,6 +158,11 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
     if heads_q % heads_kv:
         raise InvalidInputError(
             f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query attention")
+    for name, length in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if length > MAX_SEQLEN:
+            raise InvalidInputError(
+                f"{name} is {length}, more than fa4 takes ({MAX_SEQLEN} = 2**31 - 1: the kernels index "
+                "rows with 32-bit integers, and no fallback runs what they cannot address)")
 
     unsupported: list[str] = []
     if dtype not in KERNEL_DTYPES:

@@ -420,3 +420,20 @@ def test_a_config_is_checked_where_sdpa_runs_for_another_reason():
     q, k, v = qkv(b=0, d=128)  # nothing launches
     invalid("shared memory", q, k, v, config="tile_n=192 kv_stages=4", fallback="sdpa")
 
+
+def _long(seqlen, heads=1, d=64, device="cpu"):
+    """A (1, seqlen, heads, d) fp16 tensor of one row repeated: no memory for the rows."""
+    return torch.zeros(1, 1, heads, d, dtype=F16, device=device).expand(1, seqlen, heads, d)
+
+
+@pytest.mark.parametrize("which", ["seqlen_q", "seqlen_k"])
+def test_a_sequence_past_32_bits_is_an_invalid_call_whatever_the_fallback(which):
+    long, short = _long(2**31), _long(16)
+    q, k = (long, short) if which == "seqlen_q" else (short, long)
+    match = f"{which} is 2147483648, more than fa4 takes \\(2147483647 = 2\\*\\*31 - 1"
+    invalid(match, q, k, k, fallback="sdpa")
+    invalid(match, q, k, k)
+    with pytest.raises(InvalidInputError, match=match):
+        fa4.explain(q.to("meta"), k.to("meta"), k.to("meta"), arch="sm90")
+    spec = checks.inspect_inputs(_long(2**31 - 1), _long(2**31 - 1), _long(2**31 - 1))  # the longest
+    assert spec.seqlen_q == spec.seqlen_k == 2**31 - 1

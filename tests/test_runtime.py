@@ -556,6 +556,39 @@ def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
         assert torch.all(out[:, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == -math.inf)
 
 
+def _with(t, index, value):
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+@pytest.mark.parametrize("case", [
+    "inf in a key", "a key of infs", "nan in a key", "inf in a query", "inf in a value", "a hidden inf key"])
+@pytest.mark.parametrize("dtype", [torch.float32, F16])
+def test_the_sdpa_fallback_gives_the_references_answer_for_inf_and_nan(case, dtype):
+    """Inputs holding inf or NaN get the fp32 reference's answer: NaN in every row that sees a NaN or
+    +inf score (as our kernels give it), none for a hidden key's inf. SDPA on the CPU gives finite
+    numbers in such rows, and NaN for a hidden key's inf."""
+    causal, sq, sk = (True, 32, 64) if case == "a hidden inf key" else (case == "inf in a value", 64, 64)
+    q, k, v = qkv(sq=sq, sk=sk, dtype=dtype)
+    if case in ("inf in a key", "a hidden inf key"):
+        k = _with(k, (0, sk - 1, 0, 5), math.inf)  # the last key: hidden from every causal row but one
+    elif case == "a key of infs":
+        k = _with(k, (0, 3, 1), math.inf)
+    elif case == "nan in a key":
+        k = _with(k, (0, 3, 0, 0), math.nan)
+    elif case == "inf in a query":
+        q = _with(q, (0, 7, 2, 9), -math.inf)
+    else:
+        v = _with(v, (0, 40, 1, 3), math.inf)
+    want_out, want_lse = reference(q, k, v, causal)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out, lse = fa4.attention(q, k, v, causal=causal, return_lse=True, fallback="sdpa")
+    assert torch.equal(out.isnan(), want_out.isnan()) and bool(want_out.isnan().any()) != (case == "a hidden inf key")
+    torch.testing.assert_close(out.float(), want_out, rtol=1e-2, atol=1e-2, equal_nan=True)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3, equal_nan=True)
+
+
 # --- CUDA's launch limits ---------------------------------------------------------------------------
 
 def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
