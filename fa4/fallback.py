@@ -11,7 +11,10 @@ Inputs holding inf or NaN get the reference's answer: NaN in every row that sees
 key's inf changes nothing (the kernels never load or select it). SDPA on the CPU gives finite rows
 where the reference has NaN, and its additive mask turns a hidden +inf score into NaN, so CPU tensors
 are checked and such inputs computed by `fa4.reference.attention_fp32`. CUDA tensors are not checked:
-that needs a device sync per call (and none may happen during a CUDA-graph capture).
+that needs a device sync per call (and none may happen during a CUDA-graph capture). SDPA on the H200
+(torch 2.11) gave NaN in every row the reference has NaN (inf or NaN in one element or a whole row
+of K, or in Q or V; 720 cases), and NaN in some rows the reference keeps finite (mostly a hidden
+key's inf under the explicit causal mask): a wrong answer there is visible, never a plausible one.
 """
 
 from __future__ import annotations
