@@ -332,7 +332,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
     (grouped-query attention). Causal masks are bottom-right aligned (key j hidden from query i when
-    j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D).
+    j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D); one given must be a positive number from
+    2**-126 to 2**127 (`fa4.checks.SOFTMAX_SCALE_MIN` says why), else `InvalidInputError`.
 
     Returns O (B, Sq, Hq, D) in q's dtype, or (O, LSE) with LSE (B, Hq, Sq) fp32 (natural log) when
     return_lse. backend="auto" runs our kernel with its tuned configuration unless the database entry
