@@ -2,19 +2,21 @@
 
 Two kinds of problem, two error classes:
 - `InvalidInputError`: the call itself is wrong (wrong rank, shapes that disagree, mixed dtypes, tensors
-  on different devices, a tensor that requires grad). Always raised.
+  on different devices, a tensor that requires grad, a sequence longer than 2**31 - 1, a softmax_scale
+  that is no positive fp32 number). Always raised, whatever the fallback.
 - `UnsupportedInputError`: a well-formed call our kernels cannot run (CPU tensors, fp32, a GPU without a
   kernel, a head dim no kernel supports, strides or pointers TMA cannot address). Raised by default;
   `fallback="sdpa"` runs PyTorch's SDPA instead.
 
-Everything here except `pointers_misaligned` depends only on shapes, strides, dtypes and devices, so the
-runtime runs it once per input signature and caches the outcome. Nothing here touches CUDA: the checks
-run on CPU and meta tensors, which is how the CPU tests exercise them.
+Everything here except `pointers_misaligned` and `softmax_scale_value` depends only on shapes, strides,
+dtypes and devices, so the runtime runs it once per input signature and caches the outcome. Nothing
+here touches CUDA: the checks run on CPU and meta tensors, which is how the CPU tests exercise them.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +31,10 @@ KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 FALLBACK_DTYPES = (torch.float32, torch.float64)
 
 LAYOUT = "q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv, head_dim)"
+# The longest sequence (queries or keys) of any call, whatever runs it: the kernels' row and key
+# indices are 32-bit. Past it the call is invalid, not unsupported: SDPA would need the memory of
+# 2**31 rows (an error from torch's allocator, or minutes of work on expanded tensors) to say so.
+MAX_SEQLEN = 2**31 - 1
 
 
 class Fa4Error(Exception):
@@ -152,6 +158,11 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
     if heads_q % heads_kv:
         raise InvalidInputError(
             f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query attention")
+    for name, length in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if length > MAX_SEQLEN:
+            raise InvalidInputError(
+                f"{name} is {length}, more than fa4 takes ({MAX_SEQLEN} = 2**31 - 1: the kernels index "
+                "rows with 32-bit integers, and no fallback runs what they cannot address)")
 
     unsupported: list[str] = []
     if dtype not in KERNEL_DTYPES:
@@ -168,18 +179,45 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
         needs_restride=needs_restride)
 
 
+# The softmax scales every path takes (the kernels, the peers, the SDPA fallback and `fa4.explain`
+# alike), as the kernels take them, in fp32:
+# - positive: the kernels' online softmax takes a row's largest raw score as its basis, which is the
+#   largest scaled score only for a positive scale. With a negative scale every exponent is >= 0 and
+#   grows past fp32, with 0 a masked score (-inf) times the scale is NaN; the kernels' tile algorithm
+#   replayed on the CPU (`fa4.kernels.sm100.emulation`) misses the fp32 reference by 0.46 at -0.125
+#   and by 3.4 at 0 (causal). SDPA takes any float and flash-attn checks nothing; neither is a reason
+#   to return a wrong answer.
+# - at least 2**-126, fp32's smallest normal number: the kernels' fast math flushes smaller ones to 0.
+# - at most 2**127: the kernels fold log2(e) into the scale, and 2**127 * log2(e) is still finite in
+#   fp32 (1e40, finite in Python, is inf in fp32: every output 0 and every LSE +inf).
+SOFTMAX_SCALE_MIN = 2.0**-126
+SOFTMAX_SCALE_MAX = 2.0**127
+
+
 def softmax_scale_value(softmax_scale) -> float | None:
     """The scale as the kernels take it (a float), None for the default; InvalidInputError for what is
-    no finite number (NaN or an infinity would make every output NaN or every row one-hot)."""
+    no real number (a one-element real tensor is one) or lies outside [SOFTMAX_SCALE_MIN,
+    SOFTMAX_SCALE_MAX] (see there why)."""
     if softmax_scale is None:
         return None
-    try:
-        scale = float(softmax_scale)
-    except (TypeError, ValueError):
+    if isinstance(softmax_scale, torch.Tensor):
+        if softmax_scale.numel() != 1 or softmax_scale.is_complex() or softmax_scale.dtype == torch.bool:
+            raise InvalidInputError(f"softmax_scale must be a real number, got a {softmax_scale.dtype} tensor "
+                                    f"of shape {tuple(softmax_scale.shape)}")
+    elif isinstance(softmax_scale, numbers.Complex) and not isinstance(softmax_scale, numbers.Real):
+        raise InvalidInputError(f"softmax_scale must be a real number, got {type(softmax_scale).__name__} "
+                                f"{softmax_scale!r}")
+    elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
+        # a bool is most likely return_lse or causal passed one place too far
         raise InvalidInputError(
-            f"softmax_scale must be a number, got {type(softmax_scale).__name__} {softmax_scale!r}") from None
+            f"softmax_scale must be a number, got {type(softmax_scale).__name__} {softmax_scale!r}")
+    scale = float(softmax_scale)
     if not math.isfinite(scale):
         raise InvalidInputError(f"softmax_scale must be finite, got {scale}")
+    if not SOFTMAX_SCALE_MIN <= scale <= SOFTMAX_SCALE_MAX:
+        raise InvalidInputError(
+            f"softmax_scale must be positive, between 2**-126 and 2**127, got {scale!r}: the kernels' "
+            "softmax is exact only for a positive scale, and compute in fp32 with log2(e) folded into it")
     return scale
 
 

@@ -8,11 +8,24 @@ fresh process's first call when the kernel is cached (importing `cutlass` takes 
 takes 2-9 s per configuration, linking ~20 ms, loading a few milliseconds). Without a C compiler
 nothing is stored (a warning says why) and every process compiles.
 
-The entry name is a hash of everything the object depends on: the compile key (configuration and
+An entry's key is the text of everything the object depends on: the compile key (configuration and
 what of the problem the code depends on), the SM count compiled into persistent grids, the kernel
-source fingerprint, the DSL version and the host machine type. Writes go to a temporary file in the
-cache folder and are renamed into place, so concurrent processes never see half a file and the last
-writer of an entry wins with an identical one. The folder is bounded (oldest entries removed first).
+source fingerprint, the DSL version and the host machine type; its file name is a hash of the key.
+Writes go to a temporary folder in the cache folder and are renamed into place, so concurrent
+processes never see half a file, and the last writer of an entry wins with an identical one (the link
+is deterministic). The folder is bounded (oldest entries removed first).
+
+Loading a shared library runs its code in this process, so a library is loaded only when nothing
+but this user can have written it, and only when it is the one written for this key:
+- the cache folder is owned by this user and no one else can write it (created 0700, as is every
+  parent folder created for it); a folder that fails this is not used at all (one warning; every
+  kernel is compiled);
+- beside each library `<hash>.so` lies its record `<hash>.json`, written after it: the key it was
+  built for and the SHA-256 of its bytes. Both files must be regular files (not links) of this user
+  that group and others cannot write, the record's key must be the key looked up, and the library's
+  bytes must hash to the recorded digest. A file that fails any of this is never loaded: one warning
+  names it, the kernel is compiled, and storing it replaces the file.
+Between the hash and the load, only someone who can write the folder (this user) could swap the file.
 
 On by default (`FA4TUNE_DISK_CACHE=0` turns it off): a kernel loaded from disk has been launched on
 the H200 and matched the compiled one (tests/gpu/test_compile_cache_gpu.py). `FA4TUNE_CACHE_DIR` names the
@@ -23,8 +36,10 @@ folder (default `$XDG_CACHE_HOME/fa4tune/kernels`, else `~/.cache/fa4tune/kernel
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -32,11 +47,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
+from fa4.state import warn_once
+
 SUFFIX = ".so"
+RECORD_SUFFIX = ".json"  # the record beside each library: its key and the hash of its bytes
 OLD_SUFFIXES = (".o",)  # entries of earlier versions (objects loaded through the DSL): cleared, trimmed
+# Part of every key: entries of versions before records existed (libraries without one) have other
+# names, so they are never looked up (the bound and `fa4tune cache clear` remove them)
+ENTRY_FORMAT = "so+record"
 LINK_TIMEOUT_S = 60
 DEFAULT_MAX_MB = 2048
+MAX_RECORD_BYTES = 64 * 1024
 CACHED_ARCHS = ("sm90",)  # the families whose compiled objects have a known launch signature
+WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
 def enabled() -> bool:
@@ -66,10 +89,18 @@ def dsl_version() -> str:
         return "unknown"
 
 
-def entry_name(compile_key: tuple, num_sms: int, fingerprint: str, dsl: str) -> str:
-    """The file name of one compiled kernel: a hash of everything its object code depends on."""
-    text = repr((compile_key, num_sms, fingerprint, dsl, platform.machine()))
-    return hashlib.sha256(text.encode()).hexdigest()[:32] + SUFFIX
+def entry_key(compile_key: tuple, num_sms: int, fingerprint: str, dsl: str) -> str:
+    """The key of one compiled kernel: the text of everything its object code depends on."""
+    return repr((ENTRY_FORMAT, compile_key, num_sms, fingerprint, dsl, platform.machine()))
+
+
+def entry_name(key: str) -> str:
+    """The file name of the library of `key`."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32] + SUFFIX
+
+
+def record_path(library: Path) -> Path:
+    return library.with_suffix(RECORD_SUFFIX)
 
 
 def function_name(name: str) -> str:
@@ -78,37 +109,144 @@ def function_name(name: str) -> str:
     return "fa4_attention_" + name.removesuffix(SUFFIX)
 
 
-def load(name: str, folder: Optional[Path] = None):
-    """The cached TVM-FFI function of `name`, or None. A file that cannot be loaded is removed, with a
-    warning, so the next process compiles afresh. Imports TVM-FFI, not the DSL."""
-    path = (folder or cache_dir()) / name
-    if not path.is_file():
+class _Untrusted(Exception):
+    """Why a file or folder of the cache must not be used (the message completes "<path> ...")."""
+
+
+def _check_owned(st: os.stat_result) -> None:
+    """Owned by this user and not writable by group or others."""
+    if st.st_uid != os.geteuid():
+        raise _Untrusted(f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & WRITABLE_BY_OTHERS:
+        raise _Untrusted(f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _check_folder(folder: Path) -> None:
+    try:
+        st = os.stat(folder)
+    except OSError as exc:
+        raise _Untrusted(f"cannot be read ({exc.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Untrusted("is not a folder")
+    _check_owned(st)
+
+
+def _usable_folder(folder: Path, create: bool) -> bool:
+    """Whether kernels may be loaded from (and stored in) `folder`; warns once per folder when not.
+
+    With `create`, missing folders are made 0700 (the folder and each missing parent), then checked
+    like the folder itself: someone else may have made one first."""
+    made = []
+    if create:
+        missing = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                warnings.warn(f"fa4: cannot create the kernel cache folder {path} ({exc.strerror}); "
+                              "kernels are compiled, not cached")
+                return False
+        made = missing
+    for path in dict.fromkeys((*made, folder)):
+        try:
+            _check_folder(path)
+        except _Untrusted as exc:
+            warn_once(f"kernel-cache-folder:{folder}",
+                      f"fa4: the kernel cache folder {path} {exc}; nothing is loaded from or stored in "
+                      f"{folder} (every kernel is compiled): use a folder only you can write "
+                      "(FA4TUNE_CACHE_DIR), or FA4TUNE_DISK_CACHE=0")
+            return False
+    return True
+
+
+def _read_owned(path: Path, limit: Optional[int] = None) -> bytes:
+    """The bytes of `path`: a regular file (not a link) of this user that no one else can write, at
+    most `limit` bytes; `_Untrusted` otherwise. FileNotFoundError when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # NONBLOCK: a FIFO never hangs
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # ELOOP: a symbolic link
+        raise _Untrusted(f"cannot be opened as a regular file ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(file.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _Untrusted("is not a regular file")
+        _check_owned(st)
+        if limit is not None and st.st_size > limit:
+            raise _Untrusted(f"is {st.st_size} bytes, more than a record can be ({limit})")
+        return file.read()
+
+
+def _check_entry(library: Path, key: str) -> None:
+    """`_Untrusted` unless `library` is the one written for `key` (see the module's docstring)."""
+    record_file = record_path(library)
+    try:
+        record = json.loads(_read_owned(record_file, MAX_RECORD_BYTES))
+    except FileNotFoundError:
+        raise _Untrusted(f"has no record {record_file.name} of what it was built for") from None
+    except _Untrusted as exc:
+        raise _Untrusted(f"has a record {record_file.name} that {exc}") from None
+    except ValueError:  # not JSON, or not UTF-8
+        raise _Untrusted(f"has a record {record_file.name} that is not JSON") from None
+    if not isinstance(record, dict) or record.get("key") != key:
+        raise _Untrusted(f"has a record {record_file.name} for another key than the one looked up")
+    if hashlib.sha256(_read_owned(library)).hexdigest() != record.get("sha256"):
+        raise _Untrusted(f"does not hash to the SHA-256 its record {record_file.name} holds")
+
+
+def load(key: str, folder: Optional[Path] = None):
+    """The cached TVM-FFI function of `key`, or None (not cached, or not trusted: see the module's
+    docstring). A trusted file that cannot be loaded is removed, with a warning, so the next process
+    compiles afresh. Imports TVM-FFI, not the DSL."""
+    folder = folder or cache_dir()
+    name = entry_name(key)
+    path = folder / name
+    if not os.path.lexists(path) or not _usable_folder(folder, create=False):
+        return None
+    try:
+        _check_entry(path, key)
+    except FileNotFoundError:  # removed meanwhile (the bound, or `fa4tune cache clear`)
+        return None
+    except _Untrusted as exc:
+        warn_once(f"kernel-cache-file:{path}", f"fa4: cached kernel {path} {exc}; not loaded, the kernel "
+                                               "is compiled (and stored in its place)")
         return None
     try:
         import tvm_ffi
 
         function = tvm_ffi.load_module(str(path))[function_name(name)]
-    except Exception as exc:  # a truncated or foreign file: drop it rather than fail every call
+    except Exception as exc:  # a library of ours that does not load: drop it rather than fail every call
         warnings.warn(f"fa4: cached kernel {path} cannot be loaded ({type(exc).__name__}: {exc}); "
                       f"removed, it will be compiled again")
-        path.unlink(missing_ok=True)
+        _remove(path)
         return None
     os.utime(path)  # recently used: the bound removes the least recently used first
     return function
 
 
-def store(name: str, jit_function, folder: Optional[Path] = None) -> Optional[Path]:
-    """Export a DSL-compiled function and link it as the shared library `name`; None (with a warning)
-    if the export or the link fails."""
+def store(key: str, jit_function, folder: Optional[Path] = None) -> Optional[Path]:
+    """Export a DSL-compiled function and link it as the shared library of `key`, with its record;
+    None (with a warning) if the folder cannot be trusted or the export or the link fails."""
     folder = folder or cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    if not _usable_folder(folder, create=True):
+        return None
+    name = entry_name(key)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
         obj, lib = Path(tmp) / "kernel.o", Path(tmp) / ("kernel" + SUFFIX)
+        record = Path(tmp) / ("kernel" + RECORD_SUFFIX)
         try:
             jit_function.export_to_c(str(obj), function_name(name))
             _link_shared(obj, lib)
             os.chmod(lib, 0o644)
+            record.write_text(json.dumps({"key": key, "sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}))
+            os.chmod(record, 0o644)
+            # the library first: a reader between the two renames finds an old record that does
+            # not match, and compiles
             os.replace(lib, folder / name)
+            os.replace(record, record_path(folder / name))
         except Exception as exc:
             warnings.warn(f"fa4: could not store a compiled kernel in {folder}: {type(exc).__name__}: {exc}")
             return None
@@ -134,6 +272,12 @@ def _link_shared(obj: Path, lib: Path) -> None:
         raise RuntimeError(f"{command[0]} -shared failed: {done.stderr.strip()[-400:]}")
 
 
+def _remove(path: Path) -> None:
+    """Remove an entry: the file and its record."""
+    path.unlink(missing_ok=True)
+    record_path(path).unlink(missing_ok=True)
+
+
 def entries(folder: Optional[Path] = None) -> list[Path]:
     folder = folder or cache_dir()
     if not folder.is_dir():
@@ -152,7 +296,7 @@ def trim(folder: Optional[Path] = None, limit: Optional[int] = None) -> int:
         if total <= limit:
             break
         total -= path.stat().st_size
-        path.unlink(missing_ok=True)
+        _remove(path)
         removed += 1
     return removed
 
@@ -160,7 +304,7 @@ def trim(folder: Optional[Path] = None, limit: Optional[int] = None) -> int:
 def clear(folder: Optional[Path] = None) -> int:
     files = entries(folder)
     for path in files:
-        path.unlink(missing_ok=True)
+        _remove(path)
     return len(files)
 
 
@@ -179,15 +323,14 @@ def compile_attention(config, problem):
         return kernels.compile_attention(config, problem)
     from fa4.kernels import compiling, sm90
 
-    num_sms = compiling.device_sm_count()
-    name = entry_name(kernels.compile_key(config, problem), num_sms,
-                      kernels.source_fingerprint(config.arch), dsl_version())
-    function = load(name)
+    key = entry_key(kernels.compile_key(config, problem), compiling.device_sm_count(),
+                    kernels.source_fingerprint(config.arch), dsl_version())
+    function = load(key)
     if function is not None:
         return compiling.CompiledAttention(function, config, problem, sm90.smem_bytes(config, problem),
                                            compile_seconds=0.0)
     launcher = kernels.compile_attention(config, problem)
     # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/compiling.py); the
     # export needs that object, not the wrapper
-    store(name, launcher._fn)
+    store(key, launcher._fn)
     return launcher

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Mapping
 
-from fa4 import config_text, kernels
+from fa4 import checks, config_text, kernels
 from fa4.checks import InvalidInputError
 from fa4.kernels import AttentionProblem, Config
 
@@ -42,6 +42,50 @@ def coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
         except (ValueError, KeyError) as exc:
             raise InvalidInputError(f"config= {dict(config)}: {exc}") from exc
     raise _wrong_type(config)
+
+
+def forced_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
+    """config= as the configuration our `arch` kernel runs on `problem`; InvalidInputError when it is
+    malformed, another architecture's, or cannot run the problem (resources, CUDA's launch limits)."""
+    cfg = coerce_config(config, arch, problem)
+    why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
+    if why:
+        raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
+    return cfg
+
+
+def check_unused(config: Any, arch: str | None, spec: checks.InputSpec, causal: bool, return_lse: bool) -> None:
+    """InvalidInputError when config= is wrong although our kernel does not run this call (SDPA runs
+    instead, or nothing launches): a wrong configuration is a wrong call whatever runs, and the same
+    call on a GPU our kernel runs would raise.
+
+    Judged as `forced_config` judges it, for `arch`, or where the tensors give no architecture (CPU
+    tensors, a GPU without a kernel) for every one: it must fit one of them. On the shape with at
+    least one batch, row and key (as `checks.kernel_reasons`), in fp16 where the tensors' dtype has no
+    kernel (fp16 and bf16 take the same resources). Where the kernel cannot run the shape at all (a
+    head dim it lacks) no configuration can, so the configuration is only read."""
+    problem = AttentionProblem(
+        batch=max(spec.batch, 1), seqlen_q=max(spec.seqlen_q, 1), seqlen_k=max(spec.seqlen_k, 1),
+        heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, dtype=spec.dtype or "fp16",
+        causal=bool(causal), return_lse=bool(return_lse))
+    if arch is not None:
+        archs = [arch]
+    else:
+        archs = [config.arch] if isinstance(config, Config) else list(kernels.ARCHS)
+    errors: dict[str, str] = {}
+    for candidate in archs:
+        try:
+            if kernels.family(candidate).can_implement(problem):
+                coerce_config(config, candidate, problem)
+            else:
+                forced_config(config, candidate, problem)
+            return
+        except InvalidInputError as exc:
+            errors[candidate] = str(exc)
+    if len(set(errors.values())) == 1:
+        raise InvalidInputError(next(iter(errors.values())))
+    raise InvalidInputError("config= fits none of fa4's kernels (the tensors name no GPU architecture, so "
+                            "each was asked): " + "; ".join(f"{a}: {why}" for a, why in errors.items()))
 
 
 _PARTIAL = "*"  # arch field of a config string holding knob overrides of the heuristic default

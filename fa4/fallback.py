@@ -5,6 +5,16 @@ j > i + Sk - Sq, as flash-attn); SDPA takes (B, H, S, D) and its `is_causal` is 
 two agree only when Sq == Sk, so other causal calls get an explicit mask. Query rows that see no key
 get O = 0 and LSE = -inf, as our kernels give them; the mask, that rule and the fp32 LSE come from
 `fa4.reference`, where correctness is defined once.
+
+Inputs holding inf or NaN get the reference's answer: NaN in every row that sees a NaN or +inf score
+(as our kernels give it: their row maximum is +inf there, and exp2(inf - inf) is NaN), while a hidden
+key's inf changes nothing (the kernels never load or select it). SDPA on the CPU gives finite rows
+where the reference has NaN, and its additive mask turns a hidden +inf score into NaN, so CPU tensors
+are checked and such inputs computed by `fa4.reference.attention_fp32`. CUDA tensors are not checked:
+that needs a device sync per call (and none may happen during a CUDA-graph capture). SDPA on the H200
+(torch 2.11) gave NaN in every row the reference has NaN (inf or NaN in one element or a whole row
+of K, or in Q or V; 720 cases), and NaN in some rows the reference keeps finite (mostly a hidden
+key's inf under the explicit causal mask): a wrong answer there is visible, never a plausible one.
 """
 
 from __future__ import annotations
@@ -12,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fa4.reference import lse_fp32, rows_without_keys, softmax_scale as default_scale, visible_keys
+from fa4.reference import (attention_fp32, lse_fp32, rows_without_keys, softmax_scale as default_scale,
+                           visible_keys)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -21,6 +32,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     scale = default_scale(head_dim) if softmax_scale is None else float(softmax_scale)
+    if q.device.type == "cpu" and not all(_finite(t) for t in (q, k, v)):
+        out, lse = attention_fp32(q, k, v, causal, scale)
+        return out.to(q.dtype), (lse if return_lse else None)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = heads_q != heads_kv
     mask = None
@@ -48,3 +62,10 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if not return_lse:
         return out, None
     return out, lse_fp32(q, k, causal, scale)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether `t` holds no inf or NaN (amax propagates NaN); a broadcast dimension (stride 0) is read
+    once, not once per repeat."""
+    t = t[tuple(slice(None) if stride else slice(0, 1) for stride in t.stride())]
+    return t.numel() == 0 or bool(torch.isfinite(t.abs().amax()))

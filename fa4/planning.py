@@ -12,7 +12,7 @@ from typing import Any
 from fa4 import backends as _backends, checks, dispatch, kernels, state
 from fa4.arch import describe_capabilities
 from fa4.checks import InvalidInputError, UnsupportedInputError
-from fa4.config_arg import coerce_config
+from fa4.config_arg import check_unused, forced_config
 from fa4.explanation import Explanation
 from fa4.kernels import AttentionProblem, Config
 from fa4.state import STATE, warn_once
@@ -83,6 +83,9 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
                        device_name=device_name, notes=notes)
     if backend in dispatch.PEERS:
         return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
+    if config is not None and (reasons or spec.is_empty or spec.has_no_keys):
+        # our kernel runs nothing here, but a wrong config= is a wrong call whatever runs instead
+        check_unused(config, arch, spec, causal, return_lse)
     if reasons:
         if fallback != "sdpa":
             raise UnsupportedInputError(
@@ -94,9 +97,6 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
     elif spec.has_no_keys:
         expl.path = "no_keys"
     if expl.path != "kernel":
-        if config is not None and arch is not None and spec.dtype is not None:
-            # a malformed config= is an error even where nothing launches
-            coerce_config(config, arch, spec.problem(causal, return_lse))
         if config is not None and expl.path == "sdpa":
             message = ("fa4: config= is ignored: PyTorch SDPA runs (fallback='sdpa') because "
                        + "; ".join(reasons))
@@ -191,11 +191,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                    config: Any) -> None:
     """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
     if config is not None:
-        cfg = coerce_config(config, arch, problem)
-        why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
-        if why:
-            raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
-        expl.config, expl.source = cfg, "forced"
+        expl.config, expl.source = forced_config(config, arch, problem), "forced"
         return
 
     db = state.database()

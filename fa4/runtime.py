@@ -46,6 +46,8 @@ from fa4.state import STATE, database, forget_signatures, warn_once
 # Signatures kept in the fast-path table; past this the table starts over (dynamic shapes can create
 # one signature per sequence length).
 MAX_SIGNATURES = 4096
+# the softmax scales the kernel path takes without a call (`checks.softmax_scale_value`)
+_SCALE_MIN, _SCALE_MAX = checks.SOFTMAX_SCALE_MIN, checks.SOFTMAX_SCALE_MAX
 
 
 class KernelCompileError(Fa4Error, RuntimeError):
@@ -330,7 +332,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
     (grouped-query attention). Causal masks are bottom-right aligned (key j hidden from query i when
-    j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D).
+    j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D); one given must be a positive number from
+    2**-126 to 2**127 (`fa4.checks.SOFTMAX_SCALE_MIN` says why), else `InvalidInputError`.
 
     Returns O (B, Sq, Hq, D) in q's dtype, or (O, LSE) with LSE (B, Hq, Sq) fp32 (natural log) when
     return_lse. backend="auto" runs our kernel with its tuned configuration unless the database entry
@@ -346,6 +349,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     if torch.compiler.is_compiling():
         checks.check_grad(q, k, v)
+        softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                            allow_untested_sm100, backend)
     try:
@@ -369,12 +373,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         try:
             if softmax_scale is None:
                 scale = launch.default_scale
-            else:
-                # float(): the direct launcher passes the scale to the kernel's Float32 parameter
-                # unconverted; x - x is NaN (true) for NaN and infinities, which the checked path names
-                scale = float(softmax_scale)
-                if scale - scale:
-                    raise ValueError
+            elif type(softmax_scale) is float and _SCALE_MIN <= softmax_scale <= _SCALE_MAX:
+                scale = softmax_scale  # what `checks.softmax_scale_value` accepts, as it returns it
+            else:  # the direct launcher passes the scale to the kernel's Float32 parameter unconverted:
+                raise ValueError  # any other value goes the checked path, which converts or names it
             if return_lse:
                 lse = q.new_empty(launch.lse_shape, dtype=torch.float32)
                 launch.fast_run(q, k, v, out, lse, scale)
@@ -467,6 +469,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
+    checks.softmax_scale_value(softmax_scale)  # refused here as `attention` refuses it
     assumed = None
     if arch is None and checks.device_reasons(checks.inspect_inputs(q, k, v)):
         arch, device_name, assumed = _assumed_target(device_name)

@@ -207,21 +207,61 @@ def test_nested_and_sparse_tensors_are_named(which):
             fa4.explain(t["q"], t["k"], t["v"], arch="sm90")
 
 
-@pytest.mark.parametrize("scale,match", [(float("nan"), "finite, got nan"), (float("inf"), "finite, got inf"),
-                                         (-float("inf"), "finite, got -inf"), ("x", "a number, got str"),
-                                         (object(), "a number, got object")])
-def test_softmax_scale_that_is_no_finite_number(scale, match):
+BAD_SCALES = [
+    (float("nan"), "finite, got nan"), (float("inf"), "finite, got inf"), (-float("inf"), "finite, got -inf"),
+    ("x", "a number, got str 'x'"), ("0.5", "a number, got str '0.5'"), (object(), "a number, got object"),
+    (True, "a number, got bool True"),  # return_lse passed one place too far
+    (1 + 2j, r"a real number, got complex \(1\+2j\)"),
+    (torch.tensor([0.5, 0.25]), r"a real number, got a torch.float32 tensor of shape \(2,\)"),
+    (torch.tensor(0.5 + 0j), "a real number, got a torch.complex64 tensor"),
+    # finite in Python, but not in fp32 (inf; the kernels also fold log2(e) into the scale) or 0 in fp32
+    (1e40, r"positive, between 2\*\*-126 and 2\*\*127, got 1e\+40"), (1e-40, "positive, .*got 1e-40"),
+    (-0.125, "positive, .*got -0.125"), (0.0, "positive, .*got 0.0"),
+]
+
+
+@pytest.mark.parametrize("scale,match", BAD_SCALES)
+def test_a_bad_softmax_scale_is_refused_by_attention_and_explain(scale, match):
     q, k, v = qkv()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fa4.Fa4Warning)
         fa4.attention(q, k, v, fallback="sdpa")  # the signature is cached
     invalid(f"softmax_scale must be {match}", q, k, v, softmax_scale=scale, fallback="sdpa")
+    with pytest.raises(InvalidInputError, match=f"softmax_scale must be {match}"):
+        fa4.explain(q, k, v, softmax_scale=scale, fallback="sdpa")
+    with pytest.raises(InvalidInputError, match=f"softmax_scale must be {match}"):
+        fa4.explain(*qkv(device="meta"), arch="sm90", softmax_scale=scale)
 
 
 def test_softmax_scale_values_that_work():
+    import numpy as np
+
     assert checks.softmax_scale_value(None) is None
     assert checks.softmax_scale_value(0.125) == 0.125 and checks.softmax_scale_value(2) == 2.0
-    assert type(checks.softmax_scale_value(torch.tensor(0.5))) is float
+    for scale in (torch.tensor(0.5), torch.tensor([0.5]), np.float32(0.5), np.float64(0.5)):
+        assert type(checks.softmax_scale_value(scale)) is float and checks.softmax_scale_value(scale) == 0.5
+    assert checks.softmax_scale_value(2.0**-126) == 2.0**-126 and checks.softmax_scale_value(2.0**127) == 2.0**127
+    assert torch.tensor(2.0**127 * 1.4426950408889634, dtype=torch.float32).isfinite()  # scale * log2(e)
+    assert isinstance(fa4.explain(*qkv(), softmax_scale=torch.tensor(0.5)), fa4.Explanation)
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+def test_the_kernels_softmax_needs_a_positive_scale(scale):
+    """Why softmax_scale must be positive: the kernels' tile algorithm (replayed on the CPU by the sm100
+    emulation, whose softmax is the sm90 kernel's: basis = the row's largest raw score) misses the fp32
+    reference for a scale <= 0, which SDPA and the reference compute without trouble."""
+    from fa4.kernels import Config
+    from fa4.kernels.sm100.emulation import emulate_fa4_forward
+    from fa4.reference import attention_fp32
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 256, 2, 64, dtype=F16, generator=g) for _ in range(3))
+    want, _ = attention_fp32(q, k, v, True, scale)
+    assert torch.isfinite(want).all()
+    got = emulate_fa4_forward(q, k, v, Config.make("sm100"), causal=True, softmax_scale=scale).float()
+    assert not torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+    positive = emulate_fa4_forward(q, k, v, Config.make("sm100"), causal=True, softmax_scale=0.125).float()
+    torch.testing.assert_close(positive, attention_fp32(q, k, v, True, 0.125)[0], rtol=1e-2, atol=1e-2)
 
 
 def test_launch_limits_of_the_grid():
@@ -351,3 +391,49 @@ def test_a_config_while_sdpa_runs_is_not_ignored_silently():
     with pytest.warns(fa4.Fa4Warning, match=r"config= is ignored: PyTorch SDPA runs \(fallback='sdpa'\) because "
                                             "the tensors are on cpu"):
         fa4.attention(q, k, v, config={"tile_n": 80}, fallback="sdpa")
+
+
+@pytest.mark.parametrize("config,match", [
+    ("fast please", "config='fast please' is not a configuration label"),
+    ("tile_n=abc", "sm90 knob tile_n='abc' is not one of"),
+    ("nosuchknob=3", "unknown knob.* nosuchknob"),
+    ({"tile_n": 81}, "sm90 knob tile_n=81 is not one of"),
+    ({"tile_n": 192, "kv_stages": 4}, r"sm90: config= .* cannot run .*D128.*: shared memory 427008 B"),
+])
+@pytest.mark.parametrize("fallback", ["sdpa", "error"])
+def test_a_wrong_config_is_refused_where_sdpa_would_run(config, match, fallback):
+    """CPU tensors name no GPU architecture: config= must fit one of the kernels (each is asked), and
+    an invalid call is named before the tensors' device, whatever the fallback."""
+    q, k, v = qkv(d=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no "config= is ignored" warning
+        invalid(match, q, k, v, config=config, fallback=fallback)
+
+
+def test_a_config_is_checked_where_sdpa_runs_for_another_reason():
+    q, k, v = qkv(d=96)  # no kernel has head dim 96: no configuration runs it, so one is only read
+    invalid("sm90 knob tile_n=81 is not one of", q, k, v, config={"tile_n": 81}, fallback="sdpa")
+    with pytest.warns(fa4.Fa4Warning, match="config= is ignored"):
+        fa4.attention(q, k, v, config={"tile_n": 192, "kv_stages": 4}, fallback="sdpa")
+    q, k, v = (t.float() for t in qkv(d=128))  # fp32: judged in fp16, which takes the same resources
+    invalid("shared memory", q, k, v, config="tile_n=192 kv_stages=4", fallback="sdpa")
+    q, k, v = qkv(b=0, d=128)  # nothing launches
+    invalid("shared memory", q, k, v, config="tile_n=192 kv_stages=4", fallback="sdpa")
+
+
+def _long(seqlen, heads=1, d=64, device="cpu"):
+    """A (1, seqlen, heads, d) fp16 tensor of one row repeated: no memory for the rows."""
+    return torch.zeros(1, 1, heads, d, dtype=F16, device=device).expand(1, seqlen, heads, d)
+
+
+@pytest.mark.parametrize("which", ["seqlen_q", "seqlen_k"])
+def test_a_sequence_past_32_bits_is_an_invalid_call_whatever_the_fallback(which):
+    long, short = _long(2**31), _long(16)
+    q, k = (long, short) if which == "seqlen_q" else (short, long)
+    match = f"{which} is 2147483648, more than fa4 takes \\(2147483647 = 2\\*\\*31 - 1"
+    invalid(match, q, k, k, fallback="sdpa")
+    invalid(match, q, k, k)
+    with pytest.raises(InvalidInputError, match=match):
+        fa4.explain(q.to("meta"), k.to("meta"), k.to("meta"), arch="sm90")
+    spec = checks.inspect_inputs(_long(2**31 - 1), _long(2**31 - 1), _long(2**31 - 1))  # the longest
+    assert spec.seqlen_q == spec.seqlen_k == 2**31 - 1

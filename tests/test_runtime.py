@@ -305,6 +305,24 @@ def test_forced_config_is_never_adjusted(fake):
         fa4.attention(*qkv(), config={"tile_q": 64})
 
 
+def test_a_forced_config_is_checked_where_sdpa_runs_instead(fake, monkeypatch):
+    """What the kernel path refuses is refused where SDPA runs (fallback='sdpa'), not ignored: on the
+    device's architecture (here fp32 inputs on the H200), or on each where the GPU has no kernel."""
+    q, k, v = (t.float() for t in qkv())
+    with pytest.raises(InvalidInputError, match="config= .*tile_n=192.* cannot run .*shared memory"):
+        fa4.attention(q, k, v, config={"tile_n": 192}, fallback="sdpa")
+    with pytest.raises(InvalidInputError, match="is an sm100 configuration, but the device runs the sm90"):
+        fa4.attention(q, k, v, config=Config.make("sm100"), fallback="sdpa")
+    monkeypatch.setattr(state, "device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    fa4.reset_caches()
+    with pytest.raises(InvalidInputError, match="fits none of fa4's kernels .*sm90: .*shared memory.*; "
+                                                "sm100: .*tile_n=192 is not one of"):
+        fa4.attention(*qkv(), config={"tile_n": 192}, fallback="sdpa")
+    with pytest.warns(fa4.Fa4Warning, match="config= is ignored"):
+        fa4.attention(*qkv(), config={"tile_n": 80}, fallback="sdpa")
+    assert fake.sm90.launchers == []
+
+
 # --- caches and the fast path --------------------------------------------------------------------
 
 def test_other_seqlens_reuse_the_compiled_kernel(fake):
@@ -538,6 +556,39 @@ def test_sdpa_fallback_matches_fp32_reference(sq, sk, causal, hq, hkv):
         assert torch.all(out[:, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == -math.inf)
 
 
+def _with(t, index, value):
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+@pytest.mark.parametrize("case", [
+    "inf in a key", "a key of infs", "nan in a key", "inf in a query", "inf in a value", "a hidden inf key"])
+@pytest.mark.parametrize("dtype", [torch.float32, F16])
+def test_the_sdpa_fallback_gives_the_references_answer_for_inf_and_nan(case, dtype):
+    """Inputs holding inf or NaN get the fp32 reference's answer: NaN in every row that sees a NaN or
+    +inf score (as our kernels give it), none for a hidden key's inf. SDPA on the CPU gives finite
+    numbers in such rows, and NaN for a hidden key's inf."""
+    causal, sq, sk = (True, 32, 64) if case == "a hidden inf key" else (case == "inf in a value", 64, 64)
+    q, k, v = qkv(sq=sq, sk=sk, dtype=dtype)
+    if case in ("inf in a key", "a hidden inf key"):
+        k = _with(k, (0, sk - 1, 0, 5), math.inf)  # the last key: hidden from every causal row but one
+    elif case == "a key of infs":
+        k = _with(k, (0, 3, 1), math.inf)
+    elif case == "nan in a key":
+        k = _with(k, (0, 3, 0, 0), math.nan)
+    elif case == "inf in a query":
+        q = _with(q, (0, 7, 2, 9), -math.inf)
+    else:
+        v = _with(v, (0, 40, 1, 3), math.inf)
+    want_out, want_lse = reference(q, k, v, causal)
+    with pytest.warns(fa4.Fa4Warning, match="SDPA"):
+        out, lse = fa4.attention(q, k, v, causal=causal, return_lse=True, fallback="sdpa")
+    assert torch.equal(out.isnan(), want_out.isnan()) and bool(want_out.isnan().any()) != (case == "a hidden inf key")
+    torch.testing.assert_close(out.float(), want_out, rtol=1e-2, atol=1e-2, equal_nan=True)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3, equal_nan=True)
+
+
 # --- CUDA's launch limits ---------------------------------------------------------------------------
 
 def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
@@ -569,3 +620,13 @@ def test_a_fifo_as_the_database_warns_instead_of_hanging(fake, tmp_path):
     fa4.use_config_db(fifo)
     with pytest.warns(fa4.Fa4Warning, match="is not a regular file"):
         assert fa4.explain(*qkv()).source == "default"
+
+
+def test_torch_compile_with_a_softmax_scale(fake):
+    q, k, v = qkv()
+    compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, softmax_scale=0.3), fullgraph=True,
+                             backend="aot_eager")
+    assert not check(compiled(q, k, v), None, q, k, v, False, scale=0.3)
+    refused = torch.compile(lambda q, k, v: fa4.attention(q, k, v, softmax_scale=-0.3), backend="aot_eager")
+    with pytest.raises(InvalidInputError, match="softmax_scale must be positive"):
+        refused(q, k, v)

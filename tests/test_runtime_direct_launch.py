@@ -237,13 +237,16 @@ def test_real_sm90_compile_is_accepted():
     assert type(launcher) is tvm_ffi.Function
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
-def test_a_scale_that_is_no_finite_number_is_refused_on_the_kernel_path(family, scale):
+@pytest.mark.parametrize("scale,match", [
+    (float("nan"), "finite"), (float("inf"), "finite"), (-float("inf"), "finite"),
+    (-0.125, "positive"), (0.0, "positive"), (1e40, "positive"), (1e-40, "positive"),  # fp32: inf, 0
+    ("0.5", "a number, got str"), (True, "a number, got bool")])
+def test_a_scale_the_checked_path_refuses_is_refused_on_the_kernel_path(family, scale, match):
     q, k, v = qkv()
     fa4.attention(q, k, v)
     fa4.attention(q, k, v, softmax_scale=0.5)  # the kernel path is taken from now on
     launches = len(family.calls)
-    with pytest.raises(fa4.InvalidInputError, match="softmax_scale must be finite"):
+    with pytest.raises(fa4.InvalidInputError, match=f"softmax_scale must be {match}"):
         fa4.attention(q, k, v, softmax_scale=scale)
     assert len(family.calls) == launches  # nothing was launched with it
 
