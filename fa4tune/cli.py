@@ -464,9 +464,9 @@ def _check_search_outputs(storage: str | None, db_path: str | None, no_db: bool)
     """What a search writes, checked before it starts: the journal (or an SQLite URL's file; a
     server's URL is the server's business) and, unless --no-db, the database it records into."""
     from fa4tune import paths
-    from fa4tune.report_data import sqlite_file
+    from fa4tune.storage import sqlite_file_of
 
-    journal = paths.storage_path() if storage is None else sqlite_file(storage) if "://" in storage else storage
+    journal = paths.storage_path() if storage is None else sqlite_file_of(storage) if "://" in storage else storage
     check_output(journal, "--storage")
     if not no_db:
         check_output(db_path or paths.database_path(), "--db")

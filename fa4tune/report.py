@@ -41,8 +41,9 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     error, and so is an output that cannot be written (checked before anything is read)."""
     from fa4.files import atomic_write
     from fa4tune.cli import check_output, write_failed
-    from fa4tune.report_data import collect, sqlite_file
+    from fa4tune.report_data import collect
     from fa4tune.report_draw import render_in_chromium, rendered_plot_count, write_report
+    from fa4tune.storage import sqlite_file_of
 
     if screenshot is not None:
         try:
@@ -57,7 +58,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
         raise click.ClickException(f"--results {results_dir}: no such folder" if named else
                                    f"no results folder {results_dir} (nothing was searched or benched here; "
                                    "--results DIR names another)")
-    storage_file = sqlite_file(storage) if storage and "://" in storage else storage
+    storage_file = (sqlite_file_of(storage) if "://" in storage else storage) if storage else None
     if storage_file is not None and not Path(storage_file).exists():
         raise click.ClickException(f"--storage {storage}: no such file")
     out = out if out is not None else results_dir / "report.html"

@@ -64,17 +64,6 @@ def shown(path: str | Path) -> str:
         return str(Path("…", *p.parts[-2:]))
 
 
-def sqlite_file(spec: str) -> Path | None:
-    """The file an `sqlite:///PATH` URL names (None for another URL, a plain path or an in-memory
-    database): opening such a URL creates the file when it is absent."""
-    scheme, sep, rest = str(spec).partition(":///")
-    if not sep or scheme.split("+")[0] != "sqlite":
-        return None
-    path = rest.split("?")[0]
-    path = path[len("file:"):] if path.startswith("file:") else path
-    return Path(path) if path and path != ":memory:" else None
-
-
 def load_studies(storage: optuna.storages.BaseStorage) -> list[optuna.Study]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -866,10 +855,6 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         missing.append(f"optuna storage: none found in {shown(results_dir)}/ (give --storage); "
                        "no per-study history, parallel coordinates, importance or failure counts")
     for spec in specs:
-        named = sqlite_file(spec)
-        if named is not None and not named.is_file():
-            missing.append(f"optuna storage {shown(spec)}: no such SQLite file")
-            continue
         try:
             found = load_studies(open_for_reading(spec))
         except Exception as exc:  # an unreadable storage is reported, the rest of the report still builds

@@ -194,7 +194,7 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     without creating anything in it."""
     kind = storage_kind(spec)
     if kind == "url":
-        sqlite_file = _sqlite_file_of(spec)
+        sqlite_file = sqlite_file_of(spec)
         if sqlite_file is None:
             return optuna.storages.RDBStorage(rdb_url(spec), skip_table_creation=True)
         # SQLAlchemy's sqlite driver creates a missing file when it connects: the file is checked and
@@ -210,8 +210,12 @@ def open_for_reading(spec: str) -> optuna.storages.BaseStorage:
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec)))
 
 
-def _sqlite_file_of(url: str) -> Path | None:
-    """The database file an sqlite URL names (None for another URL or an in-memory database)."""
+def sqlite_file_of(url: str) -> Path | None:
+    """The database file an sqlite URL names (None for another URL, a plain path or an in-memory
+    database): SQLAlchemy's sqlite driver creates that file when it connects, so readers and the
+    checks of outputs look at it first."""
+    if "://" not in str(url):
+        return None
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)

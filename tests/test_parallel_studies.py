@@ -44,9 +44,11 @@ def test_a_shape_set_on_two_gpus_runs_one_study_per_gpu_at_once(tmp_path, monkey
     intervals = [_interval(optuna.load_study(study_name=n, storage=storage)) for n in names]
     assert any(_overlap(intervals[i], intervals[j]) for i in range(4) for j in range(i + 1, 4))
     assert sorted(e.study for e in BestConfigDB.load(tmp_path / "db.json").entries) == sorted(names)
-    # the queue hands out the largest problems first (S=1024 full, then causal), the smallest last
+    # the queue hands out the largest problems first (S=1024 full and causal, one per GPU), the
+    # S=512 ones after them; which of those two starts its first trial first is a race between the
+    # GPUs that free up (seen under load), so only the halves are compared
     starts = sorted(range(4), key=lambda i: intervals[i][0])
-    assert set(starts[:2]) == {2, 3} and starts[-1] == 1
+    assert set(starts[:2]) == {2, 3} and set(starts[2:]) == {0, 1}
 
 
 def test_a_single_problem_runs_one_study_over_every_gpu(tmp_path):
