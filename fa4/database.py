@@ -52,15 +52,31 @@ One entry (every field is written; `key` is derived and checked on load):
     date                ISO 8601 UTC time of the record
     study, trial        optuna study name and trial number it came from (storage: fa4tune.search_runner)
 
-Writes take an exclusive `fcntl` lock on `<path>.lock`, re-read the file, merge, write a temporary
-file in the same directory, fsync it and rename it over the old one: two searches finishing at once
-both land, and a reader never sees half a file.
+Every entry read is checked (`field_error`): each field of its type and in its range (times finite
+and > 0, integers that are not booleans, buckets powers of two), a known arch and dtype, a problem
+that is an AttentionProblem, a key that matches the fields. An entry that fails is skipped
+(`BestConfigDB.skipped`, and `unusable_entries` with the file named, which the runtime warns about
+once each), never looked up; a file that cannot be read at all (not JSON, too deep or too large a
+number for the parser, another schema, not a regular file) raises DatabaseError, and in a stack of
+layers only that layer is left out.
+
+Writes change a file in one locked step (`update(path, change)`, which `record`, `BestConfigDB.save`,
+`fa4tune db merge` and `fa4tune db import-bench` use): take the file's lock, read it, change what it
+holds now, and write a temporary file in the same directory, fsync it and rename it over the old one.
+Two writers at once both land, and a reader never sees half a file. The lock is an `flock` on the
+database file itself (`fa4.files.exclusive_file_lock`), so nothing is left beside it. No writer
+writes an entry that fails the check (DatabaseError, nothing written); an entry of the file that
+failed it is written back as it was (the user's to fix or remove; a newer fa4's arch survives an older
+fa4's write) unless the write stores a new entry of its key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import functools
+import hashlib
 import json
 import math
 import os
@@ -68,9 +84,9 @@ import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
 
-from fa4.files import atomic_write, exclusive_lock
+from fa4.files import atomic_write, exclusive_file_lock
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # schema 1 lacks backend_us and backend_source, which default to empty
@@ -91,9 +107,16 @@ NEIGHBOUR_MIN_GAIN = 0.01
 __all__ = [
     "SCHEMA_VERSION", "ENV_VAR", "DatabaseError", "Entry", "Lookup", "BestConfigDB",
     "bucket", "entry_key", "default_path", "default_layers", "packaged_path", "user_path",
-    "user_results_dir", "record", "stale_entries", "utc_now", "merge_databases", "max_distance",
-    "entry_problems", "PACKAGED", "USER", "DEFAULT_MAX_DISTANCE", "NEIGHBOUR_MIN_GAIN",
+    "user_results_dir", "record", "update", "stale_entries", "utc_now", "merge_databases", "max_distance",
+    "entry_problems", "field_error", "Skipped", "PACKAGED", "USER", "DEFAULT_MAX_DISTANCE",
+    "NEIGHBOUR_MIN_GAIN",
 ]
+
+# Ranges of an entry's integers: far past any problem a GPU runs, near enough that a typo or a
+# planted value (10**40, -1) is refused rather than looked up.
+MAX_HEAD_DIM = 1 << 16      # head_dim and gqa_ratio
+MAX_SIZE = 1 << 48          # sequence lengths, batch, heads, their buckets, trial numbers
+MAX_NUMBER = 1e300          # magnitude of any number (a time, a rate, a knob value)
 
 
 class DatabaseError(RuntimeError):
@@ -192,21 +215,12 @@ class Entry:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Entry":
-        names = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        missing = sorted(required - set(data))
-        if missing:
-            raise DatabaseError(f"entry {data.get('key', '?')!r} lacks field(s): {', '.join(missing)}")
-        unknown = sorted(set(data) - names - {"key"})
-        if unknown:
-            raise DatabaseError(f"entry {data.get('key', '?')!r} has unknown field(s): {', '.join(unknown)}")
-        entry = cls(**{k: v for k, v in data.items() if k in names})
-        if "key" in data and data["key"] != entry.key:
-            raise DatabaseError(f"entry key {data['key']!r} does not match its fields ({entry.key!r})")
-        if not isinstance(entry.config, dict) or not isinstance(entry.us, (int, float)):
-            raise DatabaseError(f"entry {entry.key!r}: config must be an object and us a number")
-        return entry
+        """The entry of a mapping of its fields (as in the file); DatabaseError naming the first field
+        that fails the check (`field_error`)."""
+        error = field_error(data)
+        if error:
+            raise DatabaseError(f"entry {_show(data.get('key', '?'), 300, quote=False)}: {error}")
+        return cls(**{k: v for k, v in data.items() if k != "key"})
 
     def __getitem__(self, name: str) -> Any:
         if name == "key":
@@ -238,6 +252,19 @@ class Lookup:
     distance: float = 0.0
     layer: Optional[str] = None
     passed_over: tuple = ()
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry of a file that failed the check (`field_error`), skipped at load. key: its key, or
+    "entry <n>" (its place in the file) when it has none that is text; raw: the entry as in the file
+    (written back as it was, see the module docstring)."""
+
+    key: str
+    reason: str
+    raw: Any
+    path: Optional[Path] = None
+    layer: Optional[str] = None
 
 
 def packaged_path() -> Path:
@@ -310,6 +337,11 @@ class BestConfigDB:
         # [(layer name, path, entry count or None, error or None)], lowest first
         self.layers: list[tuple[Optional[str], Optional[Path], Optional[int], Optional[str]]] = (
             [(layer, path, len(self._entries), None)] if path is not None else [])
+        self.skipped: list[Skipped] = []   # the entries of the file(s) that failed the check
+        # for a database loaded from a file (`load`): its entries as read, and a digest of the bytes
+        # read, so that `save` can tell the file changed since and `to_json` which keys were replaced
+        self._as_loaded: dict[str, Entry] = {}
+        self._loaded_digest: Optional[str] = None
 
     # ---- reading ------------------------------------------------------------------------------
     @classmethod
@@ -320,17 +352,28 @@ class BestConfigDB:
         try:
             mode = p.stat().st_mode
         except FileNotFoundError:
-            return cls({}, p, layer)
-        except OSError as exc:
+            mode = None
+        except (OSError, ValueError) as exc:   # ValueError: a path with a NUL byte
             raise DatabaseError(f"cannot read best-config database {p}: {exc}") from exc
-        if not stat.S_ISREG(mode):  # a FIFO would block the reader forever, a directory cannot be read
+        if mode is not None and not stat.S_ISREG(mode):  # a FIFO would block the reader forever
             raise DatabaseError(f"best-config database {p} is not a regular file")
         try:
-            text = p.read_text()
+            raw = p.read_bytes() if mode is not None else b""
+            text = raw.decode("utf-8")
             data = json.loads(text) if text.strip() else {"schema": SCHEMA_VERSION, "entries": []}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DatabaseError(f"cannot read best-config database {p}: {exc}") from exc
-        return cls(_parse(data, p), p, layer)
+        except FileNotFoundError:   # removed since the stat: as missing
+            raw, data = b"", {"schema": SCHEMA_VERSION, "entries": []}
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            # ValueError: not JSON, or an integer of more digits than Python converts;
+            # RecursionError: nesting deeper than the parser goes
+            raise DatabaseError(f"cannot read best-config database {p}: {type(exc).__name__}: "
+                                f"{_show(str(exc), 200, quote=False)}") from None
+        entries, skipped = _parse(data, p, layer)
+        db = cls(entries, p, layer)
+        db.skipped = skipped
+        db._as_loaded = dict(entries)
+        db._loaded_digest = hashlib.sha256(raw).hexdigest()
+        return db
 
     @classmethod
     def load_layers(cls, layers: Optional[list[tuple[str, Path]]] = None) -> "BestConfigDB":
@@ -345,6 +388,7 @@ class BestConfigDB:
                 stacked.layers.append((name, Path(path), None, str(exc)))
                 continue
             stacked.layers.append((name, Path(path), len(db), None))
+            stacked.skipped += db.skipped
             for key, entry in db._entries.items():
                 if key in stacked._entries:
                     stacked._below.setdefault(key, []).append((stacked._layer_of[key], stacked._entries[key]))
@@ -382,14 +426,17 @@ class BestConfigDB:
         return list(self._below.get(key, ()))
 
     def unusable_entries(self, feasible: Optional[Any] = None) -> dict[tuple[Optional[str], str], list[str]]:
-        """{(layer, key): reasons} of every entry of every layer that cannot be used at all
-        (`entry_problems`); pass its keys to `lookup(broken=...)`."""
+        """{(layer, key): reasons} of every entry of every layer that cannot be used at all: skipped at
+        load (`skipped`, the reason naming the file) or unusable (`entry_problems`); pass its keys to
+        `lookup(broken=...)`."""
         found = {}
         for key in sorted(self._entries):
             for layer, entry in self.shadowed(key) + [(self._layer_of.get(key), self._entries[key])]:
                 problems = entry_problems(entry, feasible)
                 if problems:
                     found[(layer, key)] = problems
+        for s in self.skipped:
+            found.setdefault((s.layer, s.key), []).append(f"{s.path}: {s.reason}")
         return found
 
     def candidate(self, key: str, fingerprint: Optional[str],
@@ -477,31 +524,81 @@ class BestConfigDB:
         self._layer_of[entry.key] = self.layer
 
     def to_json(self) -> str:
-        doc = {"schema": SCHEMA_VERSION, "entries": [e.to_dict() for e in self.entries]}
+        """The file's text: every entry, and the entries skipped at load as they were in the file
+        unless this database now holds another entry of their key; sorted by key."""
+        rows = [(e.key, e.to_dict()) for e in self.entries]
+        rows += [(s.key, s.raw) for s in self.skipped
+                 if self._entries.get(s.key) is self._as_loaded.get(s.key)]
+        doc = {"schema": SCHEMA_VERSION, "entries": [raw for _, raw in sorted(rows, key=lambda r: r[0])]}
         return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
+    def checked_json(self) -> str:
+        """`to_json`, once every entry passed the check; DatabaseError naming the first that fails."""
+        for e in self.entries:
+            error = field_error(e.to_dict())
+            if error:
+                raise DatabaseError(f"entry {_show(e.key, 300, quote=False)}: {error}")
+        return self.to_json()
+
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the whole database atomically (temp file + rename) under the lock. A stack of layers
-        is a view: saving it would copy every layer's entries into one file, so it is refused."""
+        """Write the whole database atomically (temp file + rename) under the file's lock.
+
+        A database loaded from this file (`load`) is written only if no one changed the file since
+        it was read; else DatabaseError and nothing is written, since saving would drop what they
+        recorded. `update(path, change)` changes a file in one locked step instead (read, change,
+        write). An entry that fails the check (`field_error`) raises DatabaseError, nothing written.
+        A stack of layers is a view: saving it would copy every layer's entries into one file, so it
+        is refused."""
         if len(self.layers) > 1:
             raise DatabaseError("a stack of database layers cannot be saved: load the one file to change "
                                 "(BestConfigDB.load(path)) and save that")
         p = Path(path) if path is not None else (self.path or default_path())
+        text = self.checked_json()
+        own_file = self._loaded_digest is not None and self.path is not None and _same_file(p, self.path)
         with _locked(p):
-            atomic_write(p, self.to_json())
+            if own_file and _digest_of(p) != self._loaded_digest:
+                raise DatabaseError(f"{p} changed since it was loaded (another writer recorded into it): saving "
+                                    "would drop that; load it again, or change it with "
+                                    "fa4.database.update(path, change)")
+            atomic_write(p, text)
+        if own_file:
+            self._loaded_digest = hashlib.sha256(text.encode()).hexdigest()
         return p
 
 
-def record(entry: Entry, path: str | os.PathLike | None = None) -> bool:
-    """Add one entry to the file under the lock, keeping the faster entry per key unless the stored
-    one is stale (another kernel fingerprint). Returns True when the file changed."""
+_Result = TypeVar("_Result")
+
+
+def update(path: str | os.PathLike | None, change: Callable[[BestConfigDB], _Result]) -> _Result:
+    """Change one database file in one locked step: take the file's lock, read it, call `change(db)`
+    on what it holds now (it changes `db` in memory: `merge`, `put`), write the result atomically if
+    it differs, and return what `change` returned. A concurrent writer's entries are never lost.
+    `path=None`: the user's database (`default_path`).
+
+    A file that cannot be read raises DatabaseError, and so does an entry `change` stored that fails
+    the check (`field_error`); the file is left as it was. Entries of the file that failed the check
+    are written back as they were, unless `change` stored another entry of their key. OSError: the
+    file cannot be locked or written (a read-only folder, a path under a regular file)."""
     p = Path(path) if path is not None else default_path()
     with _locked(p):
         db = BestConfigDB.load(p)
-        changed = db.merge(entry)
-        if changed:
-            atomic_write(p, db.to_json())
-    return changed
+        before = db.to_json()
+        result = change(db)
+        text = db.checked_json()
+        if text != before:
+            atomic_write(p, text)
+    return result
+
+
+def record(entry: Entry, path: str | os.PathLike | None = None) -> bool:
+    """Add one entry to the file in one locked step (`update`), keeping the faster entry per key unless
+    the stored one is stale (another kernel fingerprint). Returns True when the file changed. An entry
+    that fails the check (`field_error`: a NaN or negative time, an unknown arch, ...) raises
+    DatabaseError before the file is touched."""
+    error = field_error(entry.to_dict())
+    if error:
+        raise DatabaseError(f"entry {_show(entry.key, 300, quote=False)} not recorded: {error}")
+    return update(path, lambda db: db.merge(entry))
 
 
 def neighbour_lost_to_default(entry: Entry) -> Optional[str]:
@@ -558,33 +655,182 @@ def stale_entries(fingerprints: Mapping[str, str], path: str | os.PathLike | Non
     return BestConfigDB.load(path).stale_entries(fingerprints)
 
 
-def _parse(data: Any, path: Path) -> dict[str, Entry]:
+def _parse(data: Any, path: Path, layer: Optional[str]) -> tuple[dict[str, Entry], list[Skipped]]:
+    """The entries of a file's JSON, and those that fail the check (skipped); DatabaseError when the
+    document as a whole is not a readable database."""
     if not isinstance(data, dict) or "entries" not in data:
         raise DatabaseError(f"{path}: not a best-config database (no 'entries')")
-    if data.get("schema") not in READABLE_SCHEMAS:
-        raise DatabaseError(f"{path}: schema {data.get('schema')!r}, this fa4 reads schemas "
+    schema = data.get("schema")
+    if isinstance(schema, bool) or schema not in READABLE_SCHEMAS:
+        raise DatabaseError(f"{path}: schema {_show(schema)}, this fa4 reads schemas "
                             f"{', '.join(map(str, READABLE_SCHEMAS))}")
-    if data.get("schema") == 1 and any(isinstance(e, dict) and ("backend_us" in e or "backend_source" in e)
-                                       for e in data["entries"]):
-        raise DatabaseError(f"{path}: schema 1 has no backend_us or backend_source")
     if not isinstance(data["entries"], list):
         raise DatabaseError(f"{path}: 'entries' must be a list")
+    if schema == 1 and any(isinstance(e, dict) and ("backend_us" in e or "backend_source" in e)
+                           for e in data["entries"]):
+        raise DatabaseError(f"{path}: schema 1 has no backend_us or backend_source")
     out: dict[str, Entry] = {}
-    for raw in data["entries"]:
-        if not isinstance(raw, dict):
-            raise DatabaseError(f"{path}: an entry is not an object")
-        try:
-            entry = Entry.from_dict(raw)
-        except TypeError as exc:
-            raise DatabaseError(f"{path}: malformed entry: {exc}") from exc
-        if entry.key in out:
-            raise DatabaseError(f"{path}: key {entry.key!r} appears twice")
+    skipped: list[Skipped] = []
+    for place, raw in enumerate(data["entries"], 1):
+        key = raw.get("key") if isinstance(raw, dict) else None
+        label = _show(key, 300, quote=False) if isinstance(key, str) else f"entry {place}"
+        error = field_error(raw) if isinstance(raw, dict) else "not an object"
+        if error is None:
+            entry = Entry(**{k: v for k, v in raw.items() if k != "key"})
+            if entry.key in out:
+                error = "its key appears twice in the file (the first is used)"
+        if error is not None:
+            skipped.append(Skipped(label, error, raw, path, layer))
+            continue
         out[entry.key] = entry
-    return out
+    return out, skipped
+
+
+def field_error(data: Mapping[str, Any]) -> Optional[str]:
+    """Why an entry, given as its fields (as in the file; `key` optional), is malformed, or None: a
+    field missing or unknown, a value of the wrong type or out of range (times finite and > 0,
+    integers that are not booleans, buckets powers of two), an unknown arch or dtype, a problem that is
+    no AttentionProblem, a key that does not match the fields. Every entry read is checked, and every
+    entry written."""
+    from fa4 import kernels
+
+    fields = {f.name: f for f in dataclasses.fields(Entry)}
+    missing = [name for name, f in fields.items() if name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        return f"lacks field(s): {', '.join(missing)}"
+    unknown = [name for name in data if name not in fields and name != "key"]
+    if unknown:
+        return f"unknown field(s): {', '.join(_show(n, 60, quote=False) for n in unknown)}"
+    checks = _field_checks(kernels.ARCHS, kernels.DTYPES)
+    for name, value in data.items():
+        if name in checks and not checks[name][0](value):
+            return f"{name} {_show(value)}: want {checks[name][1]}"
+    problem_error = _problem_error(data["problem"], kernels)
+    if problem_error:
+        return f"problem: {problem_error}"
+    key = _key_from_fields(data["arch"], data["device"], data["dtype"], data["head_dim"], data["gqa_ratio"],
+                           data["causal"], data["seqlen_q_bucket"], data["seqlen_k_bucket"], data["work_bucket"])
+    if "key" in data and data["key"] != key:
+        return f"key {_show(data['key'], 300)} does not match the entry's fields ({key})"
+    return None
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _number(v: Any) -> bool:
+    # comparisons, not math.isfinite: they exclude NaN and inf, and an int too large for a float
+    # compares exactly instead of raising OverflowError
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_NUMBER < v < MAX_NUMBER
+
+
+def _time(v: Any) -> bool:
+    return _number(v) and v > 0
+
+
+def _power_of_two(v: Any) -> bool:
+    return _int_in(1, MAX_SIZE)(v) and v & (v - 1) == 0
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _times(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and _time(t) for k, t in v.items())
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, bool)) or _number(v)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_checks(archs, dtypes) -> dict[str, tuple[Callable[[Any], bool], str]]:
+    """{field: (test, what it wants)} for every field of an entry but `problem` (`_problem_error`)."""
+    optional_time = (lambda v: v is None or _time(v), "null or a finite number > 0")
+    return {
+        "arch": (lambda v: v in archs and isinstance(v, str), f"one of {', '.join(archs)}"),
+        "device": (lambda v: isinstance(v, str) and v != "", "a device name"),
+        "dtype": (lambda v: v in dtypes and isinstance(v, str), f"one of {', '.join(dtypes)}"),
+        "head_dim": (_int_in(1, MAX_HEAD_DIM), f"an integer in 1..{MAX_HEAD_DIM}"),
+        "gqa_ratio": (_int_in(1, MAX_HEAD_DIM), f"an integer in 1..{MAX_HEAD_DIM}"),
+        "causal": (lambda v: isinstance(v, bool), "true or false"),
+        "seqlen_q_bucket": (_power_of_two, f"a power of two up to 2**{MAX_SIZE.bit_length() - 1}"),
+        "seqlen_k_bucket": (_power_of_two, f"a power of two up to 2**{MAX_SIZE.bit_length() - 1}"),
+        "work_bucket": (_power_of_two, f"a power of two up to 2**{MAX_SIZE.bit_length() - 1}"),
+        "problem": (lambda v: isinstance(v, dict), "an object of AttentionProblem fields"),
+        "config": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _scalar(x) for k, x in v.items()),
+                   "an object of knob names to plain values"),
+        "us": (_time, "a finite number > 0 (GPU microseconds)"),
+        "tflops": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+        "default_us": optional_time,
+        "speedup": (_times, "an object of names to finite numbers > 0"),
+        "max_err": (lambda v: v is None or (_number(v) and v >= 0), "null or a finite number >= 0"),
+        "kernel_fingerprint": (_text, "text"),
+        "versions": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and (x is None or isinstance(x, str))
+                                                             for k, x in v.items()),
+                     "an object of names to version text or null"),
+        "date": (_text, "text"),
+        "study": (_text, "text"),
+        "trial": (lambda v: v is None or _int_in(0, MAX_SIZE)(v), f"null or an integer in 0..2**{MAX_SIZE.bit_length() - 1}"),
+        "backend_us": (_times, "an object of implementation names to finite numbers > 0 (GPU microseconds)"),
+        "backend_source": (_text, "text"),
+    }
+
+
+def _problem_error(problem: dict, kernels) -> Optional[str]:
+    """Why an entry's `problem` is not an AttentionProblem of sane sizes, or None."""
+    fields = {f.name: f for f in dataclasses.fields(kernels.AttentionProblem)}
+    missing = [name for name, f in fields.items() if name not in problem and f.default is dataclasses.MISSING]
+    unknown = [name for name in problem if name not in fields]
+    if missing or unknown:
+        return (f"lacks {', '.join(missing)}" if missing else
+                f"unknown field(s) {', '.join(_show(n, 60, quote=False) for n in unknown)}")
+    for name, value in problem.items():
+        if name == "dtype":
+            ok, want = value in kernels.DTYPES and isinstance(value, str), f"one of {', '.join(kernels.DTYPES)}"
+        elif fields[name].type in (bool, "bool"):
+            ok, want = isinstance(value, bool), "true or false"
+        else:
+            limit = MAX_HEAD_DIM if name == "head_dim" else MAX_SIZE
+            ok, want = _int_in(1, limit)(value), f"an integer in 1..{limit}"
+        if not ok:
+            return f"{name} {_show(value)}: want {want}"
+    try:
+        kernels.AttentionProblem(**problem)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _show(value: Any, limit: int = 40, quote: bool = True) -> str:
+    """A value for a message, cut to `limit` characters (a planted value can be megabytes)."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _digest_of(path: Path) -> str:
+    """sha256 of the file's bytes (of none when it is missing: it reads as an empty database)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return hashlib.sha256(b"").hexdigest()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 @contextlib.contextmanager
 def _locked(path: Path):
+    """The database file's lock: an `flock` on the file itself (`fa4.files.exclusive_file_lock`), so
+    no lock file is left beside it; the folder is created if missing (the user's results folder)."""
+    if path.exists() and not path.is_file():
+        raise DatabaseError(f"best-config database {path} is not a regular file")
+    if path.parent.exists() and not path.parent.is_dir():   # (mkdir would say "File exists")
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(path.with_name(path.name + ".lock")):
+    with exclusive_file_lock(path):
         yield

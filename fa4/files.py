@@ -4,13 +4,30 @@
 target, so a reader never sees half a file. `tempfile.mkstemp` creates files readable by their owner
 only (0600); a result file is meant to be read by other users and tools, so it gets 0644 before the
 rename.
+
+Two locks, both `flock`, which the kernel releases when the holder dies (a killed process never
+leaves one taken):
+- `exclusive_file_lock(path)` locks the file itself and leaves nothing beside it. A lock belongs to
+  the file's inode, and a writer replaces the file by rename (`atomic_write`), which puts a new inode
+  at the path; so once the lock is taken the path is checked to still name the locked inode, and if a
+  writer replaced it meanwhile the lock is taken again on the new one. Every writer holds the lock of
+  the file it replaces until the rename is done, so the holders of a path's lock follow one another.
+  A missing file is created empty to have something to lock (an empty file reads as an empty
+  database) and removed again on the way out when nothing was written to it; only a holder killed in
+  between leaves it. It needs read access to the file only, so every user who may replace a file
+  can lock it, and it does not depend on any setting (a lock file found through `$FA4TUNE_HOME` would
+  not exclude a writer that has another).
+- `exclusive_lock(lock_path)` locks a separate lock file (created if absent), for what has no file
+  of its own to lock (a GPU: `fa4tune.pool`'s per-GPU locks).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +45,64 @@ def exclusive_lock(lock_path: str | os.PathLike) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def exclusive_file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive `flock` on the regular file at `path` itself (see the module docstring), for
+    writers that replace it by rename. Raises OSError when the path is not a regular file or cannot be
+    opened or created (a missing folder, no permission)."""
+    fd, created = _open_locked(path)
+    try:
+        yield
+    finally:
+        try:
+            if created:  # the empty file made only to be locked: remove it unless it was written
+                with contextlib.suppress(OSError):
+                    now = os.stat(path)
+                    mine = os.fstat(fd)
+                    if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino) and now.st_size == 0:
+                        os.unlink(path)
+        finally:
+            # unlock before closing: a child forked meanwhile shares the descriptor, and would
+            # otherwise hold the lock until it exits
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _open_locked(path: str | os.PathLike) -> tuple[int, bool]:
+    """(descriptor holding the lock on the file now at `path`, whether it was created here)."""
+    while True:
+        created = False
+        try:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer; a regular file ignores it
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            try:
+                # O_EXCL: neither follows a symbolic link nor takes a file another process just made
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, RESULT_FILE_MODE)
+                created = True
+            except FileExistsError:
+                if os.path.islink(path) and not os.path.exists(path):
+                    raise FileNotFoundError(errno.ENOENT, "a symbolic link to a missing file",
+                                            os.fspath(path)) from None
+                continue   # another process created it first: open that one
+        try:
+            mine = os.fstat(fd)
+            if not stat.S_ISREG(mine.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd, created
+            fcntl.flock(fd, fcntl.LOCK_UN)   # replaced (or removed) while we waited: lock what is there now
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:

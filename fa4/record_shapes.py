@@ -4,13 +4,16 @@
 The runtime calls `note` only on the first call of a signature (its checked path, `_slow_call`), never
 on the kernel path of later calls, so a program's per-call host time does not change; `note` itself is
 one set lookup for a problem already written by this process. Each new problem is appended as one
-`[[problem]]` table (`fa4tune.shape_sets`), whole, under a lock, so several processes may record into
-one file; a problem recorded by two processes appears twice and is read once. Recording never breaks a
-forward pass: a file that cannot be written warns once and recording stops.
+`[[problem]]` table (`fa4tune.shape_sets`), whole, under an `flock` on the shapes file itself (the file
+is only ever appended to, never replaced, so its own lock serves and no lock file is left beside it),
+so several processes may record into one file; a problem recorded by two processes appears twice and
+is read once. Recording never breaks a forward pass: a file that cannot be written warns once and
+recording stops.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import warnings
 
@@ -46,15 +49,15 @@ def note(spec, causal: bool, return_lse: bool) -> None:
         return
     _seen.add(problem)
     try:
-        from fa4.files import exclusive_lock
-
-        with exclusive_lock(_path + ".lock"):
+        # O_NONBLOCK: a FIFO with no reader is an error here, not a forward pass that waits forever
+        fd = os.open(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             # one write of the whole table, in append mode: readers never see half a table
-            fd = os.open(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, (problem_table(problem) + "\n").encode())
-            finally:
-                os.close(fd)
+            os.write(fd, (problem_table(problem) + "\n").encode())
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)   # before closing: a child forked meanwhile shares the descriptor
+            os.close(fd)
     except OSError as exc:
         warnings.warn(f"fa4: {RECORD_ENV}={_path}: cannot record shapes ({exc}); recording stops",
                       RuntimeWarning, stacklevel=3)

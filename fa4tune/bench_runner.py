@@ -319,21 +319,30 @@ def backend_times(doc: dict) -> dict[str, dict[str, float]]:
 
 def import_backend_times(doc: dict, db) -> tuple[list[str], list[str]]:
     """Fold a bench's per-implementation times into the entries it measured (in memory). An entry
-    tuned on other kernel sources than the bench ran is left alone. Returns (updated keys, skipped
-    keys with why)."""
+    tuned on other kernel sources than the bench ran is left alone, and so is one the bench's values
+    would make fail the database's check (a time that is not a finite number > 0). Returns (updated
+    keys, skipped keys with why)."""
     import dataclasses
+
+    from fa4.database import field_error
 
     updated, skipped = [], []
     for key, times in sorted(backend_times(doc).items()):
         entry = db.get(key)
         if entry is None:
             skipped.append(f"{key}: not in the database")
-        elif entry.kernel_fingerprint != doc.get("kernel_fingerprint"):
+            continue
+        if entry.kernel_fingerprint != doc.get("kernel_fingerprint"):
             skipped.append(f"{key}: tuned on kernel {entry.kernel_fingerprint}, the bench ran "
                            f"{doc.get('kernel_fingerprint')}")
-        else:
-            db.put(dataclasses.replace(entry, backend_us=times, backend_source=f"bench {doc['date']}"))
-            updated.append(key)
+            continue
+        changed = dataclasses.replace(entry, backend_us=times, backend_source=f"bench {doc['date']}")
+        error = field_error(changed.to_dict())
+        if error:
+            skipped.append(f"{key}: the bench's values fail the database's check ({error})")
+            continue
+        db.put(changed)
+        updated.append(key)
     return updated, skipped
 
 

@@ -502,7 +502,8 @@ def _print_summaries(summaries: list[dict], fmt: str) -> None:
 def best(fmt, db_path):
     """List the best-config database: the packaged layer, then the user's (later wins per key), with the
     layer of each entry, the fastest backend measured at its shape (eager / captured, `fa4.dispatch`)
-    and a stale column (kernel fingerprint changed). --db lists that file alone."""
+    and a stale column (kernel fingerprint changed). --db lists that file alone. Exits 1 when a file
+    cannot be read or an entry fails the check (each named on stderr; the rest is listed)."""
     from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
     from fa4tune import environment
@@ -516,6 +517,8 @@ def best(fmt, db_path):
         db = BestConfigDB.load_layers()
     for layer, path, count, error in db.layers:
         _echo_err(f"fa4tune best: {layer} {path}: " + (f"UNUSABLE: {error}" if error else f"{count} entries"))
+    for s in db.skipped:
+        _echo_err(f"fa4tune best: {s.layer} {s.path}: entry {s.key} SKIPPED: {s.reason}")
     current = {arch: environment.kernel_fingerprint(arch) for arch in {e.arch for e in db.entries}}
     out = []
     for e in db.entries:
@@ -541,7 +544,7 @@ def best(fmt, db_path):
         _table(f"best configurations ({len(rows)})", ["key", "layer", "config", "us", "TFLOP/s", "speedup over",
                                                       "fastest eager / captured", "max err", "stale", "from",
                                                       "date"], rows)
-    if db.errors:
+    if db.errors or db.skipped:
         sys.exit(1)
 
 
@@ -553,34 +556,55 @@ def db():
 @db.command("merge")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_path", default=None,
-              help="write the merged database here [default: the user's database, $FA4_CONFIG_DB or the results "
+              help="the database to merge into, created if missing; an existing one keeps its entries, which "
+                   "take part in the merge [default: the user's database, $FA4_CONFIG_DB or the results "
                    "directory's best_configs.json]")
 def db_merge(inputs, out_path):
-    """Combine databases tuned on several machines: per key, a current entry (this checkout's kernel
-    fingerprint) beats a stale one, then the fastest wins. Writes atomically; prints what it kept."""
-    from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases
+    """Merge databases tuned on several machines into one: the user's database, or -o. Per key, a current
+    entry (this checkout's kernel fingerprint) beats a stale one, then the fastest wins; the target's own
+    entries compete like the inputs' (and win ties). The target is read, merged and written in one
+    locked step, so a search recording into it meanwhile loses nothing. Prints what it kept."""
+    from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases, update
+    from fa4.kernels import ARCHS
     from fa4tune import environment
 
-    try:
-        dbs = [BestConfigDB.load(path) for path in inputs]
-    except DatabaseError as exc:
-        raise click.ClickException(str(exc)) from exc
-    missing = [path for path, d in zip(inputs, dbs) if not os.path.exists(path)]
+    target = out_path or str(default_path())
+    missing = [path for path in inputs if not os.path.exists(path)]
     if missing:
         raise click.ClickException(f"no such database: {', '.join(missing)}")
     fingerprints = {}
-    for arch in sorted({e.arch for d in dbs for e in d.entries}):
+    for arch in ARCHS:
         fp = environment.kernel_fingerprint(arch)
         fingerprints[arch] = None if fp.startswith("unavailable") else fp
-    merged = merge_databases(dbs, fingerprints)
-    target = out_path or str(default_path())
-    merged.save(target)
-    for path, d in zip(inputs, dbs):
-        kept = sum(1 for e in d.entries if merged.get(e.key) is e)
-        _echo_err(f"fa4tune db merge: {path}: {len(d)} entries, {kept} kept")
+
+    def merge_into(own: BestConfigDB):
+        # the inputs are read under the target's lock too: one of them may be the target itself
+        dbs = [BestConfigDB.load(path) for path in inputs]
+        before = list(own.entries)
+        merged = merge_databases([own, *dbs], fingerprints)
+        new = [entry for entry in merged.entries if own.get(entry.key) is not entry]
+        for entry in new:
+            own.put(entry)
+        return dbs, before, own.skipped, merged, len(new)
+
+    try:
+        dbs, before, own_skipped, merged, changed = update(target, merge_into)
+    except DatabaseError as exc:
+        raise click.ClickException(f"{exc}; nothing was written") from exc
+    except OSError as exc:
+        raise click.ClickException(_cannot_write(target, exc)) from exc
+    for path, d in [(target, None), *zip(inputs, dbs)]:
+        entries, skipped = (before, own_skipped) if d is None else (d.entries, d.skipped)
+        kept = sum(1 for e in entries if merged.get(e.key) is e)
+        role = " (the target)" if d is None else ""
+        _echo_err(f"fa4tune db merge: {path}{role}: {len(entries)} entries, {kept} kept")
+        for s in skipped:
+            fate = ("not merged" if d is not None else "replaced by the merged entry of its key"
+                    if merged.get(s.key) else "left in it as it is")
+            _echo_err(f"fa4tune db merge: {path}: entry {s.key} fails the check ({s.reason}); {fate}")
     stale = sum(1 for e in merged.entries if e.is_stale(fingerprints.get(e.arch)))
-    _echo_err(f"wrote {target}: {len(merged)} entries" + (f", {stale} stale (no current entry for their key)"
-                                                         if stale else ""))
+    _echo_err(f"{'wrote' if changed else 'unchanged:'} {target}: {len(merged)} entries"
+              + (f", {stale} stale (no current entry for their key)" if stale else ""))
 
 
 @db.command("import-bench")
@@ -589,24 +613,38 @@ def db_merge(inputs, out_path):
 def db_import_bench(bench_path, db_path):
     """Record in each database entry the GPU time of every implementation a bench timed at its shape
     (ours and the peers, one run), which `fa4.explain` judges the fastest backend from. Entries tuned
-    on other kernel sources than the bench ran are left alone."""
-    from fa4.database import BestConfigDB, DatabaseError, default_path
-    from fa4tune.bench_runner import import_backend_times
+    on other kernel sources than the bench ran are left alone. The database is read, changed and
+    written in one locked step."""
+    from fa4.database import DatabaseError, default_path, update
+    from fa4tune.bench_runner import backend_times, import_backend_times
 
     target = db_path or str(default_path())
     try:
-        doc = json.loads(open(bench_path).read())
-        db = BestConfigDB.load(target)
-    except (OSError, ValueError, DatabaseError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    if not isinstance(doc, dict) or "rows" not in doc or "date" not in doc:
+        with open(bench_path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise click.ClickException(f"cannot read {bench_path}: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or "date" not in doc:
         raise click.ClickException(f"{bench_path} is not a fa4tune bench output (no rows or date)")
-    updated, skipped = import_backend_times(doc, db)
+    try:
+        backend_times(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise click.ClickException(f"{bench_path}: malformed bench rows ({type(exc).__name__}: {exc})") from exc
+    try:
+        updated, skipped = update(target, lambda db: import_backend_times(doc, db))
+    except DatabaseError as exc:
+        raise click.ClickException(f"{exc}; nothing was written") from exc
+    except OSError as exc:
+        raise click.ClickException(_cannot_write(target, exc)) from exc
     for line in skipped:
         _echo_err(f"skipped {line}")
-    if updated:
-        db.save(target)
     _echo_err(f"fa4tune db import-bench: {len(updated)} entries of {target} updated from {bench_path}")
+
+
+def _cannot_write(target: str, exc: OSError) -> str:
+    """One line for a database file that cannot be locked or written (the temporary file's name, which
+    the OSError may carry, would only confuse)."""
+    return f"cannot write {target}: {exc.strerror or exc}; nothing was written"
 
 
 # ------------------------------------------------------------------------------------------------

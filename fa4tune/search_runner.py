@@ -12,8 +12,8 @@ side it may miss a neighbour of the set that a sequential run would have recorde
 
 Threads share the storage (optuna's `JournalStorage` serialises its methods with a lock, `RDBStorage`
 opens a session per thread; `fa4tune.journal.JournalFlock` adds a thread lock before its `flock`), the
-database writes (`fa4.files.exclusive_lock` opens the lock file on every call, and `flock` locks
-belong to the open file, so two threads exclude each other as two processes do) and the `Progress`
+database writes (`fa4.files.exclusive_file_lock` opens the database file on every call, and `flock`
+locks belong to the open file, so two threads exclude each other as two processes do) and the `Progress`
 (a lock, and each thread's study kept apart).
 
 Where each step lives:
