@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 
-@click.command("report")
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--results", "results_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="folder holding the inputs [default: the results directory, $FA4TUNE_HOME or "
                    "~/.cache/fa4tune; the committed report: --results results]")

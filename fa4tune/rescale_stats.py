@@ -121,7 +121,7 @@ def _command_line(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim
     return " ".join(words)
 
 
-@click.command("rescale-stats", epilog="Input kinds: " + "; ".join(
+@click.command("rescale-stats", context_settings={"help_option_names": ["-h", "--help"]}, epilog="Input kinds: " + "; ".join(
     f"{name}: {text}" for name, text in INPUT_KINDS.items()))
 @click.option("--seqlen", "seqlens", multiple=True, type=int, default=(1024, 2048, 4096),
               show_default=True, help="Sq = Sk (repeatable).")

@@ -205,7 +205,7 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 def sass_command_factory():
     import click
 
-    @click.command("sass")
+    @click.command("sass", context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("--mask", "masks", multiple=True, type=click.Choice(["full", "causal"]),
                   default=("full", "causal"), show_default=True)
     @click.option("--seqlen", type=click.IntRange(min=1), default=1024, show_default=True)

@@ -225,7 +225,7 @@ def test_a_results_folder_or_storage_that_does_not_exist_is_an_error(tmp_path):
     from fa4tune.report_data import collect
 
     data = collect(results, storage=url)
-    assert any("no such SQLite file" in line for line in data.missing) and not (tmp_path / "new.db").exists()
+    assert any("new.db does not exist" in line for line in data.missing) and not (tmp_path / "new.db").exists()
 
 
 @pytest.mark.parametrize("option", ["--out", "--data-json", "--screenshot"])
