@@ -3,7 +3,10 @@
 `atomic_write` writes a temporary file in the target's folder, fsyncs it and renames it over the
 target, so a reader never sees half a file. `tempfile.mkstemp` creates files readable by their owner
 only (0600); a result file is meant to be read by other users and tools, so it gets 0644 before the
-rename.
+rename. A writer killed before the rename leaves its temporary file (`.<name>.<8 characters>.tmp`):
+the writer holds an `flock` on its temporary file from its creation until after the rename, so a later
+`atomic_write` of the same target removes the ones of the current user that no one holds and that are
+older than `STALE_TEMPORARY_S` (the age covers the moment between creating the file and locking it).
 
 Two locks, both `flock`, which the kernel releases when the holder dies (a killed process never
 leaves one taken):
@@ -27,12 +30,16 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
 RESULT_FILE_MODE = 0o644
+# a temporary file of `atomic_write` no one holds is removed once it is this old (seconds)
+STALE_TEMPORARY_S = 5.0
 
 
 @contextlib.contextmanager
@@ -110,14 +117,52 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as handle:
+        # held until the descriptor closes, after the rename: a live writer's file is never removed
+        # as a dead one's (a file system without flock: nothing is removed, see below)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        binary = isinstance(text, bytes)
+        with (os.fdopen(fd, "wb", closefd=False) if binary
+              else os.fdopen(fd, "w", encoding="utf-8", closefd=False)) as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, RESULT_FILE_MODE)
+            os.fsync(fd)
+        os.fchmod(fd, RESULT_FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
+    _remove_abandoned_temporaries(path)
     return path
+
+
+def _remove_abandoned_temporaries(path: Path) -> None:
+    """Remove the temporary files of `path` that writers killed before their rename left behind:
+    named as `atomic_write` names them (mkstemp's 8 characters), the current user's, older than
+    `STALE_TEMPORARY_S` and locked by no one. Anything else, or any doubt, leaves the file."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"[a-z0-9_]{8}\.tmp")
+    try:
+        names = [name for name in os.listdir(path.parent) if pattern.fullmatch(name)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):   # gone meanwhile, not ours to open, no flock: left
+            _remove_if_abandoned(path.parent / name)
+
+
+def _remove_if_abandoned(temporary: Path) -> None:
+    fd = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mine = os.fstat(fd)
+        if (not stat.S_ISREG(mine.st_mode) or mine.st_uid != os.getuid()
+                or time.time() - mine.st_mtime < STALE_TEMPORARY_S):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # BlockingIOError: its writer is alive
+        now = os.lstat(temporary)
+        if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):   # not renamed meanwhile
+            os.unlink(temporary)
+    finally:
+        os.close(fd)
