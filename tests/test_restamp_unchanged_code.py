@@ -1,0 +1,68 @@
+"""benchmarks/restamp_unchanged_code.py re-stamps an entry only where the old and today's sources
+compile its configuration to the same instructions (CPU compiles, nvdisasm)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4 import kernels
+from fa4.database import BestConfigDB, Entry
+from fa4.kernels import AttentionProblem, Config
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "restamp_unchanged_code.py"
+PROBLEM = AttentionProblem(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8, head_dim=64,
+                           dtype="fp16", causal=False)
+
+
+def _old_fingerprint(old_kernels: Path) -> str:
+    root = old_kernels.parent.parent
+    out = subprocess.run([sys.executable, str(SCRIPT), "--child", str(root), "--nvdisasm", "unused"],
+                         input="[]", capture_output=True, text=True, check=True, cwd="/")
+    return json.loads(out.stdout)["fingerprints"]["sm90"]
+
+
+def _entry(poly_columns: int, seqlen: int, fingerprint: str) -> Entry:
+    problem = AttentionProblem(**{**PROBLEM.to_dict(), "seqlen_q": seqlen, "seqlen_k": seqlen})
+    config = kernels.default_config("sm90", problem).replace(exp2_poly_columns=poly_columns)
+    return Entry.from_result(arch="sm90", device="NVIDIA H200", problem=problem, config=config.to_dict(),
+                             us=30.0, tflops=300.0, default_us=31.0, peers_us={}, max_err=1e-3,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=1)
+
+
+def test_only_entries_whose_code_is_unchanged_are_restamped(tmp_path):
+    pytest.importorskip("cutlass")
+    try:
+        from fa4tune.sass_build import nvdisasm_path
+        nvdisasm_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    # the old sources: today's with other exp2 polynomial coefficients, which only configurations
+    # that use the polynomial (exp2_poly_columns > 0) compile differently
+    old = tmp_path / "root" / "fa4" / "kernels"
+    shutil.copytree(REPO / "kernels", old, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (old / "fast_exp2.py").read_text()
+    assert "0.07706677168607712)" in source
+    (old / "fast_exp2.py").write_text(source.replace("0.07706677168607712)", "0.0770668)"))
+    (old.parent / "__init__.py").write_text("")
+    tuned_with = _old_fingerprint(old)
+    assert tuned_with != kernels.kernel_fingerprint("sm90")
+
+    db_path = tmp_path / "db.json"
+    db = BestConfigDB()
+    db.put(_entry(0, 1024, tuned_with))                 # no polynomial: same code
+    db.put(_entry(2, 2048, tuned_with))                 # the polynomial: other constants
+    db.put(_entry(0, 4096, "0123456789abcdef"))         # tuned with sources we do not have
+    db.save(db_path)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--old-kernels", str(old), "--db", str(db_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = {e.seqlen_q_bucket: e.kernel_fingerprint for e in BestConfigDB.load(db_path).entries}
+    assert after == {1024: kernels.kernel_fingerprint("sm90"), 2048: tuned_with, 4096: "0123456789abcdef"}
+    assert "re-stamped 1 of 3" in result.stdout
