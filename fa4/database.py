@@ -453,6 +453,11 @@ class BestConfigDB:
                 return layer, e
         return usable[-1] if usable else None
 
+    def current_entries(self, fingerprint: Optional[str], broken: frozenset = frozenset()) -> list[Entry]:
+        """Per key, the entry lookup would use (`candidate`), where it is current (not stale)."""
+        found = (self.candidate(key, fingerprint, broken) for key in sorted(self._entries))
+        return [entry for hit in found if hit is not None for entry in [hit[1]] if not entry.is_stale(fingerprint)]
+
     def lookup(self, arch: str, device_name: str, problem: Any, fingerprint: Optional[str] = None, *,
                max_distance: float = math.inf, broken: frozenset = frozenset()) -> Lookup:
         """The best known configuration for a problem on a device.

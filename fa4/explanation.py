@@ -34,6 +34,9 @@ class Explanation:
     # implementations installed and applicable here (`fa4.dispatch.Choice`); empty when nothing was
     # measured at this bucket, or a backend is forced
     backends: list = field(default_factory=list)
+    # at a shape without measured times (no exact entry), the winner per mode predicted from the
+    # nearest measured shapes (`fa4.prediction.Prediction`, with the neighbours it used)
+    predictions: list = field(default_factory=list)
     # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.dispatch.IMPLEMENTATIONS`;
     # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
     runs: dict = field(default_factory=dict)
@@ -58,6 +61,14 @@ class Explanation:
             if self.backends:
                 lines.append(f"  fastest backend, measured at this bucket ({self.entry.backend_source}):")
                 lines += [f"    {choice}" for choice in self.backends]
+            if self.predictions:
+                lines.append("  fastest backend, predicted from the nearest measured shapes (fa4.prediction):")
+                shown = None
+                for guess in self.predictions:
+                    lines.append(f"    {guess}")
+                    if guess.neighbours != shown:  # the modes mostly share their neighbours: list them once
+                        lines += [f"      neighbour {n}" for n in guess.neighbours]
+                        shown = guess.neighbours
         elif self.path == "sdpa":
             lines.append("  runs: torch SDPA (fallback='sdpa'), because:")
             lines += [f"    - {r}" for r in self.reasons]
@@ -74,7 +85,7 @@ class Explanation:
         def title(name):
             return f"our {self.arch} kernel" if name == dispatch.OURS else dispatch.TITLES[name]
 
-        why = {c.mode: c for c in self.backends}
+        why = {c.mode: c for c in self.backends + self.predictions}
         forced = f" (forced: backend={self.forced_backend!r})" if self.forced_backend else ""
         names = set(self.runs.values())
         if len(names) == 1:

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fa4 import backends as _backends, checks, dispatch, kernels, state
+from fa4 import backends as _backends, checks, dispatch, kernels, prediction, state
 from fa4.arch import describe_capabilities
 from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.config_arg import check_unused, forced_config
@@ -144,47 +144,65 @@ def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backe
 
 
 def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem) -> None:
-    """Fill expl.runs (and expl.backends, expl.notes): per mode, the implementation to run.
+    """Fill expl.runs (and expl.backends or expl.predictions, expl.notes): per mode, the implementation.
 
-    backend="ours" runs ours. "auto": an exact database entry's measured times (a neighbour's were
-    measured at another shape, so they decide nothing here), among the implementations installed here
-    and able to give this call our semantics, judged by `fa4.dispatch.choose`; ours without an entry,
-    without times, or where it wins or ties."""
-    return_lse = problem.return_lse
+    backend="ours" runs ours. "auto": among the implementations installed here and able to give this
+    call our semantics, an exact database entry's measured times decide (`fa4.dispatch.choose`); without
+    them (a shape nobody tuned: nearest-bucket or default configuration), the times measured at nearby
+    shapes predict the winner (`fa4.prediction`); ours without any measurement, or where it wins or
+    ties. A forced configuration runs ours."""
     expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
     if backend == dispatch.OURS:
         expl.forced_backend = backend
-    if expl.source != "exact" or not expl.entry.backend_us:
+    excluded = _excluded_peers(expl, problem)
+    host = dispatch.host_us(expl.device_name or "")
+    if expl.source == "exact" and expl.entry.backend_us:
+        measured = dict(expl.entry.backend_us)
+        candidates = {name: us for name, us in measured.items() if name not in excluded}
+        for mode in dispatch.MODES:
+            choice = dispatch.choose(candidates, host, mode)
+            if choice is None:
+                continue
+            expl.backends.append(choice)
+            if backend == "auto":
+                expl.runs[mode] = choice.backend
+            unfiltered = dispatch.choose(measured, host, mode)
+            if unfiltered is not None and unfiltered.backend != choice.backend:
+                expl.notes.append(f"{mode}: {dispatch.TITLES[unfiltered.backend]} measured fastest "
+                                  f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
+    elif expl.source in ("nearest", "default"):
+        db = state.database()
+        entries = [] if db is None else prediction.region(
+            db.current_entries(state.fingerprint(expl.arch), STATE.db_broken), expl.arch,
+            expl.device_name or "", problem)
+        for mode in dispatch.MODES:
+            guess = prediction.predict(entries, problem, mode, host, lambda name: name not in excluded)
+            if guess is None:
+                continue
+            expl.predictions.append(guess)
+            if backend == "auto":
+                expl.runs[mode] = guess.backend
+    else:
         return
-    measured = dict(expl.entry.backend_us)
+    if not host and (expl.backends or expl.predictions):
+        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
+                          "judged by GPU time alone")
+
+
+def _excluded_peers(expl: Explanation, problem: AttentionProblem) -> dict[str, str]:
+    """{peer: why it cannot run this call here} (not installed, cannot give our semantics, or it
+    refused this call earlier in this process)."""
     excluded: dict[str, str] = {}
-    for name in measured:
-        if name == dispatch.OURS or name not in dispatch.PEERS:
-            continue
+    for name in dispatch.PEERS:
         why = [_backends.unavailable(name)] + _backends.inapplicable(
-            name, return_lse=return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
+            name, return_lse=problem.return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
             seqlen_k=problem.seqlen_k)
-        refused = STATE.refused.get((name, expl.problem, return_lse))
+        refused = STATE.refused.get((name, expl.problem, problem.return_lse))
         why += [f"{dispatch.TITLES[name]} refused this call earlier in this process ({refused})"] if refused else []
         why = [w for w in why if w]
         if why:
             excluded[name] = "; ".join(why)
-    host = dispatch.host_us(expl.device_name or "")
-    candidates = {name: us for name, us in measured.items() if name not in excluded}
-    for mode in dispatch.MODES:
-        choice = dispatch.choose(candidates, host, mode)
-        if choice is None:
-            continue
-        expl.backends.append(choice)
-        if backend == "auto":
-            expl.runs[mode] = choice.backend
-        unfiltered = dispatch.choose(measured, host, mode)
-        if unfiltered is not None and unfiltered.backend != choice.backend:
-            expl.notes.append(f"{mode}: {dispatch.TITLES[unfiltered.backend]} measured fastest "
-                              f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
-    if not host:
-        expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
-                          "judged by GPU time alone")
+    return excluded
 
 
 def _choose_config(expl: Explanation, arch: str, device_name: str, problem: AttentionProblem,

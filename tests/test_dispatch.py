@@ -212,9 +212,13 @@ def test_explain_says_which_backend_would_run_and_why(tmp_path, monkeypatch):
                         device_name="NVIDIA H200")
         assert {c.backend for c in e.backends} == {"ours"} and e.runs == {"eager": "ours", "graph": "ours"}
         assert "runs: our sm90 kernel\n" in str(e)
-        # a neighbour's times were measured at another shape: no verdict
+        # a neighbour's times were measured at another shape: no measurement here, a prediction (one
+        # neighbour 1.9 log2 steps away: not confident, the region's vote)
         e = fa4.explain(*_meta(1, 2000, 32, 8, 128), causal=True, arch="sm90", device_name="NVIDIA H200")
-        assert e.source == "nearest" and e.backends == [] and "fastest backend" not in str(e)
+        assert e.source == "nearest" and e.backends == [] and "fastest backend, measured" not in str(e)
+        assert [(p.mode, p.backend, p.confident) for p in e.predictions] == [
+            ("eager", "ours", False), ("graph", "flash_attn_4", False)]
+        assert "neighbour sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8 (distance 1.93)" in str(e)
     finally:
         fa4.use_config_db(None)
 

@@ -106,12 +106,14 @@ def test_ours_where_nothing_says_otherwise(fake, peers):
     # a tie within 1 % keeps ours
     measured(fake.db_path, {"ours": 100.0, "flash_attn_4": 99.5})
     assert fa4.explain(q, k, v).runs == {"eager": "ours", "graph": "ours"}
-    # a neighbour's times were measured at another shape (a neighbour is used only where it beat the
-    # default, 12 us in add_entry)
+    # at a shape nobody measured, the neighbours' times predict (fa4.prediction): one neighbour 1.3
+    # log2 steps away is not confident, so the region votes (its only entry: flash-attn-4 in graph mode)
     measured(fake.db_path, {"ours": 10.0, "flash_attn_4": 5.0})
     assert fa4.explain(q, k, v).runs == {"eager": "ours", "graph": "flash_attn_4"}
     near = fa4.explain(*qkv(sq=100, sk=100))
-    assert near.source == "nearest" and near.runs == {"eager": "ours", "graph": "ours"}
+    assert near.source == "nearest" and near.runs == {"eager": "ours", "graph": "flash_attn_4"}
+    assert [(p.mode, p.confident) for p in near.predictions] == [("eager", False), ("graph", False)]
+    assert "predicted from the nearest measured shapes" in str(near) and "neighbour sm90|" in str(near)
     # config= forces our kernel's configuration: ours
     assert fa4.explain(q, k, v, config={"tile_n": 96}).runs == {"eager": "ours", "graph": "ours"}
     fa4.attention(q, k, v, config={"tile_n": 96})
@@ -257,3 +259,29 @@ def test_explain_a_forced_peer_for_another_gpu(peers):
     e = fa4.explain(*meta, backend="flash_attn_4", arch="sm90", device_name="NVIDIA H200")
     assert e.runs == {"eager": "flash_attn_4", "graph": "flash_attn_4"}
     assert "runs: flash-attn-4 (forced: backend='flash_attn_4')" in str(e)
+
+
+def test_an_unmeasured_shape_runs_what_its_neighbours_measured_fastest(fake, peers):
+    # two measured shapes near the call's (S=64 and S=128; the call is S=96) agree: flash-attn-4 runs
+    for seqlen in (64, 128):
+        add_entry(fake.db_path, seqlen=seqlen, us=10.0)
+    db = database.BestConfigDB.load(fake.db_path)
+    for entry in db.entries:
+        db.put(dataclasses.replace(entry, backend_us={"ours": 100.0, "flash_attn_4": 60.0}, backend_source="t"))
+    db.save(fake.db_path)
+    fa4.use_config_db(fake.db_path)
+    q, k, v = qkv(sq=96, sk=96)
+    e = fa4.explain(q, k, v)
+    assert e.runs == {"eager": "flash_attn_4", "graph": "flash_attn_4"}
+    assert all(p.confident and len(p.neighbours) == 2 for p in e.predictions)
+    fa4.attention(q, k, v)
+    assert peers.names() == ["flash_attn_4"]
+    # flash-attn-4 cannot run here: ours (the only other implementation measured)
+    peers.calls.clear()
+    backends_unavailable = backends.unavailable
+    try:
+        backends.unavailable = lambda name: "not installed" if name == "flash_attn_4" else None
+        fa4.use_config_db(fake.db_path)
+        assert fa4.explain(q, k, v).runs == {"eager": "ours", "graph": "ours"}
+    finally:
+        backends.unavailable = backends_unavailable
