@@ -31,14 +31,23 @@ def _tiles(config: Config, problem: AttentionProblem) -> tuple[int, int]:
 
 def wide_tiles_at_head_dim_64(config: Config, problem: AttentionProblem) -> Config:
     """Head dim 64: 192-row tiles (three consumer warpgroups), as flash-attn-4 does: 84.9 -> 80.1 us
-    at B1 S2048 H32/8 full, 55.7 -> 48.6 causal. Causal with 96-key blocks: 47.4 -> 44.1 us there
-    (192 x 128 under the causal mask is the one tile where ptxas keeps the K/V stage index out of
-    uniform registers and spends ~50 more instructions per unmasked block converting descriptors;
-    results/h200/variants_d64c.json)."""
-    ratio = problem.gqa_ratio
-    if problem.head_dim > 64 or not _fits_192_rows(problem) or (ratio > 1 and 192 % ratio):
+    at B1 S2048 H32/8 full, 55.7 -> 48.6 causal; also where the GQA ratio does not divide 192 (the
+    heads then go unpacked: B1 S3000 H28/4 bf16 full 1.26x -> best of its search).
+    Causal fp16: 96-key blocks (47.4 -> 44.1 us at B1 S2048 H32/8; 192 x 128 under the causal mask is
+    the one tile where ptxas keeps the K/V stage index out of uniform registers and spends ~50 more
+    instructions per unmasked block converting descriptors; results/h200/variants_d64c.json).
+    Causal bf16: 64-key blocks with 4 of every 32 exps from the FMA polynomial. In bf16, ptxas
+    serialises the wgmma of the 192 x 96 tile ("WG.AR in divergent path"; `fa4tune sass` reports
+    `wgmma_serialized`), 1.47-1.56x slower than the best of its search on the five bf16 D64 causal
+    train shapes of results/wide (B1 S4096/S8192 H32/8, B8 S2048 H32/16, B1 S16384 H16/16,
+    B1 S32768 H8/1); 192 x 64 with the polynomial is within 3 % of each search's best where timed."""
+    if problem.head_dim > 64 or not _fits_192_rows(problem):
         return config
-    return config.replace(tile_m=192, tile_n=96 if problem.causal else config.tile_n)
+    if not problem.causal:
+        return config.replace(tile_m=192)
+    if problem.dtype == "bf16":
+        return config.replace(tile_m=192, tile_n=64, exp2_poly_columns=4)
+    return config.replace(tile_m=192, tile_n=96)
 
 
 def pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Config:
