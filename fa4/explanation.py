@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fa4 import dispatch
+from fa4 import backends as _backends, dispatch
 from fa4.kernels import Config
 
 
@@ -34,7 +34,7 @@ class Explanation:
     # implementations installed and applicable here (`fa4.dispatch.Choice`); empty when nothing was
     # measured at this bucket, or a backend is forced
     backends: list = field(default_factory=list)
-    # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.dispatch.IMPLEMENTATIONS`;
+    # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.backends.implementations()`;
     # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
     runs: dict = field(default_factory=dict)
     forced_backend: str | None = None  # backend= when it names an implementation
@@ -72,7 +72,7 @@ class Explanation:
 
     def _runs_lines(self) -> list[str]:
         def title(name):
-            return f"our {self.arch} kernel" if name == dispatch.OURS else dispatch.TITLES[name]
+            return f"our {self.arch} kernel" if name == dispatch.OURS else _backends.title(name)
 
         why = {c.mode: c for c in self.backends}
         forced = f" (forced: backend={self.forced_backend!r})" if self.forced_backend else ""
