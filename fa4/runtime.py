@@ -341,8 +341,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     capture / torch.compile; `fa4.dispatch`) and it is installed and gives the same semantics;
     "ours" forces our kernel, a peer's name (`fa4.backends.peer_names()`: "flash_attn_4",
     "sdpa_cudnn", "sdpa_flash") forces that implementation (`UnsupportedInputError` when it cannot
-    run the call). config= forces our kernel's configuration
-    (a `fa4.kernels.Config`, a dict of knob values over the heuristic default, or a label).
+    run the call). config= forces our kernel's configuration (a `fa4.kernels.Config`, a dict of knob
+    values over the heuristic default, or a label).
     fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs (with a one-time
     warning); the default raises `UnsupportedInputError`. The Blackwell kernel has never run on
     hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).
