@@ -16,11 +16,12 @@ short key), torch.compiler.is_compiling(), and an empty CuTe DSL kernel with the
 compiled with --enable-tvm-ffi (TVM-FFI's per-call floor for these arguments). A row that fails
 prints its error; the others still run.
 
-Rows per implementation, twice: called directly (flash_attn_func, SDPA with its backend pinned by the
-sdpa_kernel context manager), and through `fa4.attention(q, k, v, causal=..., backend=name)` for
-every backend ("ours" and each peer, `fa4.dispatch.PEERS`): the eager per-call host time a user pays
-when dispatch runs that implementation (our input checks and plan lookup, then the call of
-`fa4/backends.py` and our rule for rows without keys). A forced backend that is not installed or
+Rows per implementation, twice: called directly (each peer's `direct_call` in `fa4.backends`:
+flash_attn_func, SDPA with its backend pinned by the sdpa_kernel context manager), and through
+`fa4.attention(q, k, v, causal=..., backend=name)` for every backend ("ours" and each peer of the
+registry, `fa4.backends.implementations()`): the eager per-call host time a user pays when dispatch
+runs that implementation (our input checks and plan lookup, then the peer's runner and our rule for
+rows without keys). A forced backend that is not installed or
 refuses the shape says why. The summary sets the two side by side (the difference is our wrapper);
 `fa4tune.host_overhead` derives the runtime's table from the fa4.attention rows where a run has them.
 
@@ -42,9 +43,8 @@ import statistics
 import sys
 import time
 
-from fa4.dispatch import IMPLEMENTATIONS as BACKENDS  # what fa4.attention(backend=...) takes besides "auto"
-from fa4.dispatch import TITLES
-from fa4tune.host_overhead import DIRECT_ROWS, through_row
+from fa4 import backends
+from fa4tune.host_overhead import direct_row, through_row
 
 
 def through_vs_direct(rows: list[dict]) -> list[str]:
@@ -52,8 +52,8 @@ def through_vs_direct(rows: list[dict]) -> list[str]:
     and called directly, and the difference (what our wrapper adds)."""
     by_name = {r["name"]: r for r in rows}
     lines = ["# host us per eager call, through fa4.attention(backend=...) vs called directly:"]
-    for name, (direct_name,) in DIRECT_ROWS.items():
-        through, direct = by_name.get(through_row(name), {}), by_name.get(direct_name, {})
+    for name in backends.implementations():
+        through, direct = by_name.get(through_row(name), {}), by_name.get(direct_row(name), {})
         if "host_us" in through and "host_us" in direct:
             lines.append(f"#   {name:13s} {through['host_us']:8.2f} vs {direct['host_us']:8.2f} "
                          f"({through['host_us'] - direct['host_us']:+.2f} us)")
@@ -175,7 +175,6 @@ def main(argv=None) -> int:
 
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import fa4
     from fa4 import runtime, state
@@ -273,7 +272,7 @@ def main(argv=None) -> int:
             out = torch.empty_like(q)
             fast_run(q, k, v, out, None, scale)
             return out
-        add("torch.empty_like + direct launcher, nothing else", allocate_and_launch,
+        add(direct_row(backends.OURS), allocate_and_launch,
             "the floor of any Python path that allocates O: no key, no checks")
         try:
             cpp_launch = _cpp_launcher()
@@ -322,44 +321,36 @@ def main(argv=None) -> int:
                      lambda fn=fn, lse_arg=lse_arg: fn(q, k, v, o_t, lse_arg, 0.5))
     except Exception as exc:
         rows.append({"name": "trivial CuTe kernel", "error": f"{type(exc).__name__}: {exc}"[:300]})
-    try:
-        from flash_attn.cute import flash_attn_func
-
-        add("flash-attn-4 flash_attn_func", lambda: flash_attn_func(q, k, v, causal=causal))
-    except ImportError as exc:
-        rows.append({"name": "flash-attn-4 flash_attn_func", "error": f"not importable: {exc}"})
+    # every peer called directly, with nothing of fa4 around it (`Backend.direct_call`); one that refuses
+    # GQA inputs and may (`Backend.expand_kv_if_refused`) on K and V expanded to the query heads once
+    k_x, v_x = (t.repeat_interleave(hq // hkv, dim=2) for t in (k, v))
+    for peer in backends.peers():
+        if peer.direct_row is None:
+            continue
+        try:
+            call, note = peer.direct_call(q, k, v, causal)
+        except ImportError as exc:
+            rows.append({"name": peer.direct_row, "error": f"not importable: {exc}"})
+            continue
+        if peer.expand_kv_if_refused and hq != hkv:
+            try:
+                with torch.no_grad():
+                    call()
+            except RuntimeError:
+                call, note = peer.direct_call(q, k_x, v_x, causal)
+                note += "; K/V expanded to Hq heads before timing (the backend refused enable_gqa)"
+        add(peer.direct_row, call, note)
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def sdpa():
-        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)
-
-    # K and V expanded to the query heads once, for a backend that refuses enable_gqa
-    kt_x, vt_x = (t.repeat_interleave(hq // hkv, dim=1) for t in (kt, vt))
-
-    def sdpa_expanded():
-        return F.scaled_dot_product_attention(qt, kt_x, vt_x, is_causal=causal).transpose(1, 2)
-
-    add("SDPA (torch's choice of backend)", sdpa)
-    for backend_name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash (FA2)", SDPBackend.FLASH_ATTENTION)):
-        def pinned(backend=backend, fn=sdpa):
-            with sdpa_kernel(backend):
-                return fn()
-        try:
-            with torch.no_grad():
-                pinned()
-            add(f"SDPA {backend_name} backend", pinned, "includes the sdpa_kernel context manager")
-        except RuntimeError:
-            add(f"SDPA {backend_name} backend", lambda p=pinned: p(fn=sdpa_expanded),
-                "includes the sdpa_kernel context manager; K/V expanded to Hq heads before timing "
-                "(the backend refused enable_gqa)")
+    add("SDPA (torch's choice of backend)",
+        lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2))
 
     # every implementation again, through fa4.attention with that backend forced: what a user pays per
     # eager call when dispatch runs it (the rows `fa4tune.host_overhead` prefers)
-    for name in BACKENDS:
+    for name in backends.implementations():
         add(through_row(name), lambda name=name: fa4.attention(q, k, v, causal=causal, backend=name),
-            f"{TITLES[name]} through fa4.attention: input checks, plan lookup, "
-            + ("our kernel's launch" if name == "ours" else "the call of fa4/backends.py, rows without keys"))
+            f"{backends.title(name)} through fa4.attention: input checks, plan lookup, "
+            + ("our kernel's launch" if name == backends.OURS else "the peer's runner, rows without keys"))
 
     add("fa4.attention (kernel path), again at the end", lambda: fa4.attention(q, k, v, causal=causal),
         "the first row measured again after all others: how much the host figures drift in a run")
@@ -384,7 +375,7 @@ def main(argv=None) -> int:
     if headline:
         worst = max(headline)
         verdict = "meets" if worst <= 8.0 else "MISSES"
-        floor = [r["host_us"] for r in rows if r["name"].startswith("torch.empty_like + direct") and "host_us" in r]
+        floor = [r["host_us"] for r in rows if r["name"] == direct_row(backends.OURS) and "host_us" in r]
         print(f"# fa4.attention kernel path: {' and '.join(f'{h:.2f}' for h in headline)} us host per call "
               f"(first and last row), {verdict} the 8 us target"
               + (f"; allocation + launch alone: {floor[0]:.2f} us" if floor else ""))

@@ -1,7 +1,8 @@
 """The held-out verdict from `fa4tune bench` files: how `fa4.attention` does on shapes nobody tuned.
 
 Per shape: the dispatched row (what `fa4.attention` ran: a borrowed or default configuration of ours,
-or the implementation predicted fastest) and our default row, each over min(flash-attn-4, cuDNN);
+or the implementation predicted fastest) and our default row, each over the fastest peer (every
+registered backend, `fa4.backends.peer_names()`: a bar at least as strict as the two fastest peers');
 the dispatched row over the fastest row measured at that shape (any implementation, any of our
 configurations); and, where the tuned row found a nearest-bucket entry, that configuration too.
 Then the geometric means and the shapes past the bars (`--bar`, `--dispatch-bar`).
@@ -16,7 +17,8 @@ import json
 import math
 import sys
 
-PEERS_TO_BEAT = ("flash_attn_4", "sdpa_cudnn")
+from fa4 import backends
+
 
 
 def geomean(values: list[float]) -> float:
@@ -29,13 +31,15 @@ def summarise(paths: list[str], bar: float, dispatch_bar: float, markdown: bool)
         for row in json.load(open(path))["rows"]:
             shapes.setdefault(row["shape"], {})[row["variant"]] = row
     dispatched_ratios, default_ratios, misses = [], [], []
-    header = "| shape | dispatched us (ran) | default us | flash-attn-4 | cuDNN | dispatched ÷ best peer | default ÷ best peer | dispatched ÷ fastest |"
+    peers = backends.peer_names()
+    header = ("| shape | dispatched us (ran) | default us | " + " | ".join(backends.title(p) for p in peers)
+              + " | dispatched ÷ best peer | default ÷ best peer | dispatched ÷ fastest |")
     print(header if markdown else header.replace("|", " "))
     if markdown:
-        print("|" + " --- |" * 8)
+        print("|" + " --- |" * (6 + len(peers)))
     for shape, rows in shapes.items():
         us = {name: row["us"] for name, row in rows.items() if row.get("outcome") == "ok" and row.get("us")}
-        peer = min((us[name] for name in PEERS_TO_BEAT if name in us), default=None)
+        peer = min((us[name] for name in backends.peer_names() if name in us), default=None)
         if peer is None or "dispatched" not in us:
             print(f"{shape}: no dispatched row or no peer to compare with ({sorted(us)})")
             misses.append(shape)
@@ -52,13 +56,13 @@ def summarise(paths: list[str], bar: float, dispatch_bar: float, markdown: bool)
             misses.append(shape)
         cells = [shape, f"{us['dispatched']:.1f} ({ran.get('graph', '?')})",
                  f"{default:.1f}" if default else "-",
-                 f"{us.get('flash_attn_4', math.nan):.1f}", f"{us.get('sdpa_cudnn', math.nan):.1f}",
+                 *(f"{us.get(p, math.nan):.1f}" for p in peers),
                  f"{d_ratio:.3f}", f"{default / peer:.3f}" if default else "-", f"{f_ratio:.3f}"]
         print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells) + flag)
-    print(f"\ndispatched ÷ min(flash-attn-4, cuDNN): geometric mean {geomean(dispatched_ratios):.3f}, "
+    print(f"\ndispatched ÷ fastest peer: geometric mean {geomean(dispatched_ratios):.3f}, "
           f"worst {max(dispatched_ratios, default=math.nan):.3f} over {len(dispatched_ratios)} shapes "
           f"(bars: each <= {bar}, geometric mean <= 0.97)")
-    print(f"default ÷ min(flash-attn-4, cuDNN): geometric mean {geomean(default_ratios):.3f}, "
+    print(f"default ÷ fastest peer: geometric mean {geomean(default_ratios):.3f}, "
           f"worst {max(default_ratios, default=math.nan):.3f}")
     print(f"{len(misses)} shape(s) past a bar{': ' + ', '.join(misses) if misses else ''}")
     return 0

@@ -6,7 +6,8 @@
 
 Each variant is the default configuration of the shape with the given knobs replaced. Every variant
 is validated against the fp32 reference and SDPA (the search's rule) before it is timed; the peers
-(flash-attn-4, SDPA cuDNN) are timed in the same process by the same CUDA-graph method. Unlike
+(`--peers`, default every one of `fa4.backends`) are timed in the same process by the same CUDA-graph
+method. Unlike
 `fa4tune bench` this needs no database and compares any number of configurations; unlike a search it
 runs in one process, so a faulting variant ends the run (use it on configurations that compiled).
 """
@@ -18,6 +19,7 @@ import json
 import sys
 import time
 
+from fa4.backends import peer_names
 from fa4.kernels import AttentionProblem, Config, default_config, feasible
 from fa4tune.api import DEFAULT_PROBLEM
 from fa4tune.evaluator import KernelEvaluator
@@ -39,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--variants", default="{}", help="JSON {name: {knob: value}}; 'default' is always timed")
-    ap.add_argument("--peers", default="flash_attn_4,sdpa_cudnn")
+    ap.add_argument("--peers", default=",".join(peer_names()), help="comma-separated peer names")
     ap.add_argument("--ignore-register-model", action="store_true",
                     help="compile configurations the register model rejects (to calibrate it)")
     ap.add_argument("--out", default=None)

@@ -42,13 +42,14 @@ One entry (every field is written; `key` is derived and checked on load):
     speedup             {peer_name: peer_us / us} for every peer timed in the run, plus "default"
     max_err             max |out - fp32 reference| of the tuned config
     backend_us          {implementation: GPU us} of every implementation timed at this shape in one run:
-                        "ours" (this entry's configuration) and the peers (`fa4.dispatch.PEERS`);
+                        "ours" (this entry's configuration) and the peers (`fa4.backends`);
                         from the search (`us` and the peers it timed) or a bench (`fa4tune db
                         import-bench`); what `fa4.dispatch` judges the fastest backend from
     backend_source      where backend_us comes from: "search" or "bench <date>"
     kernel_fingerprint  `fa4.kernels.source_fingerprint(arch)` when tuned; a different current
                         fingerprint makes the entry stale: reported, never trusted by lookup
-    versions            {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}
+    versions            {"torch", "cutlass_dsl", "optuna", "cuda"} and each peer with a package of its
+                        own (`fa4.backends.recorded_versions`: "flash_attn_4")
     date                ISO 8601 UTC time of the record
     study, trial        optuna study name and trial number it came from (storage: fa4tune.search_runner)
 

@@ -1,4 +1,4 @@
-"""Which implementation is fastest for a call: ours, flash-attn-4 or one of SDPA's backends.
+"""Which implementation is fastest for a call: ours or a peer (`fa4.backends`: flash-attn-4, SDPA's backends).
 
 The data (nothing here is a measured number):
 - per best-config entry, `backend_us`: the GPU time of every implementation timed at that shape in one
@@ -17,9 +17,10 @@ The rule: our kernel runs unless another implementation's cost is lower by more 
 ours stays where it wins or ties. A call with no measurement (no entry, or an entry without
 `backend_us`) runs ours.
 
-`fa4.attention` runs what this module chooses among the implementations installed and applicable to
-the call (`fa4.backends`: how each is called, whether it can give our semantics); `fa4.explain` says
-which runs in each mode, and why, with the measured ratio.
+The implementations are ours and the peers of the registry, `fa4.backends` (how each is called,
+whether it can give our semantics), read at each choice. `fa4.attention` runs what this module chooses
+among those installed and applicable to the call; `fa4.explain` says which runs in each mode, and why,
+with the measured ratio.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-OURS = "ours"
-# the one list of the implementations we compare against (fa4tune.peers times them)
-PEERS = ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
-IMPLEMENTATIONS = (OURS,) + PEERS
-TITLES = {OURS: "ours", "flash_attn_4": "flash-attn-4", "sdpa_cudnn": "SDPA cuDNN",
-          "sdpa_flash": "SDPA flash (FA2)"}
+from fa4 import backends
+from fa4.backends import OURS
+
 MODES = ("eager", "graph")
 # Differences below this fraction are timing noise (repeated runs move by ~1 %): a tie, which ours keeps.
 TIMING_NOISE = 0.01
@@ -54,7 +52,7 @@ class Choice:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.mode}: {TITLES[self.backend]} ({self.reason})"
+        return f"{self.mode}: {backends.title(self.backend)} ({self.reason})"
 
 
 def call_cost(gpu_us: float, host_us: Optional[float], mode: str) -> float:
@@ -72,7 +70,8 @@ def choose(backend_us: Mapping[str, float], host_us: Mapping[str, float], mode: 
     In eager mode an implementation whose host time is unknown for this GPU is left out of the
     comparison (its cost cannot be judged), unless no host time is known at all (a GPU model never
     measured: GPU time alone, as in graph mode); in graph mode only GPU time counts."""
-    gpu = {name: float(us) for name, us in backend_us.items() if name in IMPLEMENTATIONS and us is not None}
+    known = backends.implementations()
+    gpu = {name: float(us) for name, us in backend_us.items() if name in known and us is not None}
     if OURS not in gpu:
         return None
     # eager calls are judged with host times where this GPU model has them (ours at least); a peer
@@ -84,7 +83,7 @@ def choose(backend_us: Mapping[str, float], host_us: Mapping[str, float], mode: 
     cost = {name: call_cost(us, host.get(name), mode) for name, us in gpu.items()}
     best = min(cost, key=lambda name: (cost[name], name != OURS))
     what = "max(GPU, host) time" if host else "GPU time"
-    skipped = f"; {', '.join(TITLES[n] for n in unknown)} left out: no host time measured" if unknown else ""
+    skipped = f"; {', '.join(backends.title(n) for n in unknown)} left out: no host time measured" if unknown else ""
     if best == OURS or cost[OURS] <= cost[best] * (1.0 + TIMING_NOISE):
         others = {n: c for n, c in cost.items() if n != OURS}
         if not others:
@@ -93,7 +92,7 @@ def choose(backend_us: Mapping[str, float], host_us: Mapping[str, float], mode: 
         verdict = "fastest" if cost[OURS] <= cost[rival] else f"within {TIMING_NOISE:.0%}: a tie, ours kept"
         return Choice(mode, OURS, cost, 1.0,
                       f"{what} {cost[OURS]:.1f} us, {cost[rival] / cost[OURS]:.3f}x faster than "
-                      f"{TITLES[rival]} ({cost[rival]:.1f} us): {verdict}{skipped}")
+                      f"{backends.title(rival)} ({cost[rival]:.1f} us): {verdict}{skipped}")
     ratio = cost[OURS] / cost[best]
     return Choice(mode, best, cost, ratio,
                   f"{what} {cost[best]:.1f} us vs ours {cost[OURS]:.1f} us: {ratio:.3f}x faster{skipped}")

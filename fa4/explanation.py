@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fa4 import dispatch
+from fa4 import backends as _backends, dispatch
 from fa4.kernels import Config
 
 
@@ -37,7 +37,7 @@ class Explanation:
     # at a shape without measured times (no exact entry), the winner per mode predicted from the
     # nearest measured shapes (`fa4.prediction.Prediction`, with the neighbours it used)
     predictions: list = field(default_factory=list)
-    # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.dispatch.IMPLEMENTATIONS`;
+    # which implementation runs per mode: {"eager": name, "graph": name} (`fa4.backends.implementations()`;
     # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
     runs: dict = field(default_factory=dict)
     forced_backend: str | None = None  # backend= when it names an implementation
@@ -83,7 +83,7 @@ class Explanation:
 
     def _runs_lines(self) -> list[str]:
         def title(name):
-            return f"our {self.arch} kernel" if name == dispatch.OURS else dispatch.TITLES[name]
+            return f"our {self.arch} kernel" if name == dispatch.OURS else _backends.title(name)
 
         why = {c.mode: c for c in self.backends + self.predictions}
         forced = f" (forced: backend={self.forced_backend!r})" if self.forced_backend else ""

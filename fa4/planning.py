@@ -19,8 +19,9 @@ from fa4.state import STATE, warn_once
 
 ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
 FALLBACKS = ("error", "sdpa")
-# backend=: "auto" runs the fastest measured implementation (fa4.dispatch), a name forces that one
-BACKENDS = ("auto",) + dispatch.IMPLEMENTATIONS
+# backend=: AUTO runs the fastest measured implementation (fa4.dispatch), a name
+# (`fa4.backends.implementations()`) forces that one
+AUTO = _backends.AUTO
 
 UNTESTED_ARCHS = {"sm100": "the sm100 (Blackwell) kernel has not yet run on hardware: it is compile-checked "
                            "on CPU and its tile algorithm is emulated against PyTorch, but no Blackwell GPU "
@@ -48,8 +49,9 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
     """
     if fallback not in FALLBACKS:
         raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise InvalidInputError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    choices = (AUTO,) + _backends.implementations()
+    if not isinstance(backend, str) or backend not in choices:
+        raise InvalidInputError(f"backend must be one of {', '.join(map(repr, choices))}, got {backend!r}")
     another_gpu = arch is not None  # explain for a GPU the tensors are not on
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
         raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
@@ -81,7 +83,7 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
              f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {'causal' if causal else 'full'}")
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
                        device_name=device_name, notes=notes)
-    if backend in dispatch.PEERS:
+    if backend in _backends.peer_names():
         return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
     if config is not None and (reasons or spec.is_empty or spec.has_no_keys):
         # our kernel runs nothing here, but a wrong config= is a wrong call whatever runs instead
@@ -122,16 +124,17 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
 def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> Plan:
     """backend= names a peer: it runs in every mode, or the call raises saying why it cannot
     (`another_gpu`: explained for a GPU the tensors are not on, so their device is no reason)."""
-    title = dispatch.TITLES[backend]
+    title = _backends.title(backend)
     if config is not None:
         raise InvalidInputError(f"config= configures our kernel, but backend={backend!r} runs {title}: "
                                 "pass one or the other")
     why = [] if another_gpu else checks.device_reasons(spec)
-    if spec.dtype is None:
+    if spec.dtype is None:  # no problem to ask the peer about
         why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
-    missing = _backends.unavailable(backend)
-    why += ([missing] if missing else []) + _backends.inapplicable(
-        backend, return_lse=return_lse, causal=causal, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k)
+    why += [_backends.unavailable(backend)]
+    if spec.dtype is not None:
+        why += [_backends.unsupported(backend, spec.problem(causal, return_lse))]
+    why = [w for w in why if w]
     if why:
         raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {'; '.join(why)}")
     expl.runs = {mode: backend for mode in dispatch.MODES}
@@ -164,11 +167,11 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
             if choice is None:
                 continue
             expl.backends.append(choice)
-            if backend == "auto":
+            if backend == AUTO:
                 expl.runs[mode] = choice.backend
             unfiltered = dispatch.choose(measured, host, mode)
             if unfiltered is not None and unfiltered.backend != choice.backend:
-                expl.notes.append(f"{mode}: {dispatch.TITLES[unfiltered.backend]} measured fastest "
+                expl.notes.append(f"{mode}: {_backends.title(unfiltered.backend)} measured fastest "
                                   f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
     elif expl.source in ("nearest", "default"):
         db = state.database()
@@ -180,7 +183,7 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
             if guess is None:
                 continue
             expl.predictions.append(guess)
-            if backend == "auto":
+            if backend == AUTO:
                 expl.runs[mode] = guess.backend
     else:
         return
@@ -193,12 +196,10 @@ def _excluded_peers(expl: Explanation, problem: AttentionProblem) -> dict[str, s
     """{peer: why it cannot run this call here} (not installed, cannot give our semantics, or it
     refused this call earlier in this process)."""
     excluded: dict[str, str] = {}
-    for name in dispatch.PEERS:
-        why = [_backends.unavailable(name)] + _backends.inapplicable(
-            name, return_lse=problem.return_lse, causal=problem.causal, seqlen_q=problem.seqlen_q,
-            seqlen_k=problem.seqlen_k)
+    for name in _backends.peer_names():
+        why = [_backends.unavailable(name), _backends.unsupported(name, problem)]
         refused = STATE.refused.get((name, expl.problem, problem.return_lse))
-        why += [f"{dispatch.TITLES[name]} refused this call earlier in this process ({refused})"] if refused else []
+        why += [f"{_backends.title(name)} refused this call earlier in this process ({refused})"] if refused else []
         why = [w for w in why if w]
         if why:
             excluded[name] = "; ".join(why)

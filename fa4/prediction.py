@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from fa4 import dispatch
+from fa4 import backends, dispatch
 
 NEIGHBOURS = 3
 CONFIDENT_DISTANCE = 2.0
@@ -56,7 +56,7 @@ class Neighbour:
 
     def __str__(self) -> str:
         won = ("ours fastest" if self.winner == dispatch.OURS
-               else f"{dispatch.TITLES[self.winner]} {self.ratio:.3f}x faster than ours")
+               else f"{backends.title(self.winner)} {self.ratio:.3f}x faster than ours")
         return f"{self.key} (distance {self.distance:.2f}): {won}"
 
 
@@ -72,7 +72,7 @@ class Prediction:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.mode}: {dispatch.TITLES[self.backend]} ({self.reason})"
+        return f"{self.mode}: {backends.title(self.backend)} ({self.reason})"
 
 
 def region(entries: Iterable[Any], arch: str, device_name: str, problem: Any) -> list[Any]:
@@ -115,7 +115,7 @@ def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, 
     why = ("the nearest measured shapes disagree" if len(winners) > 1 else
            f"no measured shape within {CONFIDENT_DISTANCE:g} log2 steps" if not near else
            f"one measured shape only, {near[0].distance:.2f} log2 steps away")
-    tally = ", ".join(f"{dispatch.TITLES[name]} {count}" for name, count in sorted(votes.items()))
+    tally = ", ".join(f"{backends.title(name)} {count}" for name, count in sorted(votes.items()))
     return Prediction(mode, backend, False, shown, votes,
                       f"not confident ({why}): fastest most often among the {len(ranked)} measured shapes "
                       f"of this kind ({tally}){'; ours on a tie' if len(leaders) > 1 else ''}")

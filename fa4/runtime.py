@@ -88,7 +88,7 @@ class _Launch:
         self.device_index = device_index
         self.restride = restride
         self.causal = causal
-        self.backend = backend    # the implementation this launch runs (`fa4.dispatch.IMPLEMENTATIONS`)
+        self.backend = backend    # the implementation this launch runs (`fa4.backends.implementations()`)
         self.graph = None
         self.rows_without_keys = rows_without_keys  # a peer's rows to set to our no-key rule
 
@@ -170,7 +170,7 @@ def _peer_runner(plan: planning.Plan, backend: str):
     try:
         return _backends.runner(backend, plan.causal)
     except Exception as exc:  # ImportError, or a package that fails to initialise
-        why = f"{dispatch.TITLES[backend]} cannot be imported: {_backends.short_error(exc)}"
+        why = f"{_backends.title(backend)} cannot be imported: {_backends.short_error(exc)}"
         if plan.explanation.forced_backend == backend:
             raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {why}") from exc
         warn_once(f"peer-import:{backend}", f"fa4: {why}; our kernel runs where it was measured fastest")
@@ -280,15 +280,15 @@ def _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallb
     A peer that refuses the call (an error from the peer itself: a shape, layout or GPU it does not
     take) raises under backend=<its name>; under auto dispatch it is remembered as refused, our kernel
     replaces it, and a warning says so. On an eager first call, a peer that only graph mode runs is
-    run once too (output dropped), so a later capture finds it compiled (flash-attn-4 compiles on
-    first use) and its refusal is known before any capture."""
+    run once too (output dropped), so a later capture finds it compiled (a peer that compiles on
+    first use, `Backend.compiles_on_first_call`) and its refusal is known before any capture."""
     capturing = _capturing()
     graph_mode = in_graph or capturing
     active = launch.graph if graph_mode and launch.graph is not None else launch
-    if (capturing and active.kind == _PEER and active.backend == "flash_attn_4"
+    if (capturing and active.kind == _PEER and _backends.get(active.backend).compiles_on_first_call
             and (active.backend, plan.explanation.problem, return_lse) not in STATE.peers_run):
         raise NotWarmedUpError(_warmup_message(plan.spec.problem(plan.causal, return_lse),
-                                               "flash-attn-4's first call (it compiles)"))
+                                               f"{_backends.title(active.backend)}'s first call (it compiles)"))
     if launch.graph is not None and not graph_mode and launch.graph.kind == _PEER:
         launch.graph = _run_or_replace(plan, launch.graph, q, k, v, softmax_scale, return_lse, fallback)[0]
     replaced, result = _run_or_replace(plan, active, q, k, v, softmax_scale, return_lse, fallback)
@@ -311,7 +311,7 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
         return launch, result
     except Exception as exc:  # the peer refused these inputs
         expl = plan.explanation
-        title = dispatch.TITLES[launch.backend]
+        title = _backends.title(launch.backend)
         if expl.forced_backend == launch.backend:
             raise UnsupportedInputError(f"backend={launch.backend!r} cannot run these inputs: {title} raised "
                                         f"{_backends.short_error(exc)}") from exc
@@ -339,9 +339,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return_lse. backend="auto" runs our kernel with its tuned configuration unless the database entry
     of this shape measured another implementation faster for this kind of call (eager, or CUDA-graph
     capture / torch.compile; `fa4.dispatch`) and it is installed and gives the same semantics;
-    "ours" forces our kernel, "flash_attn_4", "sdpa_cudnn", "sdpa_flash" force that implementation
-    (`UnsupportedInputError` when it cannot run the call). config= forces our kernel's configuration
-    (a `fa4.kernels.Config`, a dict of knob values over the heuristic default, or a label).
+    "ours" forces our kernel, a peer's name (`fa4.backends.peer_names()`: "flash_attn_4",
+    "sdpa_cudnn", "sdpa_flash") forces that implementation (`UnsupportedInputError` when it cannot
+    run the call). config= forces our kernel's configuration (a `fa4.kernels.Config`, a dict of knob
+    values over the heuristic default, or a label).
     fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs (with a one-time
     warning); the default raises `UnsupportedInputError`. The Blackwell kernel has never run on
     hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).

@@ -129,7 +129,7 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
     returns one summary dict per study (`fa4tune.study.summarize`). `retime_rounds` None: the
     search's default (`fa4tune.retime.ROUNDS`)."""
     from fa4tune import paths, search_runner
-    from fa4tune.peers import PEER_NAMES
+    from fa4.backends import peer_names
     from fa4tune.progress import Progress
     from fa4tune.retime import ROUNDS as RETIME_ROUNDS
     from fa4tune.space import load_space
@@ -146,7 +146,7 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
     settings = search_runner.SearchSettings(
         trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, trial_timeout_s=trial_timeout,
         compile_timeout_s=compile_timeout, gpus=[g["index"] for g in gpus[:workers]], processes=jobs,
-        timing=TimingSettings(l2=l2), peers=PEER_NAMES if peers else (), storage=storage, study_name=study,
+        timing=TimingSettings(l2=l2), peers=peer_names() if peers else (), storage=storage, study_name=study,
         db_path=db, record_db=record_db, space_path=space, warm_start=warm_start,
         retime_rounds=RETIME_ROUNDS if retime_rounds is None else retime_rounds)
     progress.message(f"{trials} configurations per study, sampler {sampler}, seed {seed}, "
@@ -207,7 +207,7 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
     default the results directory's bench.json; `csv` too when given); returns its document.
     `rounds` None: `fa4tune.bench_runner.ROUNDS`."""
     from fa4tune import bench_runner, paths
-    from fa4tune.peers import PEER_NAMES
+    from fa4.backends import peer_names
     from fa4tune.progress import Progress
     from fa4tune.timing import TimingSettings
 
@@ -219,7 +219,7 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
     progress.message(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s), "
                      f"{rounds} round{'s' if rounds != 1 else ''}")
     doc = bench_runner.run_bench(arch, problems, db_path=db, timing=TimingSettings(l2=l2),
-                                 peers=PEER_NAMES if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
+                                 peers=peer_names() if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
                                  progress=progress, rounds=rounds)
     path = out or paths.bench_path()
     bench_runner.write_bench(doc, path, csv)

@@ -22,7 +22,7 @@ rows as CSV too):
 
 One row per (shape, variant):
     shape       the shape key (`fa4tune.shapes.shape_key`), problem: AttentionProblem fields
-    variant     "tuned" | "default" | a peer (`fa4tune.peers.PEER_NAMES`) | "dispatched": `fa4.attention`
+    variant     "tuned" | "default" | a peer (`fa4.backends.peer_names()`) | "dispatched": `fa4.attention`
                 itself, called in a worker with the database the bench reads (fastest-backend dispatch
                 included); its `us` is GPU time by CUDA-graph replay like every row's (graph mode), and
                 it adds `backend` ({"eager", "graph"}: what ran, as fa4.explain says)
@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from fa4 import backends
 from fa4.config_text import display_label
 from fa4.files import atomic_write
 from fa4.kernels import AttentionProblem, Config
@@ -71,7 +72,6 @@ from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, version
 from fa4tune.progress import Progress
 from fa4tune.shapes import shape_key
 from fa4tune.outcomes import MISSING, portable_note
-from fa4tune.peers import PEER_NAMES
 from fa4tune.timing import TimingSettings
 from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
 
@@ -93,15 +93,17 @@ class _Task:
 
 
 def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[str] = None,
-              timing: TimingSettings = TimingSettings(), peers=PEER_NAMES,
+              timing: TimingSettings = TimingSettings(), peers: Optional[tuple] = None,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = ROUNDS) -> dict:
-    """Measure every variant of every problem `rounds` times; returns the document described above."""
+    """Measure every variant of every problem `rounds` times; returns the document described above.
+    `peers`: the peers to time (None: every one, `fa4.backends.peer_names()`)."""
     from fa4.database import BestConfigDB, entry_key, max_distance
 
     if rounds < 1:
         raise ValueError(f"a bench needs at least one round, not {rounds}")
+    peers = backends.peer_names() if peers is None else tuple(peers)
     progress = progress or Progress()
     kernels = kernel_api(api)
     fingerprint = kernel_fingerprint(arch, api)
@@ -310,7 +312,7 @@ def backend_times(doc: dict) -> dict[str, dict[str, float]]:
             continue
         if r["variant"] == "tuned":
             found.setdefault(row["db_key"], {})["ours"] = float(r["us"])
-        elif r["variant"] in PEER_NAMES and not r.get("kv_expanded"):
+        elif r["variant"] in backends.peer_names() and not r.get("kv_expanded"):
             # (a SDPA backend timed on K and V expanded once, outside the timing, is not what the
             # runtime could run: it never expands per call)
             found.setdefault(row["db_key"], {})[r["variant"]] = float(r["us"])

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import click
 
+from fa4 import backends
 from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
 from fa4tune.bench_runner import ROUNDS as BENCH_ROUNDS
 from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
@@ -265,6 +266,11 @@ def db_option(fn):
                              "under it]")(fn)
 
 
+def peers_option(fn):
+    return click.option("--peers/--no-peers", default=True, show_default=True,
+                        help="time the peers too: " + ", ".join(b.title for b in backends.peers()))(fn)
+
+
 def format_option(fn):
     return click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                         show_default=True)(fn)
@@ -415,7 +421,7 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--no-db", is_flag=True, help="do not record the best configuration")
 @click.option("--space", "space_path", default=None, help="search-space TOML [default: search_spaces/<arch>.toml]")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
-@click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
+@peers_option
 @click.option("--warm-start/--cold-start", default=True, show_default=True,
               help="seed a new study with the best configurations of its nearest tuned neighbours in the "
                    "database (same arch, dtype, head dim; both masks)")
@@ -535,7 +541,7 @@ def best(fmt, db_path):
         for d in out:
             speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
             layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
-            fastest = " / ".join(dispatch.TITLES[d["fastest_backend"][m]] for m in dispatch.MODES
+            fastest = " / ".join(backends.title(d["fastest_backend"][m]) for m in dispatch.MODES
                                  if m in d["fastest_backend"]) or None
             rows.append([d["key"], layer, _label(d["arch"], d["config"]), _fmt(d["us"]),
                          _fmt(d["tflops"], 1), speed, fastest, _fmt(d["max_err"], 4),
@@ -664,7 +670,7 @@ def _cannot_write(target: str, exc: OSError) -> str:
 @click.option("--jobs", type=click.IntRange(min=1), default=4, show_default=True,
               help="worker processes in all (they compile in parallel)")
 @click.option("--l2", type=click.Choice(L2_STATES), default="warm", show_default=True, help="L2 state when timing")
-@click.option("--peers/--no-peers", default=True, show_default=True, help="time SDPA flash/cuDNN and flash-attn-4")
+@peers_option
 @click.option("--rounds", type=click.IntRange(min=1), default=BENCH_ROUNDS, show_default=True,
               help="time every row this many times, in interleaved rounds, and keep its lowest median "
                    "(a transient slows one round, not all)")
@@ -714,7 +720,6 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
              r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
-    from fa4.dispatch import TITLES
     from fa4tune.report_data import DISPATCH_TOLERANCE
 
     ran = {r["shape"]: r for r in doc["rows"] if r["variant"] == "dispatched"}
@@ -723,7 +728,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
 
     def what_ran(shape, mode):
         backend = (ran.get(shape, {}).get("backend") or {}).get(mode)
-        return TITLES.get(backend, backend)
+        return backends.title(backend) if backend is not None else None
 
     def measured(shape, mode):
         """The fastest implementation measured in this run in `mode` with its time, and the dispatched
@@ -772,18 +777,14 @@ def _dispatch_verdicts(doc: dict) -> dict:
 
 def _impl_title(name: str) -> str:
     """A bench variant as the runtime names what it runs: the tuned and default rows are ours."""
-    from fa4.dispatch import OURS, TITLES
-
-    return TITLES[OURS] + f" ({name})" if name in ("tuned", "default") else TITLES.get(name, name)
+    return backends.title(backends.OURS) + f" ({name})" if name in ("tuned", "default") else backends.title(name)
 
 
 def _picked(choices: dict | None, mode: str) -> str | None:
-    from fa4.dispatch import TITLES
-
     if not choices:
         return None
     choice = choices[mode]
-    return TITLES[choice["backend"]] + (f" {choice['ratio']}x" if choice["backend"] != "ours" else "")
+    return backends.title(choice["backend"]) + (f" {choice['ratio']}x" if choice["backend"] != backends.OURS else "")
 
 
 @main.group()

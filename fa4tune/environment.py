@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
-from typing import Optional
 
 
 def versions() -> dict:
-    """{"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}: recorded with every result."""
-    def dist(name: str) -> Optional[str]:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
+    """{"torch", "cutlass_dsl", "optuna", "cuda"} and each peer's own package under the peer's name
+    (`fa4.backends.recorded_versions`: "flash_attn_4"); None where not installed. Recorded with every
+    result."""
     import optuna
     import torch
 
-    return {"torch": torch.__version__, "cutlass_dsl": dist("nvidia-cutlass-dsl"),
-            "optuna": optuna.__version__, "cuda": torch.version.cuda,
-            "flash_attn_4": dist("flash-attn-4")}
+    from fa4 import backends
+
+    return {"torch": torch.__version__, "cutlass_dsl": backends.distribution_version("nvidia-cutlass-dsl"),
+            "optuna": optuna.__version__, "cuda": torch.version.cuda, **backends.recorded_versions()}
 
 
 def kernel_api(name: str = "fa4.kernels"):

@@ -19,22 +19,19 @@ import statistics
 import sys
 from pathlib import Path
 
-from fa4.dispatch import HOST_OVERHEAD_SCHEMA, IMPLEMENTATIONS, OURS
+from fa4 import backends
+from fa4.backends import OURS
+from fa4.dispatch import HOST_OVERHEAD_SCHEMA
 
 # The rows of bench_overhead.py that time a whole eager call of each implementation. Preferred: the call
 # through fa4.attention with that backend forced, what a user pays per call when dispatch runs it (for
 # ours, also fa4.attention's kernel path under "auto"). Runs made before those rows existed have only the
-# peers called directly (SDPA pinned with torch's sdpa_kernel context manager, as the runtime pins it):
-# their figures are used where no file of the device has the fa4.attention row.
+# peers called directly (`Backend.direct_row`; SDPA pinned with torch's sdpa_kernel context manager, as
+# the runtime pins it): their figures are used where no file of the device has the fa4.attention row.
 KERNEL_PATH_ROWS = ("fa4.attention (kernel path)", "fa4.attention (kernel path), again at the end")
-DIRECT_ROWS = {
-    # ours: O allocated and the compiled kernel launched with no Python of ours around it (the bench
-    # compares with it; the table always has a kernel-path row for ours)
-    OURS: ("torch.empty_like + direct launcher, nothing else",),
-    "flash_attn_4": ("flash-attn-4 flash_attn_func",),
-    "sdpa_cudnn": ("SDPA cuDNN backend",),
-    "sdpa_flash": ("SDPA flash (FA2) backend",),
-}
+# ours: O allocated and the compiled kernel launched with no Python of ours around it (the bench
+# compares with it; the table always has a kernel-path row for ours)
+OURS_DIRECT_ROW = "torch.empty_like + direct launcher, nothing else"
 THROUGH = "through fa4.attention"
 DIRECT = "called directly"
 
@@ -48,10 +45,17 @@ def through_rows(impl: str) -> tuple[str, ...]:
     return (through_row(impl),) + (KERNEL_PATH_ROWS if impl == OURS else ())
 
 
+def direct_row(impl: str) -> str | None:
+    """The row of one implementation called with nothing of fa4 around it (None: the bench has none)."""
+    return OURS_DIRECT_ROW if impl == OURS else backends.get(impl).direct_row
+
+
 def derive(paths: list[str | Path]) -> dict:
     """The shipped table's document from overhead bench outputs (every file names its device)."""
     found: dict[str, dict[str, dict[str, list[float]]]] = {}  # device -> impl -> how -> host us
     sources: dict[str, list[str]] = {}
+    implementations = backends.implementations()
+    direct = {impl: direct_row(impl) for impl in implementations}
     for path in sorted(str(p) for p in paths):
         doc = json.loads(Path(path).read_text())
         device = doc["device"]
@@ -59,9 +63,9 @@ def derive(paths: list[str | Path]) -> dict:
         for row in doc["rows"]:
             if row.get("host_us") is None:
                 continue
-            for impl in IMPLEMENTATIONS:
+            for impl in implementations:
                 how = THROUGH if row.get("name") in through_rows(impl) else (
-                    DIRECT if row.get("name") in DIRECT_ROWS[impl] else None)
+                    DIRECT if direct[impl] is not None and row.get("name") == direct[impl] else None)
                 if how:
                     found.setdefault(device, {}).setdefault(impl, {}).setdefault(how, []).append(float(row["host_us"]))
     devices = {}

@@ -28,21 +28,29 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
 
+from fa4 import backends
 from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES, portable_note
-from fa4tune.peers import PEER_NAMES as PEERS
 from fa4tune.storage import find_storages, open_for_reading
 
-# Implementations compared per shape; "tuned" is ours with the best configuration, "default" ours with
-# the heuristic default configuration, then the peers timed in the same run, and "dispatched":
-# `fa4.attention` itself as `fa4tune bench` times it (whichever backend fastest-backend dispatch ran).
-DISPATCHED = "dispatched"
-IMPLS = ("tuned", "default") + PEERS + (DISPATCHED,)
-BASELINES = ("default",) + PEERS  # what "tuned" is compared against (heatmaps, the speedup summary)
+DISPATCHED = "dispatched"  # `fa4.attention` itself, as `fa4tune bench` times it
 DISPATCH_MODES = ("graph", "eager")  # as `fa4.dispatch.MODES` names them
 DISPATCH_TOLERANCE = 0.02  # issue 12's bar: dispatched within 2 % of the fastest in the same run
 
 DEFAULT_DATABASE = "best_configs.json"
 DEFAULT_BENCH = "bench.json"
+
+
+def impls() -> tuple[str, ...]:
+    """Implementations compared per shape, in the order they are shown: "tuned" is ours with the best
+    configuration, "default" ours with the heuristic default configuration, then the peers timed in the
+    same run (`fa4.backends`), and "dispatched": `fa4.attention` itself as `fa4tune bench` times it
+    (whichever backend fastest-backend dispatch ran)."""
+    return ("tuned", "default") + backends.peer_names() + (DISPATCHED,)
+
+
+def baselines() -> tuple[str, ...]:
+    """What "tuned" is compared against (heatmaps, the speedup summary)."""
+    return ("default",) + backends.peer_names()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,7 +392,7 @@ class ShapeRow:
         self.speedup = {}
         if tuned is None:
             return
-        for impl in IMPLS[1:]:
+        for impl in impls()[1:]:
             us = _finite(self.impls.get(impl, {}).get("us"))
             if us is not None:
                 self.speedup[impl] = us / tuned
@@ -509,7 +517,7 @@ def speedup_summary(rows: Sequence[ShapeRow]) -> dict[str, dict[str, float]]:
     """Per baseline over the shapes that have it: count, geometric mean, min and max of the speedup,
     and how many shapes the tuned kernel wins (speedup > 1)."""
     out = {}
-    for baseline in BASELINES:
+    for baseline in baselines():
         values = [r.speedup[baseline] for r in rows if baseline in r.speedup]
         if values:
             out[baseline] = {"n": len(values), "geomean": math.exp(sum(map(math.log, values)) / len(values)),
@@ -574,7 +582,7 @@ def dispatch_rows(rows: Sequence[ShapeRow]) -> list[DispatchRow]:
             continue
         ours = "tuned" if "us" in r.impls.get("tuned", {}) else "default"
         runnable = {impl: e for impl, e in r.impls.items()
-                    if impl in (ours,) + PEERS and "us" in e and not e.get("kv_expanded")}
+                    if impl in (ours,) + backends.peer_names() and "us" in e and not e.get("kv_expanded")}
         fastest, fastest_us = _fastest_of({impl: e["us"] for impl, e in runnable.items()})
         eager_fastest, eager_fastest_us = _fastest_of(
             {impl: e["eager_us"] for impl, e in runnable.items() if e.get("eager_us") is not None})
@@ -628,7 +636,7 @@ def speedup_heatmaps(rows: Sequence[ShapeRow]) -> list[Heatmap]:
                                r.problem.get("batch") or 0))
     xs = sorted(x_order, key=lambda x: x_order[x])
     maps = []
-    for baseline in BASELINES:
+    for baseline in baselines():
         z: list[list[float | None]] = [[None] * len(xs) for _ in ys]
         any_value = False
         for r in rows:

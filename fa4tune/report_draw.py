@@ -24,25 +24,37 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from fa4.dispatch import TITLES as BACKEND_TITLES
+from fa4 import backends
 
 from .outcomes import ALL_OUTCOMES
-from .peers import PEER_TITLES
-from .report_data import (BASELINES, DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, IMPLS, ReportData,
-                          ShapeRow, StudyInfo, describe_timing)
+from .report_data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, ReportData, ShapeRow, StudyInfo,
+                          baselines, describe_timing, impls)
 
-IMPL_COLORS = {
-    "tuned": "#1f77b4", "default": "#aec7e8", "flash_attn_4": "#d62728", "sdpa_cudnn": "#2ca02c",
-    "sdpa_flash": "#9467bd", DISPATCHED: "#ff7f0e",
-}
-IMPL_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config", **PEER_TITLES,
-              DISPATCHED: "fa4.attention (dispatched)"}
+# the rows of ours and fa4.attention's own; every peer brings its colour and title (`fa4.backends`)
+OWN_COLORS = {"tuned": "#1f77b4", "default": "#aec7e8", DISPATCHED: "#ff7f0e"}
+OWN_NAMES = {"tuned": "fa4tune tuned", "default": "fa4tune default config",
+             DISPATCHED: "fa4.attention (dispatched)"}
+
+
+def impl_colors() -> dict[str, str]:
+    """{implementation (`report_data.impls()`): its colour in every figure}."""
+    return {**OWN_COLORS, **{peer.name: peer.color for peer in backends.peers()}}
+
+
+def impl_names() -> dict[str, str]:
+    """{implementation: its name in legends and tables}."""
+    return {**OWN_NAMES, **{peer.name: peer.title for peer in backends.peers()}}
+
+
+def _impl_name(impl: str) -> str:
+    return impl_names().get(impl, impl)
+
+
 OUTCOME_COLORS = {
     "ok": "#2ca02c", "infeasible": "#bcbd22", "compile_error": "#ff7f0e", "launch_error": "#d62728",
     "fault": "#8c564b", "timeout": "#7f7f7f", "mismatch": "#e377c2", "interrupted": "#17becf",
     "unrecorded": "#c7c7c7",
 }
-assert set(IMPL_COLORS) == set(IMPL_NAMES) == set(IMPLS), "an implementation without a color or a title"
 assert set(ALL_OUTCOMES) <= set(OUTCOME_COLORS), "an outcome without a color"
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 # Bar labels of grouped bars stand upright above their own bar: read horizontally, "1.05×" is wider than
@@ -60,14 +72,10 @@ def _row_names(rows: Sequence[ShapeRow]) -> list[str]:
     return [f"{r.label}<br>{r.arch} {r.device}" if many else r.label for r in rows]
 
 
-def _backend_title(name: str) -> str:
-    return BACKEND_TITLES.get(name, name)
-
-
 def _ran(entry: dict) -> str:
     """"graph: flash-attn-4, eager: ours": which backend a dispatched row ran in each mode."""
     ran = entry.get("backend") or {}
-    return ", ".join(f"{mode}: {_e(_backend_title(ran[mode]))}" for mode in DISPATCH_MODES if mode in ran)
+    return ", ".join(f"{mode}: {_e(backends.title(ran[mode]))}" for mode in DISPATCH_MODES if mode in ran)
 
 
 def _hover_extra(entry: dict) -> str:
@@ -90,7 +98,7 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=("kernel time, µs (lower is better); label: its time ÷ tuned time",
                                         "TFLOP/s (higher is better)"))
-    for impl in IMPLS:
+    for impl in impls():
         if not any("us" in r.impls.get(impl, {}) for r in rows):
             continue
         us = [r.impls.get(impl, {}).get("us") for r in rows]
@@ -100,14 +108,14 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
             s = r.speedup.get(impl)
             labels.append("tuned" if impl == "tuned" and "us" in r.impls.get("tuned", {})
                           else (f"{s:.2f}×" if s is not None else ""))
-        common = dict(name=IMPL_NAMES.get(impl, impl), marker_color=IMPL_COLORS.get(impl), legendgroup=impl,
+        common = dict(name=_impl_name(impl), marker_color=impl_colors().get(impl), legendgroup=impl,
                       textposition="outside", cliponaxis=False, **BAR_LABEL)
         extra = [_hover_extra(r.impls.get(impl, {})) for r in rows]
         fig.add_trace(go.Bar(x=names, y=us, text=labels, customdata=extra,
-                             hovertemplate="%{x}<br>%{y:.2f} µs%{customdata}<extra>" + IMPL_NAMES.get(impl, impl)
+                             hovertemplate="%{x}<br>%{y:.2f} µs%{customdata}<extra>" + _impl_name(impl)
                              + "</extra>", **common), row=1, col=1)
         fig.add_trace(go.Bar(x=names, y=tf, showlegend=False, texttemplate="%{y:.0f}",
-                             hovertemplate="%{x}<br>%{y:.0f} TFLOP/s<extra>" + IMPL_NAMES.get(impl, impl)
+                             hovertemplate="%{x}<br>%{y:.0f} TFLOP/s<extra>" + _impl_name(impl)
                              + "</extra>", **common), row=2, col=1)
     times = [us for r in rows for e in r.impls.values() for us in [e.get("us")] if us]
     if times and max(times) > 8 * min(times):  # shapes of very different cost: keep small ones readable
@@ -124,7 +132,7 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
 def heatmap_figure(data: ReportData) -> go.Figure:
     maps = data.heatmaps
     fig = make_subplots(rows=1, cols=len(maps), shared_yaxes=True, horizontal_spacing=0.02,
-                        subplot_titles=[f"tuned vs {IMPL_NAMES.get(m.baseline, m.baseline)}" for m in maps])
+                        subplot_titles=[f"tuned vs {_impl_name(m.baseline)}" for m in maps])
     values = [v for m in maps for row in m.z for v in row if v is not None]
     spread = max([abs(v - 1.0) for v in values] + [0.05])
     for col, m in enumerate(maps, start=1):
@@ -183,14 +191,14 @@ def history_figure(study: StudyInfo) -> go.Figure:
         axis_title = "successful trials, in search order"
     # reference times as dashed lines named in the legend (annotations next to each other overlap)
     refs = [("default", study.default_us)] + [
-        (peer, (study.peers.get(peer) or {}).get("us")) for peer in BASELINES[1:]]
+        (peer, (study.peers.get(peer) or {}).get("us")) for peer in baselines()[1:]]
     first, last = (numbers[0], numbers[-1]) if numbers else (0, 1)
     last = max(last, first + 1)
     for impl, us in refs:
         if isinstance(us, (int, float)) and not isinstance(us, bool) and us > 0:
             fig.add_trace(go.Scatter(x=[first, last], y=[us, us], mode="lines", hoverinfo="name",
-                                     line=dict(dash="dash", width=1.5, color=IMPL_COLORS.get(impl)),
-                                     name=f"{IMPL_NAMES.get(impl, impl)} {us:.1f}"))
+                                     line=dict(dash="dash", width=1.5, color=impl_colors().get(impl)),
+                                     name=f"{_impl_name(impl)} {us:.1f}"))
     fig.update_layout(title=dict(text="optimisation history", font_size=14), height=440,
                       margin=dict(t=50, r=10), xaxis_title=axis_title,
                       legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, font_size=11))
@@ -295,7 +303,7 @@ def _header(data: ReportData, page: _Page) -> None:
              + "</table>")
     summary = data.speedups
     if summary:
-        rows = [[_e(IMPL_NAMES.get(b, b)), str(int(v["n"])), f"{int(v['wins'])} of {int(v['n'])}",
+        rows = [[_e(_impl_name(b)), str(int(v["n"])), f"{int(v['wins'])} of {int(v['n'])}",
                  f"<b>{v['geomean']:.2f}×</b>", f"{v['min']:.2f}×", f"{v['max']:.2f}×"]
                 for b, v in summary.items()]
         page.add("<h3>Tuned kernel speedup over each baseline (its time ÷ tuned time)</h3>"
@@ -321,11 +329,11 @@ def _comparison_section(data: ReportData, page: _Page) -> None:
              "the tuned time: above 1 means the tuned kernel is faster. Rows from "
              f"{' and '.join(sources)} data (bench rows are preferred where both exist).</p>")
     page.add(page.figure(comparison_figure(rows)))
-    impls = [i for i in IMPLS if any(i in r.impls for r in rows)]
+    shown = [i for i in impls() if any(i in r.impls for r in rows)]
     table_rows = []
     for r in rows:
         cells = [_e(r.label), _e(r.arch), _e(r.device), _e(r.source)]
-        for impl in impls:
+        for impl in shown:
             entry = r.impls.get(impl)
             if entry is None:
                 cells.append("")
@@ -337,7 +345,7 @@ def _comparison_section(data: ReportData, page: _Page) -> None:
             else:
                 cells.append(f"<i>{_e(entry.get('error', ''))}</i>")
         table_rows.append(cells)
-    page.add(_table(["shape", "arch", "device", "source"] + [IMPL_NAMES.get(i, i) for i in impls], table_rows))
+    page.add(_table(["shape", "arch", "device", "source"] + [_impl_name(i) for i in shown], table_rows))
 
 
 def _dispatch_section(data: ReportData, page: _Page) -> None:
@@ -360,15 +368,15 @@ def _dispatch_section(data: ReportData, page: _Page) -> None:
         differs = {m: n for m, n in d.picked.items() if d.ran.get(m) != n}
         rows.append([
             _e(d.label), _e(d.arch), _e(d.device),
-            _e(_backend_title(d.ran["graph"])) if "graph" in d.ran else "–",
+            _e(backends.title(d.ran["graph"])) if "graph" in d.ran else "–",
             f"{d.us:.2f}",
             _fastest_cell(d.fastest, d.fastest_us),
             _ratio_cell(d.ratio, d.graph_within_tolerance),
-            _e(_backend_title(d.ran["eager"])) if "eager" in d.ran else "–",
+            _e(backends.title(d.ran["eager"])) if "eager" in d.ran else "–",
             _fmt(d.eager_us),
             _fastest_cell(d.eager_fastest, d.eager_fastest_us),
             _ratio_cell(d.eager_ratio, d.eager_within_tolerance),
-            _e(", ".join(f"{m}: {_backend_title(n)}" for m, n in differs.items())) or "same",
+            _e(", ".join(f"{m}: {backends.title(n)}" for m, n in differs.items())) or "same",
         ])
     page.add(_table(["shape", "arch", "device", "graph: ran", "GPU µs", "fastest in the run", "graph ratio",
                      "eager: ran", "eager µs per call", "eager: fastest in the run", "eager ratio",
@@ -376,7 +384,7 @@ def _dispatch_section(data: ReportData, page: _Page) -> None:
 
 
 def _fastest_cell(impl: str | None, us: float | None) -> str:
-    return _e(IMPL_NAMES.get(impl, impl)) + f" ({_fmt(us)} µs)" if impl else "–"
+    return _e(_impl_name(impl)) + f" ({_fmt(us)} µs)" if impl else "–"
 
 
 def _ratio_cell(ratio: float | None, within: bool | None) -> str:

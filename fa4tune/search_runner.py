@@ -56,10 +56,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fa4.backends import peer_names
 from fa4.kernels import AttentionProblem
 from fa4tune import liveness
 from fa4tune.environment import kernel_api, kernel_fingerprint
-from fa4tune.peers import PEER_NAMES
 from fa4tune.progress import Progress
 from fa4tune.record import record_best
 from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP, retime
@@ -85,7 +85,7 @@ class SearchSettings:
     processes: Optional[int] = None            # worker processes in all (compile in parallel)
     timing: TimingSettings = field(default_factory=TimingSettings)
     validate: bool = True
-    peers: tuple = PEER_NAMES
+    peers: tuple = field(default_factory=peer_names)  # the peers to time (default: every one)
     storage: Optional[str] = None              # None: the results directory's studies.journal
     study_name: Optional[str] = None
     db_path: Optional[str] = None              # None: $FA4_CONFIG_DB, else the results directory's

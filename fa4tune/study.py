@@ -16,9 +16,9 @@ but no problem (not made by fa4tune) raises `StudyMismatchError`, naming what di
 
 Study user_attrs:
     arch, problem (AttentionProblem fields), device {"name", "sm_count", "driver", "cc"},
-    versions {"torch", "cutlass_dsl", "optuna", "cuda", "flash_attn_4"}, kernel_fingerprint,
+    versions (`fa4tune.environment.versions`), kernel_fingerprint,
     timing {"method": "cuda_graph", "launches_per_graph", "replays", "l2": "warm"|"flushed"},
-    peers {peer (`fa4tune.peers.PEER_NAMES`): {"us", "tflops", "max_err"[, "kv_expanded"]}
+    peers {peer (`fa4.backends.peer_names()`): {"us", "tflops", "max_err"[, "kv_expanded"]}
            or {"error": str}}   (timed again by every run; "peers_date" says when),
     default_us (the seeded default configuration, null until it ran ok),
     space {knob: [choices]}, space_fingerprint, previous_study (only on a "~n" study).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4.dispatch import IMPLEMENTATIONS
+from fa4.backends import implementations, peers
 from fa4tune import host_overhead
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_overhead.py"
@@ -38,7 +38,7 @@ def test_the_table_prefers_the_calls_through_fa4_attention(tmp_path):
     # only old runs: the direct calls, ours from fa4.attention's kernel path (the median of its rows)
     [h200] = host_overhead.derive([old])["devices"].values()
     assert h200["host_us"] == {"ours": 9.5, "flash_attn_4": 80.0, "sdpa_cudnn": 50.0, "sdpa_flash": 52.0}
-    assert set(h200["measured"]) == set(IMPLEMENTATIONS) and h200["measured"]["flash_attn_4"] == "called directly"
+    assert set(h200["measured"]) == set(implementations()) and h200["measured"]["flash_attn_4"] == "called directly"
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +50,16 @@ def bench():
 
 
 def test_the_bench_times_every_backend_under_the_names_the_table_reads(bench):
-    assert bench.BACKENDS == IMPLEMENTATIONS
     source = SCRIPT.read_text()
+    # every implementation through fa4.attention, every peer directly: both from the registry
+    assert "for name in backends.implementations():" in source
     assert "add(through_row(name), lambda name=name: fa4.attention(q, k, v, causal=causal, backend=name)" in source
-    # the rows the table falls back to are the bench's own (SDPA's: f"SDPA {backend_name} backend")
-    assert '("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash (FA2)", SDPBackend.FLASH_ATTENTION)' in source
-    for rows in host_overhead.DIRECT_ROWS.values():
-        assert all(f'"{row}' in source for row in rows if not row.startswith("SDPA "))
+    assert "for peer in backends.peers():" in source and "add(peer.direct_row, call, note)" in source
+    assert "add(direct_row(backends.OURS), allocate_and_launch," in source
     assert all(f'"{row}"' in source for row in host_overhead.KERNEL_PATH_ROWS)
+    # the direct rows of the runs already made (results/*/overhead_*.json) keep their names
+    assert [p.direct_row for p in peers()] == ["flash-attn-4 flash_attn_func", "SDPA cuDNN backend",
+                                               "SDPA flash (FA2) backend"]
 
 
 def test_the_bench_sets_through_beside_direct(bench):

@@ -451,7 +451,7 @@ def test_the_dispatched_row_beside_the_fastest_of_its_run(tmp_path):
     # drawn: a bar beside the others (hover names what ran) and the table of the dispatch section
     from fa4tune import report_draw
     fig = report_draw.comparison_figure(data.shape_rows)
-    bars = [t for t in fig.data if t.name == report_draw.IMPL_NAMES["dispatched"] and t.yaxis == "y"]
+    bars = [t for t in fig.data if t.name == report_draw.impl_names()["dispatched"] and t.yaxis == "y"]
     assert len(bars) == 1 and "ran: graph: flash-attn-4, eager: ours" in "".join(bars[0].customdata)
     doc, _ = report_draw.render_html(data)
     assert "What fa4.attention ran, per shape" in doc

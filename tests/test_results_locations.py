@@ -43,7 +43,7 @@ def test_results_is_not_a_package_and_only_the_database_ships():
 def test_the_packaged_host_overhead_is_derived_from_the_committed_runs():
     # results/h200/overhead_*.json are the measurements; fa4/data/host_overhead.json what ships
     # (fa4tune.host_overhead says how to refresh it)
-    from fa4 import dispatch
+    from fa4 import backends, dispatch
     from fa4tune import host_overhead
 
     runs = sorted(str(p.relative_to(REPO)) for p in (REPO / "results").glob("*/overhead_*.json"))
@@ -55,7 +55,7 @@ def test_the_packaged_host_overhead_is_derived_from_the_committed_runs():
         os.chdir(cwd)
     assert dispatch.host_overhead_path().read_text() == derived
     h200 = dispatch.host_us("NVIDIA H200")
-    assert set(h200) == set(dispatch.IMPLEMENTATIONS)
+    assert set(h200) == set(backends.implementations())
     assert h200["ours"] < h200["sdpa_cudnn"] and h200["ours"] < h200["flash_attn_4"]
 
 
