@@ -93,14 +93,15 @@ def _bench_doc():
 
 
 def test_every_packaged_entry_carries_the_times_of_every_implementation_at_its_shape():
-    """An entry the bench timed carries the bench's times; one tuned since (the wide set) carries
-    its search's, which timed every peer in the same run."""
+    """An entry the bench timed carries the bench's times; one tuned since (the wide set, which also
+    re-tuned some grid buckets and kept a faster configuration) carries its search's, which timed
+    every peer in the same run."""
     doc = _bench_doc()
     times = backend_times(doc)
     db = BestConfigDB.load(REPO / "fa4" / "data" / "best_configs.json")
     assert set(times) <= {e.key for e in db.entries}
     for e in db.entries:
-        if e.key in times:
+        if e.backend_source.startswith("bench"):
             assert e.backend_us == times[e.key] and e.backend_source == f"bench {doc['date']}"
         else:
             assert e.backend_source == "search" and e.backend_us["ours"] == e.us
