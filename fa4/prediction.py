@@ -10,7 +10,8 @@ each neighbour, in each mode, among the implementations that can run this call.
 The confidence rule: the prediction is confident when the `NEIGHBOURS` nearest entries within
 `CONFIDENT_DISTANCE` steps all name the same winner and there are at least two of them, or the only one
 is within `CLOSE_DISTANCE` (nearly the same shape). Then that winner runs. Otherwise the region votes:
-the implementation that won at the most of its entries runs, ours on a tie (and with no entry at all).
+the implementation that won at the most of its `VOTERS` nearest entries runs, ours on a tie (and with
+no entry at all).
 
 Ours at a neighbour was timed with the neighbour's tuned configuration, while the untuned shape runs a
 borrowed or default one; the prediction compares implementations, not configurations, and
@@ -30,6 +31,10 @@ from fa4 import backends, dispatch
 NEIGHBOURS = 3
 CONFIDENT_DISTANCE = 2.0
 CLOSE_DISTANCE = 0.5
+# not confident: the vote is over this many nearest entries of the region (None: the whole region);
+# chosen by leave-one-out over the packaged database (benchmarks/prediction_loo.py): graph-mode loss
+# geomean 1.0177 with 3 voters, 1.0271 with the whole region, 50 vs 41 of 60 entries fastest
+VOTERS: int | None = 3
 
 
 def features(problem: Mapping[str, Any]) -> tuple[float, float, float, float]:
@@ -37,6 +42,12 @@ def features(problem: Mapping[str, Any]) -> tuple[float, float, float, float]:
     return (math.log2(max(int(problem["seqlen_q"]), 1)), math.log2(max(int(problem["seqlen_k"]), 1)),
             math.log2(max(int(problem["batch"]) * int(problem["heads_q"]), 1)),
             math.log2(max(int(problem["heads_q"]) // max(int(problem["heads_kv"]), 1), 1)))
+
+
+def work(problem: Mapping[str, Any]) -> float:
+    """Score and value MMA work of a problem, in units of B x Hq x Sq x Sk (halved when causal)."""
+    full = int(problem["batch"]) * int(problem["heads_q"]) * int(problem["seqlen_q"]) * int(problem["seqlen_k"])
+    return full / 2 if problem.get("causal") else full
 
 
 def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -92,7 +103,11 @@ def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, 
     target = problem.to_dict()
     ranked = []
     for entry in entries:
-        times = {name: us for name, us in entry.backend_us.items() if name == dispatch.OURS or usable(name)}
+        # GPU times scaled to this shape's work: the ratios between implementations carry over, and an
+        # eager call's host time (the same at any shape) is weighed against GPU time of this size
+        scale = work(target) / work(entry.problem)
+        times = {name: us * scale for name, us in entry.backend_us.items()
+                 if name == dispatch.OURS or usable(name)}
         choice = dispatch.choose(times, host, mode)
         if choice is None:
             continue
@@ -102,7 +117,7 @@ def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, 
     ranked.sort(key=lambda n: (n.distance, n.key))
     near = tuple(n for n in ranked[:NEIGHBOURS] if n.distance <= CONFIDENT_DISTANCE)
     winners = {n.winner for n in near}
-    votes = dict(Counter(n.winner for n in ranked))
+    votes = dict(Counter(n.winner for n in ranked[:VOTERS]))
     if len(winners) == 1 and (len(near) >= 2 or near[0].distance <= CLOSE_DISTANCE):
         [backend] = winners
         return Prediction(mode, backend, True, near, votes,
@@ -112,13 +127,14 @@ def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, 
     leaders = sorted(name for name, count in votes.items() if count == top)
     backend = dispatch.OURS if dispatch.OURS in leaders or len(leaders) > 1 else leaders[0]
     shown = near or tuple(ranked[:NEIGHBOURS])
+    voters = len(ranked[:VOTERS])
     why = ("the nearest measured shapes disagree" if len(winners) > 1 else
            f"no measured shape within {CONFIDENT_DISTANCE:g} log2 steps" if not near else
            f"one measured shape only, {near[0].distance:.2f} log2 steps away")
     tally = ", ".join(f"{backends.title(name)} {count}" for name, count in sorted(votes.items()))
     return Prediction(mode, backend, False, shown, votes,
-                      f"not confident ({why}): fastest most often among the {len(ranked)} measured shapes "
-                      f"of this kind ({tally}){'; ours on a tie' if len(leaders) > 1 else ''}")
+                      f"not confident ({why}): fastest most often among the {voters} nearest measured "
+                      f"shapes of this kind ({tally}){'; ours on a tie' if len(leaders) > 1 else ''}")
 
 
 def _summary(neighbours: tuple[Neighbour, ...]) -> str:

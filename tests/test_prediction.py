@@ -41,10 +41,12 @@ def test_confident_when_the_nearest_agree():
 
 
 def test_disagreement_falls_back_to_the_region_vote():
+    # the vote is over the VOTERS nearest (3): a, b, c; the far d has no say
     entries = [entry("a", 2048, FA4_WINS), entry("b", 4096, OURS_WINS), entry("c", 512, FA4_WINS),
-               entry("d", 32768, FA4_WINS)]
+               entry("d", 32768, OURS_WINS), entry("e", 65536, OURS_WINS)]
     got = predict(entries)
-    assert not got.confident and got.backend == "flash_attn_4" and got.votes == {"flash_attn_4": 3, "ours": 1}
+    assert prediction.VOTERS == 3
+    assert not got.confident and got.backend == "flash_attn_4" and got.votes == {"flash_attn_4": 2, "ours": 1}
     assert "disagree" in got.reason
     # a tie in the vote keeps ours
     tie = predict([entry("a", 2048, FA4_WINS), entry("b", 4096, OURS_WINS)])
@@ -69,3 +71,15 @@ def test_region_keeps_only_the_same_kind_of_problem():
               entry("unmeasured", 2048, {"ours": 1.0})]
     assert prediction.region([same] + others, "sm90", "H200", CALL) == [same]
     assert predict([]) is None
+
+
+def test_eager_weighs_host_time_against_gpu_time_scaled_to_the_shape():
+    # flash-attn-4 is 1.25x faster on the GPU at a long neighbour, but at a shape 64x smaller its
+    # 90 us of host time per eager call is more than either kernel: ours runs eager, flash-attn-4 graph
+    big = [entry("a", 8192, FA4_WINS), entry("b", 16384, FA4_WINS)]
+    host = {"ours": 10.0, "flash_attn_4": 90.0}
+    small = AttentionProblem(1, 1024, 1024, 32, 8, 128, "bf16", True)
+    graph = prediction.predict(big, small, "graph", host, lambda n: True)
+    eager = prediction.predict(big, small, "eager", host, lambda n: True)
+    assert graph.backend == "flash_attn_4"
+    assert eager.backend == "ours"
