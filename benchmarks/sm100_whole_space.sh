@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole sm100 search space compiled on CPU (no GPU is used), in 40 shards that each fit a session:
+# The whole sm100 search space compiled on CPU (no GPU is used), in 40 shards that each fit a time-limited run:
 # shard i is `fa4tune compile-space --arch sm100 --shard i/40` at the base problem (B=1 S=1024 H32/8
 # D128 fp16), once non-causal and once causal with LSE. Shards FIRST..LAST, skipping those already in
 # DIR, starting none after BUDGET seconds (0: no limit). A shard, both masks: 24-56 min on 2 cores

@@ -270,7 +270,7 @@ class Skipped:
 
 def packaged_path() -> Path:
     """The database shipped with the package (package data, read-only at run time). It is a copy of the
-    repository's reviewed `results/best_configs.json` (README, "Refresh the packaged database")."""
+    repository's reviewed `results/best_configs.json` (docs/search-at-scale.md, "Refresh the packaged database")."""
     return Path(__file__).resolve().parent / "data" / DEFAULT_FILENAME
 
 

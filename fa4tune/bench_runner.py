@@ -2,7 +2,7 @@
 
 Every number comes from the same worker processes and the same timing method (`fa4tune.timing`) in
 one run, and every configuration of ours is validated before it is timed. This is how performance is
-reported everywhere (README, report).
+reported everywhere (README, docs/measurements.md, report).
 
 Rounds: every row is timed `rounds` times (`--rounds`, default 2), in interleaved rounds: round r+1 is
 submitted once every task of round r has started, in the same order, so a transient (GPU clocks, power,
@@ -34,7 +34,7 @@ One row per (shape, variant):
                 failure (outcome and error of the first failing round): another round's success never
                 hides it
     eager_us    wall time per back-to-back eager call (`fa4tune.timing.time_eager`: the larger of host
-                and GPU time per call), the eager counterpart of `us`, so issue 12's bar can be checked
+                and GPU time per call), the eager counterpart of `us`, so the dispatch bar can be checked
                 in both modes from one run. On a "dispatched" row: fa4.attention as a user calls it. On
                 a peer row: the peer called as the runtime calls it (the call its `us` times). On ours:
                 only the row fa4.attention runs (the tuned row, else the default: `report_data`'s

@@ -745,7 +745,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     shapes = [s for s in dict.fromkeys(r["shape"] for r in doc["rows"]) if s in picks or s in verdicts]
     _table("fastest backend per shape: picked from this run's times, what fa4.attention ran (the "
            "\"dispatched\" rows; it follows the database's times), and the fastest measured in this run "
-           "with the dispatched row's time over it (issue 12's bar)",
+           "with the dispatched row's time over it (the bar: within 2 %)",
            ["shape", "eager: picked", "eager: ran", "eager us/call", "eager: fastest measured", "eager ratio",
             "captured: picked", "captured: ran", "captured us", "captured: fastest measured", "captured ratio"],
            [[shape, _picked(picks.get(shape), "eager"), what_ran(shape, "eager"),

@@ -34,7 +34,7 @@ from fa4tune.storage import find_storages, open_for_reading
 
 DISPATCHED = "dispatched"  # `fa4.attention` itself, as `fa4tune bench` times it
 DISPATCH_MODES = ("graph", "eager")  # as `fa4.dispatch.MODES` names them
-DISPATCH_TOLERANCE = 0.02  # issue 12's bar: dispatched within 2 % of the fastest in the same run
+DISPATCH_TOLERANCE = 0.02  # the dispatch bar: dispatched within 2 % of the fastest in the same run
 
 DEFAULT_DATABASE = "best_configs.json"
 DEFAULT_BENCH = "bench.json"
@@ -554,7 +554,7 @@ class DispatchRow:
 
     @property
     def within_tolerance(self) -> bool | None:
-        """Issue 12's bar in every mode measured: False if either ratio misses it, None if none is known."""
+        """The dispatch bar in every mode measured: False if either ratio misses it, None if none is known."""
         verdicts = [v for v in (self.graph_within_tolerance, self.eager_within_tolerance) if v is not None]
         return all(verdicts) if verdicts else None
 

@@ -3,8 +3,8 @@
 plotly.js is inlined once, so the file opens offline. Per-study views reuse optuna.visualization (the
 optimisation history and the parallel coordinates) on the study's successful trials; the cross-study
 views (comparison bars, speedup heatmaps, failures, knob importance) are drawn here from plain data.
-Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the README
-screenshot). The command `fa4tune report` is `fa4tune.report.report_command`.
+Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the committed
+screenshot, `results/report.png`). The command `fa4tune report` is `fa4tune.report.report_command`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ Where each step lives:
 interrupted trials. A re-run with the same N resumes and stops there. A space smaller than that ends
 the study when every configuration was seen.
 
-On the H200 test machine (see ../shared/device/README.md; files come back only through $OUT), after
+On the H200 test machine (files come back only through $OUT), after
 the bundle's setup, the mission search and its benchmark, writing straight into $OUT so that a run
 cut short still returns its storage (copy the committed files there first to resume and to merge):
 

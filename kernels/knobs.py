@@ -53,7 +53,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tile_n", (64, 128), 128,
          "key/value rows per block (BLK_N); S/P needs tile_n TMEM columns per buffer and a softmax "
          "thread holds a tile_n-column row in registers (160 compiles clean at softmax_regs=200 "
-         "per issue 14 but is not offered until the feasibility model is calibrated for it)",
+         "in the sm100 register measurements but is not offered until the feasibility model is calibrated for it)",
          codegen=True, archs=SM100),
     # --- pipelines ------------------------------------------------------------------------------
     Knob("kv_stages", (2, 3, 4), 2,

@@ -1,7 +1,8 @@
-"""Marker handling: GPU tests run only where the GPU they need is present.
+"""Marker handling: GPU tests run only where the GPU they need is present, slow tests only when asked.
 
 `gpu`   needs a CUDA GPU our runnable kernel supports (Hopper, sm_90).
 `sm100` needs a Blackwell GPU our sm100 kernel runs on (compute capability 10.0, `fa4.arch`).
+`slow`  long CPU compiles: skipped unless `--run-slow` is given or the `-m` expression names `slow`.
 Detection touches CUDA only when such a test was collected, so CPU collection never needs it.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -17,8 +19,10 @@ from fa4.arch import arch_of_capability
 
 
 # a test never reads or writes the developer's own results directory (fa4tune.paths): the runtime
-# would otherwise pick up a tuned database from ~/.cache/fa4tune, and the harness write into it
-os.environ["FA4TUNE_HOME"] = tempfile.mkdtemp(prefix="fa4tune-test-home-")
+# would otherwise pick up a tuned database from ~/.cache/fa4tune, and the harness write into it; the
+# folder is the session's own and goes when the session ends (pytest_unconfigure)
+_TEST_HOME = tempfile.mkdtemp(prefix="fa4tune-test-home-")
+os.environ["FA4TUNE_HOME"] = _TEST_HOME
 os.environ.pop("FA4_CONFIG_DB", None)
 # nor the developer's compiled-kernel cache; and tests that count compiles must see them, so the
 # disk cache is off unless a test turns it on (tests/test_compile_cache*.py do)
@@ -47,7 +51,27 @@ def _compute_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (long CPU compiles); `-m slow` runs only them")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_TEST_HOME, ignore_errors=True)
+
+
+def _skip_slow_unless_asked(config, items):
+    # an -m expression that names slow (`-m slow`, `-m "not slow"`) already says what the caller wants
+    if config.getoption("--run-slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow, or only these with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
+
+
 def pytest_collection_modifyitems(config, items):
+    _skip_slow_unless_asked(config, items)
     # markers, not keywords: a parametrize id such as "sm100" is a keyword too
     wants_gpu = [i for i in items if i.get_closest_marker("gpu") or i.get_closest_marker("sm100")]
     if not wants_gpu:

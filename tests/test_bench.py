@@ -70,7 +70,7 @@ def test_rows_for_exact_nearest_stale_and_infeasible(tmp_path, monkeypatch):
     assert rows[("sq8192", "causal", "default")]["eager_us"] == 31.0
     assert rows[("sq1024", "full", "default")]["eager_us"] == 31.0
     assert rows[("sq1024", "full", "dispatched")]["eager_us"] == 33.5
-    # issue 12's bar from this one run, as the report judges it: the non-causal shape is within 2 % of
+    # the dispatch bar from this one run, as the report judges it: the non-causal shape is within 2 % of
     # the fastest by GPU time (30.0 vs SDPA cuDNN's 31.6) but not per eager call (33.5 vs ours' 31.0)
     verdicts = {d.label: d for d in dispatch_rows(rows_from_bench(doc["rows"], doc))}
     full = verdicts[problem_label(problems[2].to_dict())]

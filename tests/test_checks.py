@@ -182,7 +182,7 @@ def test_spec_is_a_function_of_the_signature():
     assert p.gqa_ratio == 4 and p.causal and p.return_lse
 
 
-# --- the remaining bad inputs (issue 12, item 5) -----------------------------------------------------
+# --- the remaining bad inputs ----------------------------------------------------------------------
 
 def test_head_dim_zero_is_an_invalid_call_even_with_the_fallback():
     q, k, v = qkv(d=0)

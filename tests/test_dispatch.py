@@ -106,7 +106,7 @@ def test_every_packaged_entry_carries_the_times_of_every_implementation_at_its_s
         else:
             assert e.backend_source == "search" and e.backend_us["ours"] == e.us
         assert set(e.backend_us) == set(implementations())
-    # the row of the README's table: B1 S1024 causal, as the bench timed it
+    # the row of docs/measurements.md's table: B1 S1024 causal, as the bench timed it
     causal = db.get(MISSION_CAUSAL_KEY)
     assert causal.backend_us["ours"] == pytest.approx(_row_us(doc, MISSION_CAUSAL_SHAPE, "tuned"))
     assert causal.backend_us["flash_attn_4"] == pytest.approx(_row_us(doc, MISSION_CAUSAL_SHAPE, "flash_attn_4"))

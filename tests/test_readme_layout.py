@@ -1,5 +1,6 @@
-"""The README's layout section matches the tree: every path it names exists, and every module of the
-runtime and the harness is named there (a new file gets its line)."""
+"""The layout section of the design document (docs/design.md, "Layout") matches the tree: every path
+it names exists, and every module of the runtime and the harness is named there (a new file gets its
+line)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _layout() -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index("## Layout")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
+    text = (REPO / "docs" / "design.md").read_text()
+    heading = re.search(r"^## (?:\d+\. )?Layout$", text, re.MULTILINE)
+    assert heading, "docs/design.md has no Layout section"
+    end = text.find("\n## ", heading.end())
+    return text[heading.start():end if end != -1 else None]
 
 
 def test_every_named_path_exists():
@@ -31,4 +33,4 @@ def test_every_module_is_named():
     for package in ("fa4", "fa4tune"):
         for path in sorted((REPO / package).glob("*.py")):
             if path.name != "__init__.py":
-                assert path.name in layout, f"{package}/{path.name} is not in the README's layout"
+                assert path.name in layout, f"{package}/{path.name} is not in the layout of docs/design.md"

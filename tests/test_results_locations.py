@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_the_packaged_database_is_the_committed_one():
     # results/best_configs.json is the reviewed source; fa4/data/ holds the copy that ships
-    # (README: "Refresh the packaged database"). A GPU run that updates one must update both.
+    # (docs/search-at-scale.md: "Refresh the packaged database"). A GPU run that updates one must update both.
     packaged = database.packaged_path()
     assert packaged == REPO / "fa4" / "data" / "best_configs.json"
     assert packaged.read_bytes() == (REPO / "results" / "best_configs.json").read_bytes()

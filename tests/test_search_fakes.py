@@ -182,7 +182,7 @@ class FakeEvaluator:
         # what fa4.attention would run in a bench: ours in both modes, 30 us of GPU time (within 2 % of
         # the fastest everywhere); eager, ours forced (ours_eager_us) costs 31 us per call, and so does
         # fa4.attention on a causal shape, while on a non-causal one its eager call costs 33.5 us: a
-        # stand-in for a shape that misses issue 12's bar in eager mode only
+        # stand-in for a shape that misses the dispatch bar (within 2 %) in eager mode only
         slow = _once("dispatched")
         return {"outcome": "ok", "us": 30.0 + slow, "eager_us": (31.0 if problem.causal else 33.5) + slow,
                 "ours_eager_us": 31.0 + slow, "backend": {"eager": "ours", "graph": "ours"},

@@ -52,7 +52,7 @@ def _softmax_register_need(tile_n: int, busy: bool) -> int:
     statistics, 56 when the problem is causal or returns the LSE or the LPT order is used (more row
     and task arithmetic).
 
-    Measured on sm_100a compiles of this kernel (issue 14): tile_n=128 at 176 registers is clean
+    Measured on sm_100a compiles of this kernel: tile_n=128 at 176 registers is clean
     without those; with causal + LSE + LPT it was clean in four variants (D=64 bf16 and D=128, GQA
     packed or not, tmem_stages 1-3, exp2_poly_columns 0 and 8) but spilled 8 B with one Q stage,
     one TMEM stage and rescale_tile=32 without packing; at 184 that case is clean. tile_n=160 (not
@@ -71,7 +71,7 @@ _CORRECTION_REGISTER_NEED = {8: 64, 16: 64, 32: 96, 64: 112}
 
 
 # Register limits at which configurations spilled although the row and correction rules above allow
-# them: corners of ptxas's allocation, measured on sm_100a compiles of this kernel (issue 14), each
+# them: corners of ptxas's allocation, measured on sm_100a compiles of this kernel, each
 # bracketed by clean neighbours (ptxas is not monotonic here). A corner names plan values (a tuple:
 # any of them; `busy`: causal, LSE or the LPT order), what spilled, and how it was measured.
 _MEASURED_SPILL_CORNERS = (

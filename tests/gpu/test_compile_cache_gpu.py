@@ -3,7 +3,7 @@ result, and a fresh process's first call is timed cold (compile) and warm (load)
 
     python -m pytest -m gpu -q -s tests/gpu/test_compile_cache_gpu.py
 
-The measured first-call times print with -s (issue 12 asks for them in the README).
+The measured first-call times print with -s (docs/runtime.md quotes them).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_auto_runs_the_implementation_the_database_measured_fastest(name, empty_
 
 
 def test_graph_only_winner_runs_under_cuda_graph_capture(empty_database, ran):
-    """The README's B1 S1024 causal: flash-attn-4's kernel 2 % faster, so it runs under a capture and
+    """The bench's B1 S1024 causal (docs/measurements.md): flash-attn-4's kernel 2 % faster, so it runs under a capture and
     through the custom op; eagerly ours runs where this GPU's host times say so (the H200's do)."""
     needs("flash_attn_4")
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
