@@ -206,3 +206,48 @@ def test_the_tile_counts_are_the_kernels():
                  "num_m_blocks = (rows_per_head + self.task_rows - 1) // self.task_rows\n",
                  "TileScheduler.create(self.scheduler, num_m_blocks, task_heads, batch", "grid=sched.grid_shape()"):
         assert line in sm100, line
+
+
+# ---- the search judges as the runtime does ------------------------------------------------------------
+
+def test_the_search_judges_for_the_workers_gpu():
+    from fa4tune.search_runner import worker_device
+
+    reported = {"name": "NVIDIA H20", "sm_count": 78, "smem_per_block_bytes": H200.smem_per_block_bytes,
+                "l2_bytes": H200.l2_bytes, "cc": "9.0", "driver": "580"}
+    assert worker_device("sm90", reported) == H20
+    assert worker_device("sm100", reported) is B200          # a GPU of another family: the reference
+    assert worker_device("sm90", {}) is H200                  # CPU workers report nothing
+    assert worker_device("sm90", {"name": "Fake H200", "sm_count": 132, "cc": "9.0"}) is H200
+
+
+def test_the_search_rejects_before_compiling_what_the_runtime_would_refuse(monkeypatch):
+    import optuna
+
+    from fa4 import kernels
+    from fa4tune.progress import Progress
+    from fa4tune.search_runner import SearchSettings
+    from fa4tune.space import load_space
+    from fa4tune.study import search_distributions
+    from fa4tune.trial_loop import TrialLoop
+
+    small = dataclasses.replace(H200, name="a small-grid device", max_grid_y=100, max_grid_z=100)
+    problem = AttentionProblem(1, 128, 128, 200, 200, 64)
+    submitted, finished = [], []
+    pool = types.SimpleNamespace(submit=lambda kind, payload, compile_key=None: submitted.append(payload) or 1)
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    loop = TrialLoop(study=study, storage=storage, arch="sm90", problem=problem,
+                     distributions=search_distributions(load_space("sm90"), default_config("sm90", problem, small)),
+                     kernels=kernels, pool=pool, settings=SearchSettings(trials=4, peers=()),
+                     progress=Progress(quiet=True), owner={"host": "h", "pid": 1, "start": "1"}, name="grid",
+                     device=small)
+    monkeypatch.setattr(loop, "finish", lambda entry, result: finished.append(result))
+    monkeypatch.setattr(loop, "within_budget", lambda number: True)
+    entry = types.SimpleNamespace(trial=types.SimpleNamespace(number=0), is_default=False, compile_key=None)
+    single = Config.make("sm90", scheduler="single", pack_gqa=False)
+    loop.screen_and_submit(entry, single)
+    assert finished[-1]["outcome"] == "infeasible" and not submitted
+    assert "the limit of the grid's y on a small-grid device" in finished[-1]["error"]
+    loop.screen_and_submit(entry, single.replace(scheduler="single_lpt"))
+    assert len(submitted) == 1
