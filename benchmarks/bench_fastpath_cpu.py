@@ -62,21 +62,28 @@ def main(argv=None) -> int:
         def can_implement(self, problem):
             return []
 
-        def resource_reasons(self, config, problem):
+        def resource_reasons(self, config, problem, device=None):
             return []
 
-        def default_config(self, problem):
+        def launch_reasons(self, config, problem, device=None):
+            return []
+
+        def default_config(self, problem, device=None):
             return Config.make(self.arch)
 
         def problem_key(self, config, problem):
             return (problem.dtype, problem.head_dim, problem.gqa_ratio, problem.causal, problem.return_lse)
 
-        def compile_attention(self, config, problem):
+        def device_key(self, device):
+            return (("num_sms", device.sm_count),)
+
+        def compile_attention(self, config, problem, device=None):
             return CompiledAttention(stand_in_compiled(), config, problem, 0, 0.0)
 
-    families = {arch: StandInFamily(arch=arch) for arch in kernels.ARCHS}
+    families = {arch: StandInFamily(arch=arch, REFERENCE_DEVICE=kernels.reference_device(arch))
+                for arch in kernels.ARCHS}
     kernels.family = lambda arch: families[arch]
-    state.device_facts = lambda device: ("sm90", "NVIDIA H200", (9, 0))
+    state.device_description = lambda device: kernels.reference_device("sm90")
     checks.device_reasons = lambda spec: []
     tmp = tempfile.mkdtemp(prefix="fa4-fastpath-")
     db_path = os.path.join(tmp, "best.json")

@@ -47,10 +47,10 @@ def problem_and_config(case: dict):
 
 def compile_case(case: dict) -> dict:
     from fa4.kernels import compiling
-    from fa4.kernels.sm90 import smem_bytes, SMEM_LIMIT_BYTES
+    from fa4.kernels.sm90 import REFERENCE_DEVICE, smem_bytes
     problem, config = problem_and_config(case)
     row = dict(case)
-    if smem_bytes(config, problem) > SMEM_LIMIT_BYTES:
+    if smem_bytes(config, problem) > REFERENCE_DEVICE.smem_per_block_bytes:
         row["outcome"] = "smem"
         return row
     t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fa4.kernels import AttentionProblem, knob
+from fa4.kernels import AttentionProblem
 
 # TMA addresses global memory in 16-byte units: base pointers and every stride but the innermost.
 TMA_ALIGN_BYTES = 16
@@ -219,77 +219,6 @@ def softmax_scale_value(softmax_scale) -> float | None:
             f"softmax_scale must be positive, between 2**-126 and 2**127, got {scale!r}: the kernels' "
             "softmax is exact only for a positive scale, and compute in fp32 with log2(e) folded into it")
     return scale
-
-
-# CUDA's launch limits: gridDim.y and gridDim.z at most 65,535, gridDim.x (and the kernels' Int32 task
-# index) at most 2**31 - 1.
-GRID_YZ_LIMIT = 65_535
-GRID_X_LIMIT = 2**31 - 1
-
-
-def tile_counts(config, problem: AttentionProblem) -> tuple[int, int, int]:
-    """(m blocks, task heads, batch): the counts a kernel's `__call__` builds its tile scheduler from.
-    Heads are KV heads when GQA packing folds a KV head's query heads into the tile rows; an sm90 tile
-    holds `tile_m` rows, an sm100 task `q_stages` tiles of `tile_m` rows per CTA of its cluster pair
-    (`two_cta`: two CTAs; tests/test_checks.py holds this to the kernels' code). Empty dimensions count
-    as 1: a bound, never below the real grid."""
-    rows_per_cta = config.tile_m * (config.q_stages if config.arch == "sm100" else 1)
-    if config.arch == "sm100" and config.two_cta:
-        rows_per_cta *= 2  # a pair's task
-    rows, heads = problem.seqlen_q, problem.heads_q
-    if config.pack_gqa:
-        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
-    return -(-max(rows, 1) // rows_per_cta), max(heads, 1), max(problem.batch, 1)
-
-
-def launch_grid(config, problem: AttentionProblem) -> tuple[int, int, int]:
-    """The grid (x, y, z) the kernel launches for `problem`: its family's own tile scheduler
-    (`kernels/<arch>/scheduler.py`, `create` then the host-side `grid_shape()` the kernel launches with)
-    evaluated on plain integers. Imports the DSL (the schedulers are written in it)."""
-    import importlib
-
-    # the family's package itself, not `family(arch)`: the grid is a fact of our kernels' code, also
-    # where a test stands a fake family in for compiling and launching
-    fam = importlib.import_module(f"fa4.kernels.{config.arch}")
-    scheduler = importlib.import_module(f"fa4.kernels.{config.arch}.scheduler").TileScheduler
-    m_blocks, heads, batch = tile_counts(config, problem)
-    args = [config.scheduler, m_blocks, heads, batch, max(problem.seqlen_k, 1), problem.head_dim,
-            fam.DEFAULT_NUM_SMS]
-    if config.arch == "sm100":  # its `create` also takes the L2 budget of the LPT order and the pair
-        args += [fam.make_plan(config, problem).lpt_l2_bytes, 2 if config.two_cta else 1]
-    x, y, z = scheduler.create(*args).grid_shape()
-    return int(x), int(y), int(z)
-
-
-def launch_reasons(config, problem: AttentionProblem) -> list[str]:
-    """Why launching `config` on `problem` would exceed CUDA's grid limits (empty: it would not).
-
-    The grid is the one the kernel's tile scheduler launches (`launch_grid`). Every scheduler launches
-    at most one CTA per tile, so while the tiles fit the smallest limit no grid can exceed one and the
-    scheduler (and with it the DSL) is not consulted. A 1-D grid numbers its tiles with a 32-bit index,
-    so there the tiles, not only the CTAs, must stay within it. This belongs in the families'
-    `resource_reasons`; it lives here because changing the kernel package changes the fingerprint of
-    every tuned entry.
-    """
-    m_blocks, heads, batch = tile_counts(config, problem)
-    tiles = m_blocks * heads * batch
-    if tiles <= GRID_YZ_LIMIT:
-        return []
-    x, y, z = launch_grid(config, problem)
-    reasons = []
-    one_d = (" (single_lpt runs the same tiles on a 1-D grid)"
-             if "single_lpt" in knob(config.arch, "scheduler").choices else "")
-    for axis, size in (("y", y), ("z", z)):
-        if size > GRID_YZ_LIMIT:
-            reasons.append(f"scheduler={config.scheduler} launches a grid of ({x}, {y}, {z}) blocks for {m_blocks} "
-                           f"m blocks x {heads} heads x {batch} batch: its {axis} ({size}) > CUDA's limit of "
-                           f"{GRID_YZ_LIMIT} for the grid's y and z{one_d}")
-    if y == z == 1 and tiles > GRID_X_LIMIT:
-        reasons.append(f"{tiles} tiles > {GRID_X_LIMIT}, the most one launch can index")
-    elif x > GRID_X_LIMIT:  # (a cluster pair launches two CTAs per tile)
-        reasons.append(f"scheduler={config.scheduler} launches a grid of ({x}, {y}, {z}) blocks: its x ({x}) > "
-                       f"{GRID_X_LIMIT}, CUDA's limit for the grid's x")
-    return reasons
 
 
 def device_reasons(spec: InputSpec) -> list[str]:

@@ -1,6 +1,14 @@
-"""On-disk cache of compiled kernels, so that a new process does not compile what an earlier one did.
+"""The one cache of compiled kernels, every family's: this process's (`STATE.compiled`), over the disk's,
+so that neither a later call nor a new process compiles what was compiled before.
 
-A compiled sm90 kernel is exported as an object file (host launch code with the cubin inside, the
+`compile_attention(config, problem, device)` looks a kernel up by one key (`key_of`: the family's
+compile key, which holds the configuration's codegen knobs and what of the problem and of the device
+is compiled in, and the kernel fingerprint, our sources and the DSL toolchain), first in this process,
+then on disk, and compiles it only when neither has it. The disk layer serves the families of
+`DISK_ARCHS`; for the others it is a no-op on the same path (the sm100 kernel has never run, so no
+object of it is stored or loaded).
+
+On disk, a compiled kernel is exported as an object file (host launch code with the cubin inside, the
 DSL's ahead-of-time export), linked into a shared library against the DSL's runtime libraries (the
 system C compiler, `$CC` or `cc`, with their folders as rpath) and loaded back by TVM-FFI alone as the
 same TVM-FFI function the runtime calls. Loading therefore does not import the DSL, which is most of a
@@ -8,9 +16,9 @@ fresh process's first call when the kernel is cached (importing `cutlass` takes 
 takes 2-9 s per configuration, linking ~20 ms, loading a few milliseconds). Without a C compiler
 nothing is stored (a warning says why) and every process compiles.
 
-An entry's key is the text of everything the object depends on: the compile key (configuration and
-what of the problem the code depends on), the SM count compiled into persistent grids, the kernel
-source fingerprint, the DSL version and the host machine type; its file name is a hash of the key.
+An entry's key is the text of everything the object depends on: the compile key (configuration, what
+of the problem and of the device the code depends on), the kernel fingerprint (our sources and the DSL
+toolchain) and the host machine type; its file name is a hash of the key.
 Writes go to a temporary folder in the cache folder and are renamed into place, so concurrent
 processes never see half a file, and the last writer of an entry wins with an identical one (the link
 is deterministic). The folder is bounded (oldest entries removed first).
@@ -47,7 +55,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from fa4.state import warn_once
+from fa4.state import STATE, warn_once
 
 SUFFIX = ".so"
 RECORD_SUFFIX = ".json"  # the record beside each library: its key and the hash of its bytes
@@ -58,7 +66,9 @@ ENTRY_FORMAT = "so+record"
 LINK_TIMEOUT_S = 60
 DEFAULT_MAX_MB = 2048
 MAX_RECORD_BYTES = 64 * 1024
-CACHED_ARCHS = ("sm90",)  # the families whose compiled objects have a known launch signature
+# The families whose kernels, loaded from disk, have been launched on a GPU and matched the compiled
+# ones (tests/gpu/test_compile_cache_gpu.py): the disk layer serves these only.
+DISK_ARCHS = ("sm90",)
 WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -89,9 +99,17 @@ def dsl_version() -> str:
         return "unknown"
 
 
-def entry_key(compile_key: tuple, num_sms: int, fingerprint: str, dsl: str) -> str:
-    """The key of one compiled kernel: the text of everything its object code depends on."""
-    return repr((ENTRY_FORMAT, compile_key, num_sms, fingerprint, dsl, platform.machine()))
+def entry_key(compile_key: tuple, fingerprint: str) -> str:
+    """The key of one compiled kernel, in this process and on disk: the text of everything its object
+    code depends on (the family's compile key, the kernel fingerprint, the host machine type)."""
+    return repr((ENTRY_FORMAT, compile_key, fingerprint, platform.machine()))
+
+
+def key_of(config, problem, device) -> str:
+    """`entry_key` of `config` on `problem` compiled for `device` (a `fa4.kernels.DeviceDescription`)."""
+    from fa4 import kernels, state
+
+    return entry_key(kernels.compile_key(config, problem, device), state.fingerprint(config.arch))
 
 
 def entry_name(key: str) -> str:
@@ -315,22 +333,40 @@ def info(folder: Optional[Path] = None) -> dict:
             "dsl": dsl_version()}
 
 
-def compile_attention(config, problem):
-    """`fa4.kernels.compile_attention`, through the disk cache when it is enabled (sm90 only)."""
+def cached(config, problem, device):
+    """The kernel of `config` on `problem` for `device` compiled (or loaded) in this process, or None."""
+    return STATE.compiled.get(key_of(config, problem, device))
+
+
+def compile_attention(config, problem, device):
+    """The launchable kernel of `config` on `problem` for `device`, from the one cache: this process's,
+    else the disk's (the families of `DISK_ARCHS`, when `enabled()`), else compiled now
+    (`fa4.kernels.compile_attention`) and kept in both."""
     from fa4 import kernels
 
-    if not enabled() or config.arch not in CACHED_ARCHS:
-        return kernels.compile_attention(config, problem)
-    from fa4.kernels import compiling, sm90
-
-    key = entry_key(kernels.compile_key(config, problem), compiling.device_sm_count(),
-                    kernels.source_fingerprint(config.arch), dsl_version())
-    function = load(key)
-    if function is not None:
-        return compiling.CompiledAttention(function, config, problem, sm90.smem_bytes(config, problem),
-                                           compile_seconds=0.0)
-    launcher = kernels.compile_attention(config, problem)
-    # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/compiling.py); the
-    # export needs that object, not the wrapper
-    store(key, launcher._fn)
+    key = key_of(config, problem, device)
+    with STATE.lock:
+        launcher = STATE.compiled.get(key)
+        if launcher is not None:
+            return launcher
+        disk = enabled() and config.arch in DISK_ARCHS
+        launcher = _load_launchable(key, config, problem, device) if disk else None
+        if launcher is None:
+            launcher = kernels.compile_attention(config, problem, device)
+            if disk:
+                # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/compiling.py);
+                # the export needs that object, not the wrapper
+                store(key, launcher._fn)
+        STATE.compiled[key] = launcher
     return launcher
+
+
+def _load_launchable(key: str, config, problem, device):
+    """The kernel of `key` from disk, as the launchable a compile gives, or None."""
+    function = load(key)
+    if function is None:
+        return None
+    from fa4.kernels import compiling, family
+
+    smem = family(config.arch).resources(config, problem, device)["smem_bytes"]
+    return compiling.CompiledAttention(function, config, problem, smem, compile_seconds=0.0)

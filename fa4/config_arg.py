@@ -10,10 +10,10 @@ from typing import Any, Mapping
 
 from fa4 import checks, config_text, kernels
 from fa4.checks import InvalidInputError
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, DeviceDescription
 
 
-def coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
+def coerce_config(config: Any, arch: str, problem: AttentionProblem, device: DeviceDescription | None = None) -> Config:
     """A `Config` from the config= argument: a Config; a mapping of knob values (the knobs it does not
     name keep the heuristic default's values; a value may be written as a label prints it, "off"); or
     a label string as `Config.label()` prints it (`fa4.config_text`)."""
@@ -24,13 +24,13 @@ def coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
         return config
     if isinstance(config, str):
         if config.startswith(_PARTIAL + ";"):  # a mapping that crossed the custom op as a string
-            return coerce_config(knobs_from_str(config), arch, problem)
+            return coerce_config(knobs_from_str(config), arch, problem, device)
         if config_text.looks_like_label(config):
             try:
                 values = config_text.parse_label(config)
             except ValueError as exc:
                 raise InvalidInputError(f"config= {exc}") from exc
-            return coerce_config(values, arch, problem)
+            return coerce_config(values, arch, problem, device)
         if config.split(";")[0] in kernels.ARCHS and ";" in config:  # a Config that crossed the op
             return config_from_str(config, arch)
         raise InvalidInputError(
@@ -38,29 +38,32 @@ def coerce_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
             f"fa4.explain print them, e.g. config='tile_n=80 softmax_overlap=off'")
     if isinstance(config, Mapping):
         try:
-            return config_text.with_values(kernels.default_config(arch, problem), config)
+            return config_text.with_values(kernels.default_config(arch, problem, device), config)
         except (ValueError, KeyError) as exc:
             raise InvalidInputError(f"config= {dict(config)}: {exc}") from exc
     raise _wrong_type(config)
 
 
-def forced_config(config: Any, arch: str, problem: AttentionProblem) -> Config:
-    """config= as the configuration our `arch` kernel runs on `problem`; InvalidInputError when it is
-    malformed, another architecture's, or cannot run the problem (resources, CUDA's launch limits)."""
-    cfg = coerce_config(config, arch, problem)
-    why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
+def forced_config(config: Any, arch: str, problem: AttentionProblem, device: DeviceDescription | None = None) -> Config:
+    """config= as the configuration our `arch` kernel runs on `problem` on `device` (None: the family's
+    reference device); InvalidInputError when it is malformed, another architecture's, or cannot run
+    the problem there (resources, the device's grid limits: `fa4.kernels.feasible`)."""
+    cfg = coerce_config(config, arch, problem, device)
+    why = kernels.feasible(cfg, problem, device)
     if why:
         raise InvalidInputError(f"config= {cfg.label()} cannot run {problem.label()}: {'; '.join(why)}")
     return cfg
 
 
-def check_unused(config: Any, arch: str | None, spec: checks.InputSpec, causal: bool, return_lse: bool) -> None:
+def check_unused(config: Any, arch: str | None, spec: checks.InputSpec, causal: bool, return_lse: bool,
+                 device: DeviceDescription | None = None) -> None:
     """InvalidInputError when config= is wrong although our kernel does not run this call (SDPA runs
     instead, or nothing launches): a wrong configuration is a wrong call whatever runs, and the same
     call on a GPU our kernel runs would raise.
 
-    Judged as `forced_config` judges it, for `arch`, or where the tensors give no architecture (CPU
-    tensors, a GPU without a kernel) for every one: it must fit one of them. On the shape with at
+    Judged as `forced_config` judges it, for `arch` on `device`, or where the tensors give no
+    architecture (CPU tensors, a GPU without a kernel) for every one on its reference device: it must
+    fit one of them. On the shape with at
     least one batch, row and key (as `checks.kernel_reasons`), in fp16 where the tensors' dtype has no
     kernel (fp16 and bf16 take the same resources). Where the kernel cannot run the shape at all (a
     head dim it lacks) no configuration can, so the configuration is only read."""
@@ -74,11 +77,12 @@ def check_unused(config: Any, arch: str | None, spec: checks.InputSpec, causal: 
         archs = [config.arch] if isinstance(config, Config) else list(kernels.ARCHS)
     errors: dict[str, str] = {}
     for candidate in archs:
+        on = device if device is not None and device.arch == candidate else None
         try:
             if kernels.family(candidate).can_implement(problem):
-                coerce_config(config, candidate, problem)
+                coerce_config(config, candidate, problem, on)
             else:
-                forced_config(config, candidate, problem)
+                forced_config(config, candidate, problem, on)
             return
         except InvalidInputError as exc:
             errors[candidate] = str(exc)

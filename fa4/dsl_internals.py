@@ -19,6 +19,15 @@
    registers, spills, shared memory and PTX markers). What it replaces: `cutlass.base_dsl.dsl.
    _set_enable_frame_filtering`, which the DSL calls at the start of each compile. If it is gone the
    compile runs as before (slower, never wrong); `tests/test_compile_report_speed.py` fails loudly.
+
+3. The DSL's hardware query answered from a device description (`answer_hardware_info_from`).
+   Why: flash-attn-4's static persistent scheduler asks `cutlass.utils.HardwareInfo` (the CUDA driver)
+   for the SM count while tracing; `fa4tune sass` compiles that peer's sm100 kernel on a machine with
+   no driver, for the device of `fa4.kernels.device` it is compiled for. What it replaces:
+   `cutlass.utils.HardwareInfo`, which the peer builds (its arguments unused here) and asks
+   `get_device_multiprocessor_count()` and `get_max_active_clusters(cluster_size)`; for the rest of
+   the process (the peer's compile runs in a child process of its own). `tests/test_sass.py` fails
+   loudly when the DSL's class loses either method.
 """
 
 from __future__ import annotations
@@ -113,3 +122,21 @@ def without_source_locations():
         yield True
     finally:
         dsl._set_enable_frame_filtering = setter
+
+
+def answer_hardware_info_from(device) -> None:
+    """Make `cutlass.utils.HardwareInfo` answer from `device` (a `fa4.kernels.DeviceDescription`)
+    instead of the driver, for the rest of this process."""
+    import cutlass.utils
+
+    class DescribedHardware:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def get_device_multiprocessor_count(self) -> int:
+            return device.sm_count
+
+        def get_max_active_clusters(self, cluster_size: int) -> int:
+            return device.sm_count // cluster_size
+
+    cutlass.utils.HardwareInfo = DescribedHardware

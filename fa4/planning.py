@@ -9,12 +9,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fa4 import backends as _backends, checks, dispatch, kernels, prediction, state
+from fa4 import backends as _backends, checks, compile_cache, dispatch, kernels, prediction, state
 from fa4.arch import describe_capabilities
 from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.config_arg import check_unused, forced_config
 from fa4.explanation import Explanation
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, DeviceDescription
 from fa4.state import STATE, warn_once
 
 ALLOW_SM100_ENV = "FA4_ALLOW_UNTESTED_SM100"
@@ -39,13 +39,17 @@ class Plan:
     problem: AttentionProblem | None
     causal: bool
     return_lse: bool
+    # the GPU our kernel is planned for (the tensors', or the reference device of an `arch` explained
+    # for another GPU); None where our kernel runs nothing
+    device: DeviceDescription | None = None
 
 
 def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend="auto",
           arch: str | None = None, device_name: str | None = None) -> Plan:
     """Decide what to run; raise for invalid calls and, without a fallback, unsupported ones.
 
-    `arch` and `device_name` override the device's (explain for another GPU, e.g. on CPU tensors).
+    `arch` and `device_name` override the device's (explain for another GPU, e.g. on CPU tensors); that
+    GPU is judged as the family's reference device (`fa4.kernels.reference_device`).
     """
     if fallback not in FALLBACKS:
         raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
@@ -57,18 +61,22 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
         raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
     spec = checks.inspect_inputs(q, k, v)
     reasons = list(spec.unsupported)
+    device = None
     if arch is not None:
         if arch not in kernels.ARCHS:
             raise InvalidInputError(f"unknown architecture {arch!r}; known: {', '.join(kernels.ARCHS)}")
         device_name = device_name or "unknown device"
+        device = kernels.reference_device(arch)
     else:
         device_problems = checks.device_reasons(spec)
         reasons += device_problems
-        arch, device_name, capability = (None, None, None) if device_problems else state.device_facts(spec.device)
-        if arch is None and not device_problems:
-            reasons.append(
-                f"{device_name} (compute capability {capability[0]}.{capability[1]}) has no fa4 kernel: "
-                f"they exist for {describe_capabilities()}")
+        if not device_problems:
+            device = state.device_description(spec.device)
+            arch, device_name = device.arch, device.name
+            if arch is None:
+                major, minor = device.capability
+                reasons.append(f"{device_name} (compute capability {major}.{minor}) has no fa4 kernel: "
+                               f"they exist for {describe_capabilities()}")
     notes: list[str] = []
     if arch in UNTESTED_ARCHS:
         notes.append(UNTESTED_ARCHS[arch])
@@ -87,7 +95,7 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
         return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
     if config is not None and (reasons or spec.is_empty or spec.has_no_keys):
         # our kernel runs nothing here, but a wrong config= is a wrong call whatever runs instead
-        check_unused(config, arch, spec, causal, return_lse)
+        check_unused(config, arch, spec, causal, return_lse, device)
     if reasons:
         if fallback != "sdpa":
             raise UnsupportedInputError(
@@ -108,17 +116,16 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
 
     problem = spec.problem(causal, return_lse)
     try:
-        _choose_config(expl, arch, device_name, problem, config)
+        _choose_config(expl, arch, device_name, device, problem, config)
     except UnsupportedInputError as exc:  # the heuristic default does not fit this problem
         if fallback != "sdpa":
             raise
         expl.path, expl.reasons, expl.config, expl.source = "sdpa", [str(exc)], None, None
         return Plan(expl, spec, None, causal, return_lse)
-    key = kernels.compile_key(expl.config, problem)
-    expl.compile_key = key
-    expl.compiled = key in STATE.compiled
+    expl.compile_key = kernels.compile_key(expl.config, problem, device)
+    expl.compiled = compile_cache.cached(expl.config, problem, device) is not None
     _choose_backends(expl, backend, problem)
-    return Plan(expl, spec, problem, causal, return_lse)
+    return Plan(expl, spec, problem, causal, return_lse, device)
 
 
 def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> Plan:
@@ -206,11 +213,12 @@ def _excluded_peers(expl: Explanation, problem: AttentionProblem) -> dict[str, s
     return excluded
 
 
-def _choose_config(expl: Explanation, arch: str, device_name: str, problem: AttentionProblem,
-                   config: Any) -> None:
-    """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default."""
+def _choose_config(expl: Explanation, arch: str, device_name: str, device: DeviceDescription,
+                   problem: AttentionProblem, config: Any) -> None:
+    """Fill expl.config and expl.source: forced, else exact -> nearest -> heuristic default; each judged
+    feasible on `device` by the family (`fa4.kernels.feasible`: resources and grid limits)."""
     if config is not None:
-        expl.config, expl.source = forced_config(config, arch, problem), "forced"
+        expl.config, expl.source = forced_config(config, arch, problem, device), "forced"
         return
 
     db = state.database()
@@ -241,7 +249,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
         if found is not None and found.kind in ("exact", "nearest") and found.entry is not None:
             try:
                 cfg = Config.from_dict(arch, found.entry.config)
-                why = kernels.feasible(cfg, problem) + checks.launch_reasons(cfg, problem)
+                why = kernels.feasible(cfg, problem, device)
             except (ValueError, KeyError, TypeError) as exc:  # knobs renamed since the tuning
                 cfg, why = None, [str(exc)]
             if not why:
@@ -250,17 +258,17 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, problem: Atte
                 return
             expl.notes.append(f"database entry {found.entry.key} does not fit this problem "
                               f"({'; '.join(why)}); using the heuristic default")
-    expl.config, expl.source = kernels.default_config(arch, problem), "default"
-    too_big = checks.launch_reasons(expl.config, problem)
+    expl.config, expl.source = kernels.default_config(arch, problem, device), "default"
+    too_big = kernels.family(arch).launch_reasons(expl.config, problem, device)
     if too_big and expl.config.scheduler == "single":
         # the same tiles, one CTA each, on a 1-D grid: our choice of default, not the user's, so it is
         # adjusted (and said), where a forced or tuned configuration is refused
         adjusted = expl.config.replace(scheduler="single_lpt")
-        if not kernels.feasible(adjusted, problem) and not checks.launch_reasons(adjusted, problem):
+        if not kernels.feasible(adjusted, problem, device):
             expl.notes.append(f"the heuristic default's scheduler=single cannot launch this shape "
                               f"({'; '.join(too_big)}): scheduler=single_lpt runs the same tiles instead")
-            expl.config, too_big = adjusted, []
-    why = kernels.feasible(expl.config, problem) + too_big
+            expl.config = adjusted
+    why = kernels.feasible(expl.config, problem, device)
     if why:
         raise UnsupportedInputError(
             f"the heuristic default {expl.config.label()} cannot run {problem.label()}: {'; '.join(why)}")

@@ -2,10 +2,11 @@
 
 Three paths, one decision procedure (`fa4.planning.plan`), over the process-wide state of `fa4.state`:
 - Slow path, once per input signature (shapes, strides, dtypes, devices, flags): check the inputs,
-  resolve the GPU's architecture, look the configuration up (forced -> exact database hit -> nearest
-  bucket -> heuristic default), check it is feasible, compile it or take it from the in-process cache
-  of compiled kernels (keyed by `fa4.kernels.compile_key`, which holds no sequence length or batch), and
-  store a `_Launch` for the signature.
+  describe the GPU once (`fa4.state.device_description`: its family, SM count, shared memory, L2), look
+  the configuration up (forced -> exact database hit -> nearest bucket -> heuristic default), ask the
+  family whether it is feasible on that GPU, compile it or take it from the one cache of compiled
+  kernels (`fa4.compile_cache`, keyed by `fa4.kernels.compile_key`, which holds no sequence length or
+  batch, and the kernel fingerprint), and store a `_Launch` for the signature.
 - Kernel path, every later call of a kernel signature: a short key (Q's and K's shapes, the three
   tensors' strides, Q's dtype and device, the flags) finds the `_Launch`, O (and LSE) are allocated and
   the compiled kernel's TVM-FFI function is called directly (`fa4.dsl_internals.direct_launcher`, the
@@ -40,7 +41,7 @@ from fa4 import compile_cache, config_arg, dsl_internals, kernels, record_shapes
 from fa4.arch import arch_of_capability
 from fa4.checks import Fa4Error, UnsupportedInputError
 from fa4.explanation import Explanation
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, DeviceDescription
 from fa4.state import STATE, database, forget_signatures, warn_once
 
 # Signatures kept in the fast-path table; past this the table starts over (dynamic shapes can create
@@ -93,22 +94,23 @@ class _Launch:
         self.rows_without_keys = rows_without_keys  # a peer's rows to set to our no-key rule
 
 
-def _compiled_kernel(config: Config, problem: AttentionProblem, key: tuple):
-    launcher = STATE.compiled.get(key)
+def _compiled_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
+    """Our kernel for `device`, from the one cache of compiled kernels (`fa4.compile_cache`), compiled
+    (or loaded from disk) on a miss, which cannot happen inside a CUDA-graph capture."""
+    launcher = compile_cache.cached(config, problem, device)
     if launcher is None:
         with STATE.lock:
-            launcher = STATE.compiled.get(key)
+            launcher = compile_cache.cached(config, problem, device)
             if launcher is None:
                 if _capturing():
                     raise NotWarmedUpError(_warmup_message(problem, f"compiling our {config.arch} kernel "
                                                                     f"{config.label()}"))
                 try:
-                    launcher = compile_cache.compile_attention(config, problem)
+                    launcher = compile_cache.compile_attention(config, problem, device)
                 except Exception as exc:
                     raise KernelCompileError(
                         f"compiling {config.arch} {config.label()} for {problem.label()} failed: "
                         f"{type(exc).__name__}: {exc}") from exc
-                STATE.compiled[key] = launcher
                 STATE.compiles += 1
     return launcher
 
@@ -141,7 +143,7 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
             kind, backend = _KERNEL, dispatch.OURS
     if kind == _KERNEL:
         try:
-            compiled = _compiled_kernel(expl.config, plan.problem, expl.compile_key)
+            compiled = _compiled_kernel(expl.config, plan.problem, plan.device)
             run = compiled.run
         except KernelCompileError as exc:
             if fallback != "sdpa":

@@ -1,5 +1,5 @@
 """The runtime's process-wide state: cached launches and compiled kernels, the loaded best-config
-database, device facts, one-time warnings, and the functions that read or reset them."""
+database, the description of each GPU, one-time warnings, and the functions that read or reset them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fa4 import kernels
-from fa4.arch import arch_of_capability
+from fa4.kernels import DeviceDescription
 
 
 class Fa4Warning(UserWarning):
@@ -26,14 +26,15 @@ class _State:
         self.last: tuple = (None, None)  # (key, launch) of the latest signature cached
         self.kernel_launches: dict[tuple, Any] = {}  # short key -> kernel launch (see attention)
         self.last_kernel: tuple = (None, None)
-        self.compiled: dict[tuple, Any] = {}
+        # the in-process layer of the one cache of compiled kernels (`fa4.compile_cache`)
+        self.compiled: dict[str, Any] = {}
         self.db_path: str | None = None  # None: fa4.database's default (env var, else packaged file)
         self.db: Any = None
         self.db_loaded = False
         self.db_error: str | None = None
         self.db_broken: frozenset = frozenset()  # (layer, key) of entries that cannot be used
         self.fingerprints: dict[str, str] = {}
-        self.devices: dict[int, tuple[str | None, str, tuple[int, int]]] = {}
+        self.devices: dict[int, DeviceDescription] = {}
         self.warned: set[str] = set()
         # (backend, problem label, return_lse) -> why that peer refused a call of this process: auto
         # dispatch passes it over from then on (explain says so)
@@ -184,12 +185,11 @@ def fingerprint(arch: str) -> str | None:
     return fp
 
 
-def device_facts(device: torch.device) -> tuple[str | None, str, tuple[int, int]]:
-    """(arch or None, device name, compute capability) of a CUDA device."""
+def device_description(device: torch.device) -> DeviceDescription:
+    """The description of a CUDA device (its family, name, SM count, shared memory, L2), read once per
+    device: what the runtime passes to the kernels' feasibility, defaults and compiles."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    facts = STATE.devices.get(index)
-    if facts is None:
-        capability = tuple(torch.cuda.get_device_capability(index))
-        facts = (arch_of_capability(capability), torch.cuda.get_device_name(index), capability)
-        STATE.devices[index] = facts
-    return facts
+    described = STATE.devices.get(index)
+    if described is None:
+        described = STATE.devices[index] = kernels.device_from_torch(index)
+    return described

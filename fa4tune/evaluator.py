@@ -205,11 +205,17 @@ class KernelEvaluator:
 
 
 def device_info() -> dict:
+    """The GPU's facts recorded with every result: its name, compute capability and driver, and the
+    facts the kernels read of it (`fa4.kernels.DeviceDescription`: SM count, shared memory per block,
+    L2), from which the search judges and seeds its configurations (`search_runner.worker_device`)."""
     import torch
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {"name": props.name, "sm_count": props.multi_processor_count,
-            "cc": f"{props.major}.{props.minor}", "driver": _driver_version()}
+    from fa4.kernels import device_from_torch
+
+    described = device_from_torch(torch.cuda.current_device())
+    return {"name": described.name, "sm_count": described.sm_count,
+            "smem_per_block_bytes": described.smem_per_block_bytes, "l2_bytes": described.l2_bytes,
+            "cc": "{}.{}".format(*described.capability), "driver": _driver_version()}
 
 
 def _driver_version() -> Optional[str]:

@@ -85,16 +85,13 @@ stub = types.ModuleType("quack.autotuner")
 stub.autotune = lambda *a, **k: (lambda f: f)
 stub.AutotuneConfig = lambda *a, **k: None
 sys.modules.setdefault("quack.autotuner", stub)
-import cutlass, cutlass.cute as cute, cutlass.utils
+import cutlass, cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-class B200Info:
-    # the static persistent scheduler asks the driver for the SM count at trace time; there is
-    # no driver here, so answer a B200's
-    def __init__(self, *a, **k): pass
-    def get_device_multiprocessor_count(self): return 148
-    def get_max_active_clusters(self, cluster_size): return 148 // cluster_size
-cutlass.utils.HardwareInfo = B200Info
+# the static persistent scheduler asks the driver for the SM count at trace time; there is no driver
+# here, so the B200's description answers
+from fa4.dsl_internals import answer_hardware_info_from
+from fa4.kernels.device import B200
+answer_hardware_info_from(B200)
 from flash_attn.cute.flash_fwd_sm100 import FlashAttentionForwardSm100
 
 args, dtype, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fa4.backends import peer_names
-from fa4.kernels import AttentionProblem
+from fa4.kernels import AttentionProblem, DeviceDescription, reference_device
 from fa4tune import liveness
 from fa4tune.environment import kernel_api, kernel_fingerprint
 from fa4tune.progress import Progress
@@ -202,6 +202,21 @@ def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list
     return summaries
 
 
+def worker_device(arch: str, facts: dict) -> DeviceDescription:
+    """The GPU the pool's workers run on, described from what their setup reported
+    (`fa4tune.evaluator.device_info`): the search judges feasibility and seeds its default for it, as
+    the runtime would on that GPU. The family's reference device where the workers reported no
+    description of a GPU of this family (CPU workers, stand-in evaluators)."""
+    try:
+        described = DeviceDescription(
+            name=facts["name"], capability=tuple(int(x) for x in str(facts["cc"]).split(".")),
+            sm_count=int(facts["sm_count"]), smem_per_block_bytes=int(facts["smem_per_block_bytes"]),
+            l2_bytes=int(facts["l2_bytes"]))
+    except (KeyError, TypeError, ValueError):
+        return reference_device(arch)
+    return described if described.arch == arch else reference_device(arch)
+
+
 def study_name_of(arch: str, problem: AttentionProblem, problems: list[AttentionProblem],
                   given: Optional[str]) -> str:
     """The study of a problem: its shape key, or a given --study name (suffixed with the mask when two
@@ -242,7 +257,8 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
     kernels = kernel_api(settings.kernel_api)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     fingerprint = kernel_fingerprint(arch, settings.kernel_api)
-    default = kernels.default_config(arch, problem)
+    device = worker_device(arch, pool.device)
+    default = kernels.default_config(arch, problem, device)
     distributions = search_distributions(space, default)
     choices = {k: list(d.choices) for k, d in distributions.items()}
     study = open_study(storage, study_name or shape_key(arch, problem), arch, problem, space, fingerprint,
@@ -264,7 +280,8 @@ def run_study(arch: str, problem: AttentionProblem, space: SearchSpace, storage,
                              settings.db_path, progress, name)
 
     loop = TrialLoop(study=study, storage=storage, arch=arch, problem=problem, distributions=distributions,
-                     kernels=kernels, pool=pool, settings=settings, progress=progress, owner=owner, name=name)
+                     kernels=kernels, pool=pool, settings=settings, progress=progress, owner=owner, name=name,
+                     device=device)
     evaluated_before = loop.evaluated()
     wall_s = loop.run()
     summary = summarize(study)

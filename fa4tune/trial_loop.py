@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, DeviceDescription
 from fa4tune import liveness
 from fa4tune.environment import utc_now
 from fa4tune.outcomes import INFEASIBLE, INTERRUPTED, OK
@@ -59,9 +59,12 @@ class TrialLoop:
     """Runs one study to its end. `run()` returns the wall seconds it took."""
 
     def __init__(self, *, study, storage, arch: str, problem: AttentionProblem, distributions: dict,
-                 kernels, pool: WorkerPool, settings, progress: Progress, owner: dict, name: str):
+                 kernels, pool: WorkerPool, settings, progress: Progress, owner: dict, name: str,
+                 device: Optional[DeviceDescription] = None):
         self.study, self.storage = study, storage
         self.arch, self.problem, self.distributions = arch, problem, distributions
+        # the GPU the workers run on (None: the family's reference device): feasibility is judged for it
+        self.device = device
         self.kernels, self.pool, self.settings, self.progress = kernels, pool, settings, progress
         self.owner, self.name = owner, name
         self.timing = settings.timing.to_dict()
@@ -194,8 +197,8 @@ class TrialLoop:
 
     def screen_and_submit(self, entry: _InFlight, config: Config) -> None:
         try:
-            reasons = list(self.kernels.feasible(config, self.problem))
-            key = self.kernels.compile_key(config, self.problem)
+            reasons = list(self.kernels.feasible(config, self.problem, self.device))
+            key = self.kernels.compile_key(config, self.problem, self.device)
         except Exception as exc:  # the kernel's own model failed on this config: a result
             self.finish(entry, {"outcome": "compile_error", "error": short_error(exc)})
             return

@@ -5,12 +5,19 @@ imports nothing from above. Importing it does not import the DSL: compiling does
 
 Public surface, the same for every kernel family:
 - `Config`, `knobs_for`, `AttentionProblem`: the knob model and the problem.
-- `feasible(config, problem) -> list[str]`: every reason the configuration cannot run the problem
-  (empty: feasible). The single check used by the tests, the search and the runtime.
-- `default_config(arch, problem)`: the heuristic default that seeds every search.
-- `compile_key(config, problem)`: what the generated code depends on (no sequence lengths or batch).
-- `compile_attention(config, problem)`: a launchable kernel for the GPU in this process.
-- `compile_report(config, problem)`: compile without a GPU and report registers, spills, shared memory.
+- `DeviceDescription`, `reference_device(arch)`, `device_from_torch(index)`: the GPU, as the kernels
+  read it (`device.py`). Every function below takes an optional `device`; None is the family's
+  reference device (the H200, the B200), except for `compile_attention`, where it is torch's GPU.
+- `feasible(config, problem, device) -> list[str]`: every reason the configuration cannot run the
+  problem on the device, CUDA's grid limits included (empty: feasible). The single check used by the
+  tests, the search and the runtime.
+- `default_config(arch, problem, device)`: the heuristic default that seeds every search.
+- `compile_key(config, problem, device)`: what the generated code depends on (no sequence lengths or
+  batch; the device's facts that are compiled in).
+- `compile_attention(config, problem, device)`: a launchable kernel, compiled now (the runtime's
+  cache of compiled kernels is `fa4.compile_cache`).
+- `compile_report(config, problem, device)`: compile without a GPU and report registers, spills,
+  shared memory.
 - `kernel_fingerprint(arch)`: a hash of everything that decides a family's generated code (our sources
   and the DSL toolchain, `toolchain()`), to detect stale tunings; `source_fingerprint(arch)` is our
   sources' part alone (what a compile check of the sources records beside the toolchain).
@@ -25,13 +32,17 @@ from __future__ import annotations
 import hashlib
 from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
+from .device import DeviceDescription, reference_device
+from .device import from_torch as device_from_torch
 from .family import KernelFamily, family
 from .knobs import ARCHS, KNOBS, Config, Knob, knob, knobs_for
 from .problem import DTYPES, AttentionProblem
 
 __all__ = [
     "ARCHS", "KNOBS", "DTYPES", "Config", "Knob", "knob", "knobs_for", "AttentionProblem",
+    "DeviceDescription", "reference_device", "device_from_torch",
     "KernelFamily", "family", "feasible", "default_config", "compile_key", "compile_attention", "compile_report",
     "source_fingerprint", "kernel_fingerprint", "toolchain",
 ]
@@ -46,28 +57,40 @@ TOOLCHAIN_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",
                            "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
 
 
-def feasible(config: Config, problem: AttentionProblem) -> list[str]:
+def feasible(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> list[str]:
+    """Every reason `config` cannot run `problem` on `device` (default: the family's reference
+    device): the problem, one block's resources, and the launch's grid limits."""
     fam = family(config.arch)
-    return list(fam.can_implement(problem)) + list(fam.resource_reasons(config, problem))
+    return (list(fam.can_implement(problem)) + list(fam.resource_reasons(config, problem, device))
+            + list(fam.launch_reasons(config, problem, device)))
 
 
-def default_config(arch: str, problem: AttentionProblem) -> Config:
-    return family(arch).default_config(problem)
+def default_config(arch: str, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
+    return family(arch).default_config(problem, device)
 
 
-def compile_key(config: Config, problem: AttentionProblem) -> tuple:
-    return (config.arch, config.codegen_items(), tuple(family(config.arch).problem_key(config, problem)))
+def compile_key(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> tuple:
+    """(arch, codegen knobs, what of the problem is compiled in, what of `device` is compiled in)."""
+    fam = family(config.arch)
+    return (config.arch, config.codegen_items(), tuple(fam.problem_key(config, problem)),
+            tuple(fam.device_key(device or fam.REFERENCE_DEVICE)))
 
 
-def compile_attention(config: Config, problem: AttentionProblem):
-    reasons = feasible(config, problem)
+def compile_attention(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None):
+    """A launchable kernel for `device` (default: torch's current GPU), compiled now; refuses an
+    infeasible configuration."""
+    fam = family(config.arch)
+    if device is None:
+        from .compiling import current_device
+        device = current_device()
+    reasons = feasible(config, problem, device)
     if reasons:
         raise ValueError(f"infeasible configuration {config.label()}: {'; '.join(reasons)}")
-    return family(config.arch).compile_attention(config, problem)
+    return fam.compile_attention(config, problem, device)
 
 
-def compile_report(config: Config, problem: AttentionProblem):
-    return family(config.arch).compile_report(config, problem)
+def compile_report(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None):
+    return family(config.arch).compile_report(config, problem, device)
 
 
 def toolchain() -> dict[str, str]:

@@ -4,12 +4,12 @@
   DSL's private target cache),
 - the fake arguments a kernel is traced with (symbolic batch, lengths, heads and strides, so one
   compile serves every such problem),
-- the compile options, one in-process cache of launchable kernels (keyed by `compile_key` and SM
-  count), the launchable wrapper, and one compile-report schema (`REPORT_KEYS`).
+- the compile options, the launchable wrapper, and one compile-report schema (`REPORT_KEYS`).
 
 A family contributes only what is its own (`family.KernelFamily`): the kernel object
-(`make_kernel(config, problem, num_sms)`), the shared memory it traced, its PTX markers and its resource
-model. Nothing here imports the DSL at module import time.
+(`make_kernel(config, problem, device)`), the shared memory it traced, its PTX markers and its resource
+model. Nothing here caches: the one cache of compiled kernels, in-process over disk, is the runtime's
+`fa4.compile_cache`. Nothing here imports the DSL at module import time.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import math
 import os
 import re
 import tempfile
-import threading
 import time
 from typing import Optional
 
+from .device import DeviceDescription, from_torch
 from .family import DSL_TARGET, KernelFamily, family
 from .knobs import Config
 from .problem import AttentionProblem
@@ -94,17 +94,17 @@ def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):
     return q, k, v, o, lse, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
 
 
-def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem, num_sms: int,
+def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem, device: DeviceDescription,
                    options: str = "", tvm_ffi: bool = False):
-    """Trace and compile the family's kernel for its target: (compiled function, kernel object,
-    traced shared-memory bytes, seconds). `options` are the DSL's compile options (`--enable-tvm-ffi`
-    is added for a launchable compile)."""
+    """Trace and compile the family's kernel for its target and `device`: (compiled function, kernel
+    object, traced shared-memory bytes, seconds). `options` are the DSL's compile options
+    (`--enable-tvm-ffi` is added for a launchable compile)."""
     import cutlass
     import cutlass.cute as cute
     if tvm_ffi:
         options = f"--enable-tvm-ffi {options}"
     with target_arch(fam.ARCH):
-        kernel = fam.make_kernel(config, problem, num_sms)
+        kernel = fam.make_kernel(config, problem, device)
         q, k, v, o, lse, stream = fake_arguments(problem, tvm_ffi=tvm_ffi)
         start = time.perf_counter()
         compiled = cute.compile[cute.GPUArch(DSL_TARGET[fam.ARCH])](
@@ -144,57 +144,45 @@ class CompiledAttention:
         self._fn(q, k, v, out, lse, scale)
 
 
-def device_sm_count() -> int:
-    """SMs of torch's current CUDA device: a persistent scheduler's grid is compiled in, and an H100
-    PCIe (114 SMs) or an H20 (78) must not get the H200's 132."""
+def current_device() -> DeviceDescription:
+    """The description of torch's current CUDA device: what a launchable compile is for when no
+    device is given (a persistent grid is compiled for its SM count: an H100 PCIe (114 SMs) or an H20
+    (78) must not get the H200's 132)."""
     import torch
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-_cache: dict = {}
-_cache_lock = threading.Lock()
+    return from_torch(torch.cuda.current_device())
 
 
 def compile_attention(config: Config, problem: AttentionProblem,
-                      num_sms: Optional[int] = None) -> CompiledAttention:
-    """A launchable kernel of `config`'s family for the GPU in this process, from the one in-process
-    cache (keyed by `compile_key` and SM count: one compile serves every batch, length and head
-    count)."""
-    from . import compile_key
-    fam = family(config.arch)
-    if num_sms is None:
-        num_sms = device_sm_count()
-    key = (compile_key(config, problem), num_sms)
-    with _cache_lock:
-        hit = _cache.get(key)
-    if hit is not None:
-        return hit
-    compiled, _, smem, seconds = compile_kernel(fam, config, problem, num_sms, tvm_ffi=True)
-    launchable = CompiledAttention(compiled, config, problem, smem, seconds)
-    with _cache_lock:
-        return _cache.setdefault(key, launchable)
+                      device: Optional[DeviceDescription] = None) -> CompiledAttention:
+    """A launchable kernel of `config`'s family for `device` (default: torch's current GPU), compiled
+    now: one compile serves every batch, length and head count (`fa4.kernels.compile_key`). Not
+    cached here: `fa4.compile_cache` is the one cache."""
+    device = device or current_device()
+    compiled, _, smem, seconds = compile_kernel(family(config.arch), config, problem, device, tvm_ffi=True)
+    return CompiledAttention(compiled, config, problem, smem, seconds)
 
 
 # ------------------------------------------------------------------------------------------------
 # compiling without a GPU: reports and cubins
 
-def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
-    """Compile for the family's target with fake tensors (a CPU is enough) and report what the
-    compiler says: registers, spills and warnings (ptxas remarks), the traced shared memory beside
-    the model's, the PTX markers, seconds. The keys are `REPORT_KEYS` for every family. Raises
-    whatever the DSL raises when tracing or compiling fails (the caller makes that a result)."""
+def compile_report(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:
+    """Compile for the family's target and `device` (default: the family's reference device) with fake
+    tensors (a CPU is enough) and report what the compiler says: registers, spills and warnings
+    (ptxas remarks), the traced shared memory beside the model's, the PTX markers, seconds. The keys
+    are `REPORT_KEYS` for every family. Raises whatever the DSL raises when tracing or compiling fails
+    (the caller makes that a result)."""
     fam = family(config.arch)
-    num_sms = fam.DEFAULT_NUM_SMS if num_sms is None else num_sms
+    device = device or fam.REFERENCE_DEVICE
     with tempfile.TemporaryDirectory(prefix=f"fa4-{fam.ARCH}-") as tmp:
         remarks_path = os.path.join(tmp, "remarks.yaml")
         # the device code does not depend on the host calling convention: no TVM-FFI here (a
         # CPU-only CI machine need not have it)
         compiled, kernel, smem, seconds = compile_kernel(
-            fam, config, problem, num_sms,
+            fam, config, problem, device,
             options=f"--keep-ptx --dump-dir {tmp} remarks{{ptx}} --remark-output {remarks_path}")
         remarks = open(remarks_path).read() if os.path.exists(remarks_path) else ""
         ptx = getattr(compiled, "__ptx__", "") or ""
-    resources = fam.resources(config, problem)
+    resources = fam.resources(config, problem, device)
     report = {
         "ok": True,
         "arch": DSL_TARGET[fam.ARCH],
@@ -229,12 +217,12 @@ def parse_remarks(text: str) -> dict:
     }
 
 
-def compile_cubin(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> bytes:
-    """The cubin of one configuration, compiled on this machine (a CPU is enough), for disassembly
-    (`fa4tune sass`)."""
+def compile_cubin(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> bytes:
+    """The cubin of one configuration for `device` (default: the family's reference device), compiled
+    on this machine (a CPU is enough), for disassembly (`fa4tune sass`)."""
     fam = family(config.arch)
-    num_sms = fam.DEFAULT_NUM_SMS if num_sms is None else num_sms
+    device = device or fam.REFERENCE_DEVICE
     with tempfile.TemporaryDirectory(prefix=f"fa4-{fam.ARCH}-") as tmp:
-        compiled, _, _, _ = compile_kernel(fam, config, problem, num_sms,
+        compiled, _, _, _ = compile_kernel(fam, config, problem, device,
                                            options=f"--keep-cubin --dump-dir {tmp}")
         return bytes(compiled.__cubin__)

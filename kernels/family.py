@@ -4,17 +4,23 @@ and the one registry of families.
 A family is a subpackage of `fa4.kernels` whose module implements `KernelFamily` (a module satisfies a
 Protocol structurally: a type checker and `isinstance(module, KernelFamily)` both see it). Importing a
 family does not import the DSL; `kernel`, `compile_attention` and `compile_report` do. What the
-families share (target architecture, fake arguments, compile options, the compile cache, the
-compile-report schema) is in `compiling.py`; the tile-scheduler protocol in `scheduling.py`.
+families share (target architecture, fake arguments, compile options, the compile-report schema) is
+in `compiling.py`; the tile-scheduler protocol in `scheduling.py`; CUDA's grid limits in `launch.py`.
+
+Every fact of the GPU comes from a `device.DeviceDescription` passed in (`device`); where a function
+takes `device=None`, None means the family's `REFERENCE_DEVICE` (what a compile without a GPU is for).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, runtime_checkable
 
 from .knobs import ARCHS, Config
 from .problem import AttentionProblem
+
+if TYPE_CHECKING:  # device.py reads CAPABILITY_ARCH from here
+    from .device import DeviceDescription
 
 # The one mapping of families to GPUs (`fa4/arch.py` answers questions with it; it lives here because
 # the kernels sit below the runtime and import nothing from it). Each family is compiled for an
@@ -31,36 +37,55 @@ class KernelFamily(Protocol):
 
     ARCH: str                      # "sm90" or "sm100"
     SOURCE_FILES: tuple[str, ...]  # files of the family's folder that decide its generated code
-    DEFAULT_NUM_SMS: int           # SM count compiled in when no GPU is asked (reports, CPU compiles)
+    REFERENCE_DEVICE: DeviceDescription  # compiled for when no GPU is asked (reports, CPU compiles)
     PTX_MARKERS: Mapping[str, Any]  # name -> compiled regex: instructions a right compile's PTX holds
 
     def can_implement(self, problem: AttentionProblem) -> list[str]:
         """Reasons no configuration of this family can run the problem (empty: some can)."""
 
-    def resources(self, config: Config, problem: AttentionProblem) -> dict:
+    def resources(self, config: Config, problem: AttentionProblem,
+                  device: Optional[DeviceDescription] = None) -> dict:
         """What the configuration uses (at least `smem_bytes`, `smem_limit_bytes`, `threads`)."""
 
-    def resource_reasons(self, config: Config, problem: AttentionProblem) -> list[str]:
-        """Reasons this configuration cannot run the problem (shared memory, registers, ...)."""
+    def resource_reasons(self, config: Config, problem: AttentionProblem,
+                         device: Optional[DeviceDescription] = None) -> list[str]:
+        """Reasons this configuration cannot run the problem in one block of `device` (shared
+        memory, registers, ...)."""
 
-    def default_config(self, problem: AttentionProblem) -> Config:
-        """The heuristic default: the knobs' declared defaults, then per-problem rules."""
+    def tile_counts(self, config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
+        """(m blocks, heads, batch) the kernel builds its tile scheduler from."""
+
+    def launch_grid(self, config: Config, problem: AttentionProblem,
+                    device: Optional[DeviceDescription] = None) -> tuple[int, int, int]:
+        """The grid the kernel launches on `device` (its scheduler on plain integers; imports the DSL)."""
+
+    def launch_reasons(self, config: Config, problem: AttentionProblem,
+                       device: Optional[DeviceDescription] = None) -> list[str]:
+        """Reasons the launch exceeds `device`'s grid limits (`launch.grid_reasons`)."""
+
+    def default_config(self, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
+        """The heuristic default on `device`: the knobs' declared defaults, then per-problem rules
+        (those that read the device say which facts: `device.reads_device`)."""
 
     def problem_key(self, config: Config, problem: AttentionProblem) -> tuple:
         """What of the problem the generated code depends on (never lengths, batch or heads)."""
 
-    def make_kernel(self, config: Config, problem: AttentionProblem, num_sms: int) -> Any:
+    def device_key(self, device: DeviceDescription) -> tuple:
+        """What of the device the generated code depends on (the facts compiled in)."""
+
+    def make_kernel(self, config: Config, problem: AttentionProblem, device: DeviceDescription) -> Any:
         """The DSL kernel object (a `@cute.jit` callable on Q, K, V, O, LSE, scale, stream)."""
 
     def traced_smem_bytes(self, kernel: Any) -> int:
         """Dynamic shared memory of a kernel object, read from its SharedStorage after tracing."""
 
     def compile_attention(self, config: Config, problem: AttentionProblem,
-                          num_sms: Optional[int] = None) -> Any:
-        """A launchable kernel for the GPU in this process: `.run(q, k, v, out, lse, scale)`."""
+                          device: Optional[DeviceDescription] = None) -> Any:
+        """A launchable kernel for `device` (None: torch's current GPU): `.run(q, k, v, out, lse,
+        scale)`. Not cached: `fa4.compile_cache` is the cache."""
 
     def compile_report(self, config: Config, problem: AttentionProblem,
-                       num_sms: Optional[int] = None) -> dict:
+                       device: Optional[DeviceDescription] = None) -> dict:
         """Compile without a GPU; the report of `compiling.REPORT_KEYS`."""
 
 

@@ -3,6 +3,8 @@ the test markers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fa4.arch import CAPABILITY_ARCH, DSL_TARGET, arch_of_capability
@@ -28,10 +30,11 @@ def test_every_family_has_one_capability_and_one_dsl_target():
 
 def test_runtime_and_cli_use_the_same_mapping():
     import fa4.runtime
-    import fa4.state
     from fa4tune import cli
 
-    assert fa4.state.arch_of_capability is arch_of_capability   # the device's architecture
+    from fa4.kernels.device import H200
+    for capability in ((9, 0), (10, 0), (10, 3), (8, 0)):   # the device's architecture (its description)
+        assert dataclasses.replace(H200, capability=capability).arch == arch_of_capability(capability)
     assert fa4.runtime.arch_of_capability is arch_of_capability  # explain's assumed target
     gpu = {"index": 0, "name": "NVIDIA B300", "cc": (10, 3)}
     import click

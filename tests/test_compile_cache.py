@@ -1,7 +1,7 @@
-"""The on-disk cache of compiled kernels (fa4.compile_cache), on CPU: a real sm90 kernel compiled
-without a GPU is exported, linked and loaded back as a TVM-FFI function without the DSL; names,
-bounds, damaged files, a missing C compiler, concurrent writers and the runtime's switch; and what is
-never loaded (a library and its record must be this user's, unwritable by others, in a folder only
+"""The one cache of compiled kernels (fa4.compile_cache), on CPU: every family goes through it (in-process
+over disk); a real sm90 kernel compiled without a GPU is exported, linked and loaded back as a TVM-FFI
+function without the DSL; names, bounds, damaged files, a missing C compiler, concurrent writers and
+the runtime's switch; and what is never loaded (a library and its record must be this user's, unwritable by others, in a folder only
 this user can write, and the library must hash to what its record says). Launching a loaded kernel
 needs a GPU (not tested here)."""
 
@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import dataclasses
 import stat
 import subprocess
 import types
@@ -22,7 +23,9 @@ import pytest
 
 import fa4
 from fa4 import compile_cache
-from fa4.kernels import AttentionProblem, compile_key, default_config, source_fingerprint
+from fa4.kernels import AttentionProblem, compile_key, default_config, kernel_fingerprint
+from fa4.kernels.device import B200, H200
+from fa4.state import STATE
 
 PROBLEM = AttentionProblem(1, 256, 256, 8, 2, 64, "fp16", causal=True)
 
@@ -33,23 +36,22 @@ def jit_function():
     from fa4.kernels import compiling, family
 
     compiled, _, _, _ = compiling.compile_kernel(family("sm90"), default_config("sm90", PROBLEM), PROBLEM,
-                                                 132, tvm_ffi=True)
+                                                 H200, tvm_ffi=True)
     return compiled
 
 
 @pytest.fixture(autouse=True)
 def fresh_warnings():
-    fa4.reset_caches()  # one-time warnings start over in every test
+    fa4.reset_caches(compiled=True)  # one-time warnings and the in-process cache start over in every test
     yield
-    fa4.reset_caches()
+    fa4.reset_caches(compiled=True)
 
 
 def _key(**change):
     config = default_config("sm90", PROBLEM)
-    parts = dict(key=compile_key(config, PROBLEM), sms=132, fingerprint=source_fingerprint("sm90"),
-                 dsl=compile_cache.dsl_version())
+    parts = dict(key=compile_key(config, PROBLEM, H200), fingerprint=kernel_fingerprint("sm90"))
     parts.update(change)
-    return compile_cache.entry_key(parts["key"], parts["sms"], parts["fingerprint"], parts["dsl"])
+    return compile_cache.entry_key(parts["key"], parts["fingerprint"])
 
 
 def _name(**change):
@@ -58,9 +60,10 @@ def _name(**change):
 
 def test_the_name_changes_with_everything_the_object_depends_on():
     base = _name()
-    other_config = compile_key(default_config("sm90", PROBLEM).replace(tile_n=96), PROBLEM)
-    assert len({base, _name(sms=114), _name(fingerprint="0" * 16), _name(dsl="9.9.9"),
-                _name(key=other_config)}) == 5
+    config = default_config("sm90", PROBLEM)
+    other_config = compile_key(config.replace(tile_n=96), PROBLEM, H200)
+    h100_pcie = compile_key(config, PROBLEM, dataclasses.replace(H200, sm_count=114))  # the SM count is compiled in
+    assert len({base, _name(key=h100_pcie), _name(fingerprint="0" * 16), _name(key=other_config)}) == 4
     assert base == _name() and base.endswith(compile_cache.SUFFIX)
 
 
@@ -74,7 +77,7 @@ def test_store_then_load_gives_the_kernels_function(tmp_path, jit_function):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, compile_cache.record_path(path).name])
     function = compile_cache.load(_key(), tmp_path)
     assert type(function).__name__ == "Function" and callable(function)
-    assert compile_cache.load(_key(dsl="other"), tmp_path) is None  # another entry: a miss
+    assert compile_cache.load(_key(fingerprint="other"), tmp_path) is None  # another entry: a miss
 
 
 def test_a_loaded_kernel_gets_the_direct_launch(tmp_path, jit_function):
@@ -136,7 +139,7 @@ def _store_in_child(folder: str, key: str) -> None:
     from fa4.kernels import compiling, family
 
     compiled, _, _, _ = compiling.compile_kernel(family("sm90"), default_config("sm90", PROBLEM), PROBLEM,
-                                                 132, tvm_ffi=True)
+                                                 H200, tvm_ffi=True)
     assert compile_cache.store(key, compiled, folder=Path(folder)) is not None
 
 
@@ -153,19 +156,47 @@ def test_two_processes_storing_one_entry_leave_a_loadable_file(tmp_path):
     assert compile_cache.load(_key(), tmp_path) is not None
 
 
-def test_on_by_default_off_by_the_environment_and_only_for_sm90(monkeypatch):
+def test_the_disk_layer_is_on_by_default_off_by_the_environment(monkeypatch):
     calls = []
-    monkeypatch.setattr("fa4.kernels.compile_attention", lambda config, problem: calls.append(config) or "plain")
+    monkeypatch.setattr("fa4.kernels.compile_attention",
+                        lambda config, problem, device: calls.append(config) or "plain")
+    monkeypatch.setattr(compile_cache, "load", lambda key, folder=None: pytest.fail("the disk was read"))
     monkeypatch.delenv("FA4TUNE_DISK_CACHE", raising=False)
     assert compile_cache.enabled()
     monkeypatch.setenv("FA4TUNE_DISK_CACHE", "0")
     assert not compile_cache.enabled()
     config = default_config("sm90", PROBLEM)
-    assert compile_cache.compile_attention(config, PROBLEM) == "plain"
+    assert compile_cache.compile_attention(config, PROBLEM, H200) == "plain"
+    assert calls == [config]
+
+
+def test_every_family_goes_through_the_one_cache(monkeypatch, tmp_path):
+    """sm90 and sm100 alike: compiled once per key and kept in this process, looked up on disk first
+    where the disk layer serves the family (sm90; for sm100, whose kernel never ran, it is a no-op on
+    the same path); another device's compiled-in facts make another key."""
     monkeypatch.setenv("FA4TUNE_DISK_CACHE", "1")
-    sm100 = default_config("sm100", PROBLEM)
-    assert compile_cache.compile_attention(sm100, PROBLEM) == "plain"  # sm100 is never cached
-    assert calls == [config, sm100]
+    monkeypatch.setenv("FA4TUNE_CACHE_DIR", str(tmp_path))
+    compiles, disk = [], []
+
+    def compile_attention(config, problem, device):
+        compiles.append((config.arch, device.sm_count))
+        return types.SimpleNamespace(_fn=f"compiled {config.arch}")
+
+    monkeypatch.setattr("fa4.kernels.compile_attention", compile_attention)
+    monkeypatch.setattr(compile_cache, "load", lambda key, folder=None: disk.append(("load", key)))
+    monkeypatch.setattr(compile_cache, "store", lambda key, fn, folder=None: disk.append(("store", key)))
+    h20 = dataclasses.replace(H200, name="NVIDIA H20", sm_count=78)
+    keys = []
+    for arch, device in (("sm90", H200), ("sm100", B200), ("sm90", h20)):
+        config = default_config(arch, PROBLEM, device)
+        assert compile_cache.cached(config, PROBLEM, device) is None
+        first = compile_cache.compile_attention(config, PROBLEM, device)
+        assert compile_cache.compile_attention(config, PROBLEM, device) is first   # this process's
+        assert compile_cache.cached(config, PROBLEM, device) is first
+        keys.append(compile_cache.key_of(config, PROBLEM, device))
+    assert compiles == [("sm90", 132), ("sm100", 148), ("sm90", 78)]
+    assert disk == [("load", keys[0]), ("store", keys[0]), ("load", keys[2]), ("store", keys[2])]
+    assert len(set(keys)) == 3 and len(STATE.compiled) == 3
 
 
 def test_folder_and_bound_from_the_environment(monkeypatch, tmp_path):
@@ -204,16 +235,15 @@ def planted(tmp_path_factory):
 
 @pytest.fixture
 def cached_runtime(tmp_path, monkeypatch, jit_function):
-    """compile_cache.compile_attention as the runtime calls it, on a CPU: the disk cache on in
-    tmp_path/kernels, the SM count of an H200, and a compile that hands back the module's compiled
-    function (and counts its calls)."""
+    """compile_cache.compile_attention as the runtime of a new process calls it, on a CPU: the disk
+    cache on in tmp_path/kernels, nothing in this process's layer, an H200, and a compile that hands
+    back the module's compiled function (and counts its calls)."""
     folder = tmp_path / "kernels"
     monkeypatch.setenv("FA4TUNE_DISK_CACHE", "1")
     monkeypatch.setenv("FA4TUNE_CACHE_DIR", str(folder))
-    monkeypatch.setattr("fa4.kernels.compiling.device_sm_count", lambda: 132)
     compiles = []
 
-    def compile_attention(config, problem):
+    def compile_attention(config, problem, device):
         compiles.append(config)
         return types.SimpleNamespace(_fn=jit_function)
 
@@ -221,7 +251,8 @@ def cached_runtime(tmp_path, monkeypatch, jit_function):
     config = default_config("sm90", PROBLEM)
 
     def call():
-        return compile_cache.compile_attention(config, PROBLEM)
+        STATE.compiled.clear()  # as in a new process: only the disk has what an earlier one compiled
+        return compile_cache.compile_attention(config, PROBLEM, H200)
 
     return types.SimpleNamespace(folder=folder, compiles=compiles, call=call)
 
@@ -307,23 +338,23 @@ def test_entries_that_fail_a_check_are_not_loaded_and_left_in_place(tmp_path, ji
     library, marker = planted
     real = compile_cache.store(_key(), jit_function, tmp_path / "real")
     cases = {}
-    cases["no record"] = _key(dsl="no-record")
+    cases["no record"] = _key(fingerprint="no-record")
     path = tmp_path / compile_cache.entry_name(cases["no record"])
     path.write_bytes(library.read_bytes())
-    cases["another key's record"] = _key(dsl="other-key")
+    cases["another key's record"] = _key(fingerprint="other-key")
     path = tmp_path / compile_cache.entry_name(cases["another key's record"])
     path.write_bytes(library.read_bytes())
     _write_record(path, _key())
-    cases["a record that is not JSON"] = _key(dsl="not-json")
+    cases["a record that is not JSON"] = _key(fingerprint="not-json")
     path = tmp_path / compile_cache.entry_name(cases["a record that is not JSON"])
     path.write_bytes(library.read_bytes())
     compile_cache.record_path(path).write_bytes(b"\xff{")
-    cases["a link"] = _key(dsl="link")
+    cases["a link"] = _key(fingerprint="link")
     path = tmp_path / compile_cache.entry_name(cases["a link"])
     path.symlink_to(real)
     _write_record(real, cases["a link"])  # a record that matches what the link points to
     shutil.copy(compile_cache.record_path(real), compile_cache.record_path(path))
-    cases["a fifo"] = _key(dsl="fifo")
+    cases["a fifo"] = _key(fingerprint="fifo")
     path = tmp_path / compile_cache.entry_name(cases["a fifo"])
     os.mkfifo(path)  # reading it would block: never opened for reading
     _write_record(real, cases["a fifo"])

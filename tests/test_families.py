@@ -21,7 +21,8 @@ PROBLEMS = [AttentionProblem(b, s, s, hq, hkv, d, causal=c)
 def test_every_family_implements_the_protocol(arch):
     fam = family(arch)
     assert isinstance(fam, KernelFamily) and fam.ARCH == arch
-    assert fam.SOURCE_FILES and fam.DEFAULT_NUM_SMS > 0 and fam.PTX_MARKERS
+    assert fam.SOURCE_FILES and fam.PTX_MARKERS
+    assert fam.REFERENCE_DEVICE.arch == arch and fam.REFERENCE_DEVICE.sm_count > 0
 
 
 def test_the_families_functions_have_the_same_signatures():
@@ -85,17 +86,20 @@ def test_sm100_default_rules_are_applied_in_order_to_the_declared_defaults():
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 64, causal=True)
     config = Config.make("sm100")
     for rule in sm100.DEFAULT_RULES:
-        config = rule(config, problem)
+        config = (rule(config, problem, sm100.REFERENCE_DEVICE) if getattr(rule, "device_facts", ())
+                  else rule(config, problem))
     assert config == sm100.default_config(problem)
     assert (config.scheduler, config.pack_gqa, config.exp2_poly_columns) == ("lpt", True, 8)
 
 
 def test_sm90_default_rules_are_applied_in_order_to_the_declared_defaults():
+    from fa4.kernels import sm90
     from fa4.kernels.sm90 import defaults
     problem = AttentionProblem(1, 2048, 2048, 32, 8, 128, causal=True)
     config = Config.make("sm90")
     for rule in defaults.DEFAULT_RULES:
-        config = rule(config, problem)
+        config = (rule(config, problem, sm90.REFERENCE_DEVICE) if getattr(rule, "device_facts", ())
+                  else rule(config, problem))
     assert config == default_config("sm90", problem)
     assert (config.tile_m, config.tile_n, config.scheduler, config.pack_gqa) == (192, 80, "single_lpt", True)
     # each rule leaves a problem it is not about alone

@@ -9,6 +9,7 @@ checked by their own tests and on the GPU (tests/gpu/test_runtime_gpu.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import types
@@ -21,10 +22,13 @@ import fa4
 from fa4 import checks, config_arg, database, fallback, kernels, planning, state
 from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.kernels import AttentionProblem, Config
+from fa4.kernels.device import B200, H200, reference_device
+from fa4.kernels.family import family as real_family
 from fa4.reference import attention_fp32 as reference, check
 
 F16 = torch.float16
 FINGERPRINT = "current0fingerprint"
+A100 = dataclasses.replace(H200, name="NVIDIA A100-SXM4-80GB", capability=(8, 0), sm_count=108)
 
 
 class FakeLauncher:
@@ -40,26 +44,34 @@ class FakeLauncher:
 
 
 class FakeFamily(types.SimpleNamespace):
-    """Head dims 64 and 128; tile_n=192 does not fit (a stand-in resource limit)."""
+    """Head dims 64 and 128; tile_n=192 does not fit (a stand-in resource limit). The grid limits are
+    the real family's (the grid is a fact of our kernels' schedulers)."""
 
     def __init__(self, arch):
-        super().__init__(arch=arch, launchers=[])
+        super().__init__(arch=arch, launchers=[], devices=[], REFERENCE_DEVICE=reference_device(arch))
 
     def can_implement(self, problem):
         return [] if problem.head_dim in (64, 128) else [f"head_dim {problem.head_dim} not in (64, 128)"]
 
-    def resource_reasons(self, config, problem):
+    def resource_reasons(self, config, problem, device=None):
         return ["shared memory 250000 B > 232448 B"] if config.tile_n == 192 else []
 
-    def default_config(self, problem):
+    def launch_reasons(self, config, problem, device=None):
+        return real_family(self.arch).launch_reasons(config, problem, device)
+
+    def default_config(self, problem, device=None):
         return Config.make(self.arch)
 
     def problem_key(self, config, problem):
         return (problem.dtype, problem.head_dim, problem.gqa_ratio, problem.causal, problem.return_lse)
 
-    def compile_attention(self, config, problem):
+    def device_key(self, device):
+        return (("num_sms", device.sm_count),)
+
+    def compile_attention(self, config, problem, device=None):
         launcher = FakeLauncher(config, problem)
         self.launchers.append(launcher)
+        self.devices.append(device)
         return launcher
 
 
@@ -69,7 +81,7 @@ def fake(monkeypatch, tmp_path):
     families = {arch: FakeFamily(arch) for arch in kernels.ARCHS}
     monkeypatch.setattr(kernels, "family", lambda arch: families[arch])
     monkeypatch.setattr(kernels, "kernel_fingerprint", lambda arch: FINGERPRINT)
-    monkeypatch.setattr(state, "device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(state, "device_description", lambda device: H200)
     monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
     db_path = tmp_path / "best.json"
     db_path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
@@ -275,7 +287,7 @@ def test_database_from_environment_variable(fake, monkeypatch):
 def test_entry_that_does_not_fit_falls_back_to_default_with_a_note(fake, monkeypatch):
     add_entry(fake.db_path, seqlen=64, tile_n=96)  # fits where it was tuned ...
     monkeypatch.setattr(fake.sm90, "resource_reasons",  # ... but not at longer sequences
-                        lambda config, problem: ["too long"] if config.tile_n == 96 and problem.seqlen_q > 64 else [])
+                        lambda config, problem, device=None: ["too long"] if config.tile_n == 96 and problem.seqlen_q > 64 else [])
     fa4.use_config_db(fake.db_path)
     e = fa4.explain(*qkv(sq=100, sk=100))
     assert e.source == "default" and any("does not fit" in n for n in e.notes)
@@ -313,7 +325,7 @@ def test_a_forced_config_is_checked_where_sdpa_runs_instead(fake, monkeypatch):
         fa4.attention(q, k, v, config={"tile_n": 192}, fallback="sdpa")
     with pytest.raises(InvalidInputError, match="is an sm100 configuration, but the device runs the sm90"):
         fa4.attention(q, k, v, config=Config.make("sm100"), fallback="sdpa")
-    monkeypatch.setattr(state, "device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    monkeypatch.setattr(state, "device_description", lambda device: A100)
     fa4.reset_caches()
     with pytest.raises(InvalidInputError, match="fits none of fa4's kernels .*sm90: .*shared memory.*; "
                                                 "sm100: .*tile_n=192 is not one of"):
@@ -335,6 +347,23 @@ def test_other_seqlens_reuse_the_compiled_kernel(fake):
     assert info["signatures"] == 3 and info["slow_calls"] == 3
     fa4.attention(*qkv(sq=64, sk=64))  # causal=False changes the code: a second compile
     assert fa4.cache_info()["compiles"] == 2
+
+
+def test_the_gpus_description_is_passed_down_and_keys_the_compile(fake, monkeypatch):
+    """The runtime describes the tensors' GPU once and gives that description to the feasibility, the
+    default and the compile; a GPU with other compiled-in facts (78 SMs) gets its own kernel."""
+    h20 = dataclasses.replace(H200, name="NVIDIA H20", sm_count=78)
+    q, k, v = qkv()
+    fa4.attention(q, k, v)
+    seen = []
+    monkeypatch.setattr(fake.sm90, "default_config", lambda problem, device=None: seen.append(device) or Config.make("sm90"))
+    monkeypatch.setattr(state, "device_description", lambda device: h20)
+    fa4.reset_caches()   # the decisions, not the compiled kernels
+    e = fa4.explain(q, k, v)
+    assert e.device_name == "NVIDIA H20" and ("num_sms", 78) in e.compile_key[-1] and not e.compiled
+    fa4.attention(q, k, v)
+    assert seen[-1] is h20 and fake.sm90.devices == [H200, h20]
+    assert fa4.cache_info()["compiled_kernels"] == 2
 
 
 def test_repeated_calls_take_the_fast_path(fake):
@@ -444,7 +473,7 @@ def test_sm100_needs_an_opt_in(fake, monkeypatch):
 
 
 def test_sm100_device_without_opt_in_falls_back_only_when_asked(fake, monkeypatch):
-    monkeypatch.setattr(state, "device_facts", lambda device: ("sm100", "NVIDIA B200", (10, 0)))
+    monkeypatch.setattr(state, "device_description", lambda device: B200)
     q, k, v = qkv()
     with pytest.raises(UnsupportedInputError, match="not yet run on hardware"):
         fa4.attention(q, k, v)
@@ -456,7 +485,7 @@ def test_sm100_device_without_opt_in_falls_back_only_when_asked(fake, monkeypatc
 
 
 def test_unsupported_gpu(fake, monkeypatch):
-    monkeypatch.setattr(state, "device_facts", lambda device: (None, "NVIDIA A100-SXM4-80GB", (8, 0)))
+    monkeypatch.setattr(state, "device_description", lambda device: A100)
     q, k, v = qkv()
     with pytest.raises(UnsupportedInputError, match=r"A100.*compute capability 8\.0.*no fa4 kernel.*fallback='sdpa'"):
         fa4.attention(q, k, v)
@@ -475,7 +504,7 @@ def test_head_dim_no_kernel_supports(fake):
 
 
 def test_default_that_does_not_fit(fake, monkeypatch):
-    monkeypatch.setattr(fake.sm90, "default_config", lambda problem: Config.make("sm90", tile_n=192))
+    monkeypatch.setattr(fake.sm90, "default_config", lambda problem, device=None: Config.make("sm90", tile_n=192))
     with pytest.raises(UnsupportedInputError, match="heuristic default .* cannot run"):
         fa4.attention(*qkv())
     assert fa4.explain(*qkv(), fallback="sdpa").path == "sdpa"
@@ -594,7 +623,7 @@ def test_the_sdpa_fallback_gives_the_references_answer_for_inf_and_nan(case, dty
 def test_shapes_past_the_grid_limits_are_refused_or_handled_before_launch(fake):
     q, k, v = (torch.empty(70_000, 1, 1, 64, dtype=F16) for _ in range(3))  # batch > 65,535
     single = Config.make("sm90", scheduler="single", pack_gqa=False)
-    with pytest.raises(InvalidInputError, match=r"70000 batch: its z \(70000\) > CUDA.s limit of 65535"):
+    with pytest.raises(InvalidInputError, match=r"70000 batch: its z \(70000\) > 65535, the limit of the grid's z on NVIDIA H200"):
         fa4.explain(q, k, v, config=single)
     # a tuned entry that cannot launch here: noted, and the default runs
     add_entry(fake.db_path, seqlen=1, hq=1, hkv=1, tile_n=96)

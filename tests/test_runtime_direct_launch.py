@@ -17,6 +17,7 @@ import torch
 import fa4
 from fa4 import checks, database, dsl_internals, fallback, kernels, state
 from fa4.kernels import AttentionProblem, Config
+from fa4.kernels.device import H200
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 kwargs_wrapper = pytest.importorskip("tvm_ffi.utils.kwargs_wrapper")
@@ -74,16 +75,22 @@ class Family(types.SimpleNamespace):
     def can_implement(self, problem):
         return []
 
-    def resource_reasons(self, config, problem):
+    def resource_reasons(self, config, problem, device=None):
         return []
 
-    def default_config(self, problem):
+    def launch_reasons(self, config, problem, device=None):
+        return []
+
+    def default_config(self, problem, device=None):
         return Config.make(self.arch)
 
     def problem_key(self, config, problem):
         return (problem.dtype, problem.head_dim, problem.gqa_ratio, problem.causal, problem.return_lse)
 
-    def compile_attention(self, config, problem):
+    def device_key(self, device):
+        return (("num_sms", device.sm_count),)
+
+    def compile_attention(self, config, problem, device=None):
         compiled = CountingCompiled(dsl_function(ffi_kernel(problem.causal, self.calls)), problem)
         self.compiled.append(compiled)
         return compiled
@@ -91,10 +98,10 @@ class Family(types.SimpleNamespace):
 
 @pytest.fixture
 def family(monkeypatch, tmp_path):
-    fam = Family(arch="sm90", calls=[], compiled=[])
+    fam = Family(arch="sm90", calls=[], compiled=[], REFERENCE_DEVICE=H200)
     monkeypatch.setattr(kernels, "family", lambda arch: fam)
     monkeypatch.setattr(kernels, "kernel_fingerprint", lambda arch: "fp")
-    monkeypatch.setattr(state, "device_facts", lambda device: ("sm90", "NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(state, "device_description", lambda device: H200)
     monkeypatch.setattr(checks, "device_reasons", lambda spec: [])
     db_path = tmp_path / "best.json"
     db_path.write_text(json.dumps({"schema": database.SCHEMA_VERSION, "entries": []}))
@@ -231,7 +238,7 @@ def test_real_sm90_compile_is_accepted():
     problem = AttentionProblem(1, 256, 256, 4, 2, 64)
     config = kernels.default_config("sm90", problem)
     sm90 = kernels.family("sm90")
-    compiled, _, smem, seconds = compiling.compile_kernel(sm90, config, problem, sm90.DEFAULT_NUM_SMS,
+    compiled, _, smem, seconds = compiling.compile_kernel(sm90, config, problem, sm90.REFERENCE_DEVICE,
                                                           tvm_ffi=True)
     launcher = dsl_internals.direct_launcher(compiling.CompiledAttention(compiled, config, problem, smem, seconds))
     assert type(launcher) is tvm_ffi.Function

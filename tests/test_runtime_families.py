@@ -82,5 +82,6 @@ def test_the_real_default_past_the_grid_limits_launches_a_1d_grid():
     e = fa4.explain(*meta_qkv(sq=8192, sk=8192, hq=70_000, hkv=70_000, d=64), arch="sm90",
                     device_name="NVIDIA H200")
     assert e.source == "default" and e.config.scheduler == "single_lpt"
-    assert any("70000 heads" in n and "y (70000) > CUDA's limit of 65535" in n for n in e.notes)
-    assert not fa4.checks.launch_reasons(e.config, AttentionProblem(1, 8192, 8192, 70_000, 70_000, 64))
+    assert any("70000 heads" in n and "y (70000) > 65535, the limit of the grid's y on NVIDIA H200" in n
+               for n in e.notes)
+    assert not kernels.feasible(e.config, AttentionProblem(1, 8192, 8192, 70_000, 70_000, 64))

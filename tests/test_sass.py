@@ -188,3 +188,20 @@ def test_two_cta_is_a_cluster_pair_in_the_sass():
                                   mma_per_block=400, tile_n=128, head_dim=128, q_stages=2,
                                   two_cta=False)
     assert pair["estimate"]["smem_vs_floor"] < single["smem_vs_floor"]
+
+
+def test_the_peers_hardware_query_answers_from_the_device_description(monkeypatch):
+    """flash-attn-4's persistent scheduler asks the DSL's HardwareInfo for the SM count while tracing;
+    `fa4tune sass` answers from the B200's description (`fa4.dsl_internals`). A DSL whose class loses
+    either method fails here, not in a peer compile that silently traces for another grid."""
+    cutlass_utils = pytest.importorskip("cutlass.utils")
+    real = cutlass_utils.HardwareInfo
+    for name in ("get_device_multiprocessor_count", "get_max_active_clusters"):
+        assert callable(getattr(real, name, None)), name
+    monkeypatch.setattr(cutlass_utils, "HardwareInfo", real)   # restored after the test
+    from fa4.dsl_internals import answer_hardware_info_from
+    from fa4.kernels.device import B200
+
+    answer_hardware_info_from(B200)
+    info = cutlass_utils.HardwareInfo()
+    assert info.get_device_multiprocessor_count() == 148 and info.get_max_active_clusters(2) == 74

@@ -24,7 +24,7 @@ FAKE_COMPILE_S_ENV = "FA4TUNE_FAKE_COMPILE_S"
 
 # ---- kernel API model (parent process) ----------------------------------------------------------
 
-def feasible(config: Config, problem: AttentionProblem) -> list[str]:
+def feasible(config: Config, problem: AttentionProblem, device=None) -> list[str]:
     reasons = []
     if config.tile_m * config.tile_n > 128 * 160:
         reasons.append(f"shared memory {config.tile_m * config.tile_n * 12} B exceeds 232448 B")
@@ -33,11 +33,11 @@ def feasible(config: Config, problem: AttentionProblem) -> list[str]:
     return reasons
 
 
-def default_config(arch: str, problem: AttentionProblem) -> Config:
+def default_config(arch: str, problem: AttentionProblem, device=None) -> Config:
     return Config.make(arch)
 
 
-def compile_key(config: Config, problem: AttentionProblem) -> tuple:
+def compile_key(config: Config, problem: AttentionProblem, device=None) -> tuple:
     return (config.arch, config.codegen_items(), (problem.head_dim, problem.dtype, problem.causal))
 
 

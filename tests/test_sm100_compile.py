@@ -15,8 +15,9 @@ from __future__ import annotations
 import pytest
 
 from fa4.kernels import AttentionProblem, Config, compile_key, feasible, knobs_for
+from fa4.kernels.device import B200
 from fa4.kernels import sm100
-from fa4.kernels.sm100.plan import SMEM_LIMIT_BYTES, TMEM_COLUMNS, kv_ring_deadlock, make_plan
+from fa4.kernels.sm100.plan import TMEM_COLUMNS, kv_ring_deadlock, make_plan
 
 BASE = AttentionProblem(1, 1024, 1024, 32, 8, 128)
 PROBLEMS = [
@@ -49,10 +50,10 @@ def test_tmem_budget_is_exactly_512_columns():
 def test_shared_memory_limit():
     # Q (2x32 KiB) + O staging (2x32 KiB) + 4 K/V slots of 32 KiB = 256 KiB > 227 KiB
     reasons = sm100.resource_reasons(cfg(kv_stages=4), BASE)
-    assert any("shared memory" in r and str(SMEM_LIMIT_BYTES) in r for r in reasons), reasons
+    assert any("shared memory" in r and str(B200.smem_per_block_bytes) in r for r in reasons), reasons
     # three slots fit, at exactly the limit once rounded to the 1 KiB alignment of the struct
     res = sm100.resources(cfg(kv_stages=3), BASE)
-    assert res["smem_bytes"] <= SMEM_LIMIT_BYTES
+    assert res["smem_bytes"] <= B200.smem_per_block_bytes
     assert not [r for r in sm100.resource_reasons(cfg(kv_stages=3), BASE) if "shared" in r]
     # 64-key blocks halve the K/V slots: four fit
     assert not [r for r in sm100.resource_reasons(cfg(kv_stages=4, tile_n=64), BASE) if "shared" in r]
@@ -261,7 +262,7 @@ def test_every_space_config_is_rejected_with_a_reason_or_within_budget(problem):
         n_ok += 1
         res = sm100.resources(c, problem)
         assert res["tmem_columns"] <= TMEM_COLUMNS
-        assert res["smem_bytes"] <= SMEM_LIMIT_BYTES
+        assert res["smem_bytes"] <= B200.smem_per_block_bytes
         assert 2 * res["regs_softmax"] + res["regs_correction"] + res["regs_other"] <= 512
     assert n_ok > 0
 
@@ -301,7 +302,7 @@ def test_sample_compiles_without_spills_with_tcgen05_and_tma(sample_rows):
 def test_sample_smem_model_equals_shared_storage(sample_rows):
     for r in sample_rows:
         assert r["smem_bytes"] == r["smem_model_bytes"], r
-        assert r["smem_bytes"] <= SMEM_LIMIT_BYTES
+        assert r["smem_bytes"] <= B200.smem_per_block_bytes
 
 
 def test_compile_attention_refuses_without_blackwell():

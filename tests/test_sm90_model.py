@@ -81,7 +81,7 @@ def test_every_space_config_is_rejected_or_within_budget():
                 assert all(isinstance(r, str) and r for r in reasons)
             else:
                 counts["ok"] += 1
-                assert res["smem_bytes"] <= sm90.SMEM_LIMIT_BYTES
+                assert res["smem_bytes"] <= sm90.REFERENCE_DEVICE.smem_per_block_bytes
                 assert res["registers_per_consumer_thread"] <= res["register_budget"]
     assert counts["ok"] > 100 and counts["rejected"] > 100
 
@@ -138,7 +138,7 @@ def test_sample_compiles_for_sm90a_without_spills(over, prob):
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
     assert not report["wgmma_serialized"], report
     assert report["smem_bytes"] == sm90.resources(cfg, problem)["smem_bytes"]
-    assert report["smem_bytes"] <= sm90.SMEM_LIMIT_BYTES
+    assert report["smem_bytes"] <= sm90.REFERENCE_DEVICE.smem_per_block_bytes
     markers = report["ptx_markers"]
     assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"]
 

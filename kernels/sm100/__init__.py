@@ -19,13 +19,14 @@ import re
 from typing import Optional
 
 from .. import compiling
-from ..family import CAPABILITY_ARCH
+from ..device import DeviceDescription
 from ..knobs import Config
 from ..problem import AttentionProblem
 # the family's judgement and default live outside the fingerprint: they pick configurations
 from .defaults import DEFAULT_RULES, default_config
-from .feasibility import can_implement, resource_reasons, resources
-from .plan import B200_NUM_SMS, KernelPlan, make_plan
+from .feasibility import (REFERENCE_DEVICE, can_implement, launch_grid, launch_reasons, resource_reasons,
+                          resources, tile_counts)
+from .plan import KernelPlan, device_key, make_plan
 
 ARCH = "sm100"
 HARDWARE_VERIFIED = False
@@ -35,7 +36,6 @@ NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is com
 # The files that decide the generated code (emulation.py, feasibility.py and defaults.py do not); the
 # kernel takes its exp2 polynomial's exponent add from the shared fast_exp2.py.
 SOURCE_FILES = ("__init__.py", "plan.py", "kernel.py", "scheduler.py", "../fast_exp2.py")
-DEFAULT_NUM_SMS = B200_NUM_SMS
 # what a right sm_100a compile's PTX holds
 PTX_MARKERS = {
     "tcgen05.mma": re.compile(r"\btcgen05\.mma\b"),
@@ -45,9 +45,10 @@ PTX_MARKERS = {
 }
 
 __all__ = [
-    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "DEFAULT_NUM_SMS", "PTX_MARKERS",
-    "can_implement", "resources", "resource_reasons", "default_config", "problem_key", "make_kernel",
-    "traced_smem_bytes", "compile_attention", "compile_report", "make_plan", "KernelPlan", "DEFAULT_RULES",
+    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "REFERENCE_DEVICE", "PTX_MARKERS",
+    "can_implement", "resources", "resource_reasons", "tile_counts", "launch_grid", "launch_reasons",
+    "default_config", "problem_key", "device_key", "make_kernel", "traced_smem_bytes", "compile_attention",
+    "compile_report", "make_plan", "KernelPlan", "DEFAULT_RULES",
 ]
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem is compiled in: never sequence lengths, batch or head counts."""
@@ -56,35 +57,40 @@ def problem_key(config: Config, problem: AttentionProblem) -> tuple:
             ("gqa_ratio", problem.gqa_ratio if config.pack_gqa else None))
 
 
-def make_kernel(config: Config, problem: AttentionProblem, num_sms: int):
-    """The DSL kernel object of one configuration, built from its plan."""
+def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
+    """The DSL kernel object of one configuration for `device`, built from its plan (`device_key`: what
+    of the device is compiled in)."""
     from .kernel import FlashAttentionForwardSm100
-    return FlashAttentionForwardSm100(make_plan(config, problem, num_sms=num_sms))
+    return FlashAttentionForwardSm100(make_plan(config, problem, device))
 
 
 def traced_smem_bytes(kernel) -> int:
     return kernel.shared_storage.size_in_bytes()  # the SharedStorage struct built while tracing
 
 
-def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
-    """Compile for sm_100a on this machine (CPU is fine) and report registers, spills, SMEM, PTX."""
-    return compiling.compile_report(config, problem, num_sms)
+def compile_report(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:
+    """Compile for sm_100a on this machine (CPU is fine) for `device` (default: the reference B200) and
+    report registers, spills, SMEM, PTX."""
+    return compiling.compile_report(config, problem, device)
 
 
-def compile_attention(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None):
-    """A launchable kernel for the Blackwell GPU in this process: `.run(q, k, v, out, lse, scale)`.
+def compile_attention(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None):
+    """A launchable kernel for the Blackwell GPU in this process (`device`: its description, default
+    read from torch's current device): `.run(q, k, v, out, lse, scale)`. Not cached (the runtime's
+    cache is `fa4.compile_cache`).
 
     Refuses on anything but a Blackwell GPU: this kernel has never run on hardware, and the caller
-    (`fa4.attention`) must have asked for it explicitly. Cached per compile key and SM count.
+    (`fa4.attention`) must have asked for it explicitly.
     """
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("the sm100 kernel needs a Blackwell GPU (sm_100); no CUDA GPU is available")
-    major, minor = torch.cuda.get_device_capability()
-    if CAPABILITY_ARCH.get((major, minor)) != ARCH:
+    device = device or compiling.current_device()
+    if device.arch != ARCH:
+        major, minor = device.capability
         raise RuntimeError(
             f"the sm100 kernel needs a Blackwell GPU of compute capability 10.0 (its sm_100a code runs "
-            f"there only); this GPU is sm_{major}{minor}. Use the sm90 kernel on Hopper, or PyTorch "
+            f"there only); {device.name} is sm_{major}{minor}. Use the sm90 kernel on Hopper, or PyTorch "
             f"SDPA elsewhere.")
-    return compiling.compile_attention(config, problem, num_sms)
+    return compiling.compile_attention(config, problem, device)

@@ -6,9 +6,12 @@ change what any configuration compiles to.
 
 from __future__ import annotations
 
+from typing import Optional
+
+from ..device import DeviceDescription, apply_default_rules, reads_device
 from ..knobs import Config
 from ..problem import AttentionProblem
-from .feasibility import resource_reasons
+from .feasibility import REFERENCE_DEVICE, resource_reasons
 from .plan import TILE_M
 
 ARCH = "sm100"
@@ -41,10 +44,11 @@ def _exp2_poly_for_head_dim(config: Config, problem: AttentionProblem) -> Config
 _FIT_ORDER = tuple((regs, kv) for regs in (192, 200, 184) for kv in (3, 2, 4))
 
 
-def _deepest_kv_ring_that_fits(config: Config, problem: AttentionProblem) -> Config:
+@reads_device("smem_per_block_bytes")
+def _deepest_kv_ring_that_fits(config: Config, problem: AttentionProblem, device: DeviceDescription) -> Config:
     for regs, kv in _FIT_ORDER:
         candidate = config.replace(softmax_regs=regs, kv_stages=kv)
-        if not resource_reasons(candidate, problem):
+        if not resource_reasons(candidate, problem, device):
             return candidate
     return config
 
@@ -53,9 +57,7 @@ DEFAULT_RULES = (_persistent_scheduler, _pack_gqa_when_it_divides, _exp2_poly_fo
                  _deepest_kv_ring_that_fits)
 
 
-def default_config(problem: AttentionProblem) -> Config:
-    """The knobs' declared defaults, then `DEFAULT_RULES` in order."""
-    config = Config.make(ARCH)
-    for rule in DEFAULT_RULES:
-        config = rule(config, problem)
-    return config
+def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
+    """The knobs' declared defaults, then `DEFAULT_RULES` in order, for `device` (default: the
+    reference B200)."""
+    return apply_default_rules(DEFAULT_RULES, Config.make(ARCH), problem, device or REFERENCE_DEVICE)

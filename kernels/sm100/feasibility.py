@@ -9,12 +9,17 @@ current when a measured corner is added.
 
 from __future__ import annotations
 
+from typing import Optional
+
+from .. import launch
+from ..device import DeviceDescription, reference_device
 from ..knobs import Config
 from ..problem import AttentionProblem
-from .plan import (REGS_MIN, SMEM_LIMIT_BYTES, SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan,
+from .plan import (REGS_MIN, SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan, device_key,
                    kv_ring_deadlock, make_plan)
 
 ARCH = "sm100"
+REFERENCE_DEVICE = reference_device(ARCH)  # what a compile without a GPU is for
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
@@ -28,12 +33,14 @@ def can_implement(problem: AttentionProblem) -> list[str]:
     return reasons
 
 
-def resources(config: Config, problem: AttentionProblem) -> dict:
-    """What the configuration uses, from the same plan the kernel is built from."""
-    plan = make_plan(config, problem)
+def resources(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:
+    """What the configuration uses, from the same plan the kernel is built from, beside the limits of
+    `device` (default: the reference B200)."""
+    device = device or REFERENCE_DEVICE
+    plan = make_plan(config, problem, device)
     return {
         "smem_bytes": plan.smem_bytes,
-        "smem_limit_bytes": SMEM_LIMIT_BYTES,
+        "smem_limit_bytes": device.smem_per_block_bytes,
         "tmem_columns": plan.tmem_columns,
         "tmem_alloc_columns": plan.tmem_alloc_columns,
         "tmem_limit_columns": TMEM_COLUMNS,
@@ -118,18 +125,22 @@ def _correction_register_need(rescale_tile: int) -> int:
     return _CORRECTION_REGISTER_NEED.get(rescale_tile, rescale_tile + 48)
 
 
-def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
-    """Every reason this configuration cannot run this problem (TMEM, SMEM, registers, layout)."""
+def resource_reasons(config: Config, problem: AttentionProblem,
+                     device: Optional[DeviceDescription] = None) -> list[str]:
+    """Every reason this configuration cannot run this problem on `device` (default: the reference
+    B200) within one block (TMEM, SMEM, registers, layout); CUDA's grid limits are `launch_reasons`'."""
     if config.arch != ARCH:
         return [f"configuration is for {config.arch}, not {ARCH}"]
+    device = device or REFERENCE_DEVICE
     reasons = []
-    plan = make_plan(config, problem)
+    plan = make_plan(config, problem, device)
     if plan.tmem_columns > TMEM_COLUMNS:
         reasons.append(
             f"TMEM: q_stages*head_dim + tmem_stages*tile_n = {plan.q_stages}*{plan.head_dim} + "
             f"{plan.tmem_stages}*{plan.tile_n} = {plan.tmem_columns} > {TMEM_COLUMNS} columns")
-    if plan.smem_bytes > SMEM_LIMIT_BYTES:
-        reasons.append(f"shared memory {plan.smem_bytes} B > {SMEM_LIMIT_BYTES} B per block")
+    if plan.smem_bytes > device.smem_per_block_bytes:
+        reasons.append(f"shared memory {plan.smem_bytes} B > {device.smem_per_block_bytes} B per block "
+                       f"({device.name})")
     if plan.regs_correction < REGS_MIN:
         reasons.append(f"registers: softmax_regs={plan.softmax_regs} leaves {plan.regs_correction} "
                        f"per correction thread (< {REGS_MIN})")
@@ -164,3 +175,40 @@ def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
         return ["two_cta: non-causal only (the pair runs one KV loop for both CTAs' rows; with a "
                 "causal mask the two halves need different block ranges and masks)"]
     return []
+
+
+# ------------------------------------------------------------------------------------------------
+# the launch: the grid the kernel's scheduler launches, against the device's limits
+
+def tile_counts(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
+    """(m blocks, task heads, batch): the counts the kernel's `__call__` builds its tile scheduler
+    from. A task holds `q_stages` tiles of `tile_m` rows per CTA of its cluster pair (`two_cta`: two
+    CTAs); heads are KV heads when GQA packing folds a KV head's query heads into the rows. Empty
+    dimensions count as 1: a bound, never below the real grid."""
+    rows_per_task = config.tile_m * config.q_stages * (2 if config.two_cta else 1)
+    rows, heads = problem.seqlen_q, problem.heads_q
+    if config.pack_gqa:
+        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
+    return -(-max(rows, 1) // rows_per_task), max(heads, 1), max(problem.batch, 1)
+
+
+def launch_grid(config: Config, problem: AttentionProblem,
+                device: Optional[DeviceDescription] = None) -> tuple[int, int, int]:
+    """The grid (x, y, z) the kernel launches for `problem` on `device`: the kernel's own tile
+    scheduler (`create`, then the `grid_shape()` it launches with) on plain integers. Imports the DSL
+    (the scheduler is written in it)."""
+    from .scheduler import TileScheduler
+
+    compiled_in = dict(device_key(device or REFERENCE_DEVICE))
+    m_blocks, heads, batch = tile_counts(config, problem)
+    x, y, z = TileScheduler.create(config.scheduler, m_blocks, heads, batch, max(problem.seqlen_k, 1),
+                                   problem.head_dim, compiled_in["num_sms"], compiled_in["lpt_l2_bytes"],
+                                   2 if config.two_cta else 1).grid_shape()
+    return int(x), int(y), int(z)
+
+
+def launch_reasons(config: Config, problem: AttentionProblem,
+                   device: Optional[DeviceDescription] = None) -> list[str]:
+    """Why launching `config` on `problem` would exceed `device`'s grid limits (empty: it would not)."""
+    return launch.grid_reasons(config, tile_counts(config, problem), device or REFERENCE_DEVICE,
+                               lambda: launch_grid(config, problem, device))

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..device import B200, DeviceDescription, scaled_to_l2
 from ..knobs import Config
 from ..problem import AttentionProblem
 
-SMEM_LIMIT_BYTES = 232_448  # per block, sm_100 (227 KiB opt-in)
 TMEM_COLUMNS = 512
 TMEM_LANES = 128
 TILE_M = 128
-B200_NUM_SMS = 148
 REG_BUDGET_PER_THREAD_X4 = 512  # 64 K registers / 128 threads per warpgroup, summed over 4 warpgroups
 REGS_OTHER = 48  # load, MMA and store warps (and the idle one): loop counters and addresses only
 REGS_MIN = 24
-LPT_L2_BYTES = 48 << 20  # K+V bytes of a head group kept in L2 by the LPT order (B200 L2: 126 MB)
+# K+V bytes of a head group kept in L2 by the LPT order: chosen for the B200, scaled to another
+# device's L2 (`device_key`)
+LPT_L2_BYTES_ON_B200 = 48 << 20
 SUPPORTED_HEAD_DIMS = (64, 128)
 BUFFER_ALIGN = 1024
 
@@ -62,10 +63,10 @@ class KernelPlan:
     rescale_threshold: float
     scheduler: str
     softmax_regs: int
-    exp2_poly_columns: int = 0
-    two_cta: bool = False
-    num_sms: int = B200_NUM_SMS
-    lpt_l2_bytes: int = LPT_L2_BYTES
+    exp2_poly_columns: int
+    two_cta: bool
+    num_sms: int       # compiled in: the persistent grid (`device_key`)
+    lpt_l2_bytes: int  # compiled in: the LPT order's L2 budget (`device_key`)
     barrier_slices: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -184,9 +185,17 @@ class KernelPlan:
         return self.tmem_stages - 1
 
 
-def make_plan(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM_SMS) -> KernelPlan:
+def device_key(device: DeviceDescription) -> tuple:
+    """What of the device is compiled into the kernel: the SM count of the persistent grids and the
+    L2 budget of the LPT order (`LPT_L2_BYTES_ON_B200`, scaled to the device's L2)."""
+    return (("num_sms", device.sm_count), ("lpt_l2_bytes", scaled_to_l2(LPT_L2_BYTES_ON_B200, B200, device)))
+
+
+def make_plan(config: Config, problem: AttentionProblem, device: DeviceDescription = B200) -> KernelPlan:
+    """The plan of `config` on `problem` for `device` (default: the reference B200)."""
     if config.arch != "sm100":
         raise ValueError(f"an sm100 plan needs an sm100 configuration, got {config.arch}")
+    compiled_in = dict(device_key(device))
     return KernelPlan(
         head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal,
         return_lse=problem.return_lse, pack_gqa=bool(config.pack_gqa),
@@ -196,7 +205,7 @@ def make_plan(config: Config, problem: AttentionProblem, num_sms: int = B200_NUM
         rescale_tile=int(config.rescale_tile), rescale_threshold=float(config.rescale_threshold),
         scheduler=str(config.scheduler), softmax_regs=int(config.softmax_regs),
         exp2_poly_columns=int(config.exp2_poly_columns), two_cta=bool(config.two_cta),
-        num_sms=num_sms)
+        num_sms=compiled_in["num_sms"], lpt_l2_bytes=compiled_in["lpt_l2_bytes"])
 
 
 def kv_ring_deadlock(q_stages: int, tmem_stages: int, kv_stages: int, blocks: int = 8) -> str | None:

@@ -14,15 +14,17 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .. import compiling
+from .. import compiling, launch
+from ..device import H200, DeviceDescription, reference_device, scaled_to_l2
 from ..knobs import Config
 from ..problem import AttentionProblem
 from ..scheduling import PERSISTENT_SCHEDULERS
 from .defaults import default_config  # noqa: F401  (the family's default_config)
+from .scheduler import L2_BYTES_FOR_KV_ON_H200
 
 ARCH = "sm90"
 SOURCE_FILES = ("__init__.py", "kernel.py", "layouts.py", "scheduler.py", "../fast_exp2.py")
-DEFAULT_NUM_SMS = 132  # the H200's
+REFERENCE_DEVICE = reference_device(ARCH)  # what a compile without a GPU is for
 # what a right sm_90a compile's PTX holds
 PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
@@ -31,7 +33,6 @@ PTX_MARKERS = {
     "stmatrix": re.compile(r"stmatrix"),
 }
 
-SMEM_LIMIT_BYTES = 232_448  # per block on sm_90 (227 KiB)
 SUPPORTED_HEAD_DIMS = (64, 128)
 ELEM_BYTES = 2
 BUFFER_ALIGN = 1024
@@ -93,10 +94,12 @@ def register_budget(config: Config) -> int:
     return CONSUMER_REGISTERS[wg] - RESERVED_REGISTERS[wg]
 
 
-def resources(config: Config, problem: AttentionProblem) -> dict:
+def resources(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:
+    """What the configuration uses beside the limits of `device` (default: the reference H200)."""
+    device = device or REFERENCE_DEVICE
     return {
         "smem_bytes": smem_bytes(config, problem),
-        "smem_limit_bytes": SMEM_LIMIT_BYTES,
+        "smem_limit_bytes": device.smem_per_block_bytes,
         "registers_per_consumer_thread": estimated_registers(config, problem),
         "register_budget": register_budget(config),
         "consumer_warpgroups": _num_consumer_warpgroups(config),
@@ -104,15 +107,20 @@ def resources(config: Config, problem: AttentionProblem) -> dict:
     }
 
 
-def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
+def resource_reasons(config: Config, problem: AttentionProblem,
+                     device: Optional[DeviceDescription] = None) -> list[str]:
+    """Every reason this configuration cannot run this problem on `device` (default: the reference
+    H200) within one block (shared memory, registers, layout); CUDA's grid limits are
+    `launch_reasons`'."""
     if config.arch != ARCH:
         return [f"configuration is for {config.arch}, not {ARCH}"]
     reasons = []
     if problem.head_dim not in SUPPORTED_HEAD_DIMS:
         return reasons  # can_implement says why
-    res = resources(config, problem)
-    if res["smem_bytes"] > SMEM_LIMIT_BYTES:
-        reasons.append(f"shared memory {res['smem_bytes']} B > {SMEM_LIMIT_BYTES} B per block")
+    res = resources(config, problem, device)
+    if res["smem_bytes"] > res["smem_limit_bytes"]:
+        reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "
+                       f"({(device or REFERENCE_DEVICE).name})")
     if res["registers_per_consumer_thread"] > res["register_budget"]:
         reasons.append(
             f"registers: about {res['registers_per_consumer_thread']} accumulator registers per "
@@ -137,6 +145,46 @@ def resource_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     return reasons
 
 
+def tile_counts(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
+    """(m blocks, tile heads, batch): the counts the kernel's `__call__` builds its tile scheduler
+    from. A tile holds `tile_m` rows; heads are KV heads when GQA packing folds a KV head's query
+    heads into the rows. Empty dimensions count as 1: a bound, never below the real grid."""
+    rows, heads = problem.seqlen_q, problem.heads_q
+    if config.pack_gqa:
+        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
+    return -(-max(rows, 1) // config.tile_m), max(heads, 1), max(problem.batch, 1)
+
+
+def launch_grid(config: Config, problem: AttentionProblem,
+                device: Optional[DeviceDescription] = None) -> tuple[int, int, int]:
+    """The grid (x, y, z) the kernel launches for `problem` on `device`: the kernel's own tile
+    scheduler (`create`, then the `grid_shape()` it launches with) on plain integers. Imports the DSL
+    (the scheduler is written in it)."""
+    from .scheduler import TileScheduler
+
+    compiled_in = dict(device_key(device or REFERENCE_DEVICE))
+    m_blocks, heads, batch = tile_counts(config, problem)
+    x, y, z = TileScheduler.create(config.scheduler, m_blocks, heads, batch, max(problem.seqlen_k, 1),
+                                   problem.head_dim, compiled_in["num_sms"],
+                                   compiled_in["l2_bytes_for_kv"]).grid_shape()
+    return int(x), int(y), int(z)
+
+
+def launch_reasons(config: Config, problem: AttentionProblem,
+                   device: Optional[DeviceDescription] = None) -> list[str]:
+    """Why launching `config` on `problem` would exceed `device`'s grid limits (empty: it would not)."""
+    return launch.grid_reasons(config, tile_counts(config, problem), device or REFERENCE_DEVICE,
+                               lambda: launch_grid(config, problem, device))
+
+
+def device_key(device: DeviceDescription) -> tuple:
+    """What of the device is compiled into the kernel: the SM count of the persistent grids and the
+    L2 budget of the longest-first orders' head groups (`L2_BYTES_FOR_KV_ON_H200`, scaled to the
+    device's L2)."""
+    return (("num_sms", device.sm_count),
+            ("l2_bytes_for_kv", scaled_to_l2(L2_BYTES_FOR_KV_ON_H200, H200, device)))
+
+
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem the generated code depends on (never sequence lengths, batch or heads;
     the GQA ratio only when rows are packed, where it shapes the tile)."""
@@ -147,9 +195,10 @@ def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     return key
 
 
-def make_kernel(config: Config, problem: AttentionProblem, num_sms: int):
-    """The DSL kernel object of one configuration (the SM count is compiled into persistent grids)."""
+def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
+    """The DSL kernel object of one configuration for `device` (`device_key`: what of it is compiled in)."""
     from .kernel import FlashAttentionSm90
+    compiled_in = dict(device_key(device))
     return FlashAttentionSm90(
         dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
         return_lse=problem.return_lse,
@@ -158,23 +207,27 @@ def make_kernel(config: Config, problem: AttentionProblem, num_sms: int):
         q_stages=config.q_stages, rescale_threshold=config.rescale_threshold,
         scheduler=config.scheduler, pv_operand=config.pv_operand,
         softmax_overlap=config.softmax_overlap,
-        exp2_poly_columns=config.exp2_poly_columns, num_sms=num_sms)
+        exp2_poly_columns=config.exp2_poly_columns, num_sms=compiled_in["num_sms"],
+        l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"])
 
 
 def traced_smem_bytes(kernel) -> int:
     return kernel.smem_bytes  # recorded from SharedStorage while tracing (kernel.py `__call__`)
 
 
-def compile_attention(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None):
-    """A launchable kernel: `.run(q, k, v, out, lse, softmax_scale)` on torch's current stream.
-    Cached in-process by fa4.kernels.compile_key and SM count (`compiling.compile_attention`)."""
-    reasons = can_implement(problem) + resource_reasons(config, problem)
+def compile_attention(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None):
+    """A launchable kernel for `device` (default: read from torch's current device): `.run(q, k, v,
+    out, lse, softmax_scale)` on torch's current stream. Not cached (the runtime's cache is
+    `fa4.compile_cache`)."""
+    device = device or compiling.current_device()
+    reasons = can_implement(problem) + resource_reasons(config, problem, device)
     if reasons:
         raise ValueError(f"infeasible configuration {config.label()}: {'; '.join(reasons)}")
-    return compiling.compile_attention(config, problem, num_sms)
+    return compiling.compile_attention(config, problem, device)
 
 
-def compile_report(config: Config, problem: AttentionProblem, num_sms: Optional[int] = None) -> dict:
-    """Compile for sm_90a without a GPU: registers, spills, smem (SharedStorage), seconds, PTX markers."""
-    return compiling.compile_report(config, problem, num_sms)
+def compile_report(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:
+    """Compile for sm_90a without a GPU for `device` (default: the reference H200): registers, spills,
+    smem (SharedStorage), seconds, PTX markers."""
+    return compiling.compile_report(config, problem, device)
 

@@ -6,12 +6,13 @@ change what any configuration compiles to, so tuned database entries stay curren
 
 from __future__ import annotations
 
+from typing import Optional
+
+from ..device import DeviceDescription, apply_default_rules, reads_device, reference_device
 from ..knobs import Config
 from ..problem import AttentionProblem
 
 ARCH = "sm90"
-
-TYPICAL_SM_COUNT = 132  # the H200's; the default's wave arithmetic only needs the order of magnitude
 
 
 def _fits_192_rows(problem: AttentionProblem) -> bool:
@@ -55,14 +56,15 @@ def pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Confi
     return config.replace(pack_gqa=problem.gqa_ratio > 1 and config.tile_m % problem.gqa_ratio == 0)
 
 
-def persistent_for_short_keys(config: Config, problem: AttentionProblem) -> Config:
+@reads_device("sm_count")
+def persistent_for_short_keys(config: Config, problem: AttentionProblem, device: DeviceDescription) -> Config:
     """Short key ranges (<= 8 key blocks) over >= 2 waves of tiles: persistent with two Q stages,
     whose next Q and K/V load under this tile's softmax. Full masks: `static` (B16 S1024 543.3 ->
     492.9; B8 S512 H16 D64 29.9 -> 25.3). Causal: `static` when a head has >= 16 m-blocks (B16 S1024:
     350.1 -> 313.1; `lpt` 342.3), else `lpt` (B8 S512 H16 D64: 24.3 -> 19.2; `static` 25.9, because
     with few m-blocks a static CTA keeps meeting the same m-block)."""
     m_blocks, tiles = _tiles(config, problem)
-    if -(-problem.seqlen_k // config.tile_n) > 8 or tiles < 2 * TYPICAL_SM_COUNT:
+    if -(-problem.seqlen_k // config.tile_n) > 8 or tiles < 2 * device.sm_count:
         return config
     return config.replace(scheduler="lpt" if problem.causal and m_blocks < 16 else "static", q_stages=2)
 
@@ -94,10 +96,8 @@ DEFAULT_RULES = (wide_tiles_at_head_dim_64, pack_gqa_when_it_divides, persistent
                  longest_first_for_causal, wide_tiles_for_causal_head_dim_128)
 
 
-def default_config(problem: AttentionProblem) -> Config:
+def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
     """The knobs' declared defaults (128 x 128 tiles, P in registers with overlap, 2 K/V stages,
-    rescale threshold 8, one CTA per tile), then `DEFAULT_RULES` in order."""
-    config = Config.make(ARCH)
-    for rule in DEFAULT_RULES:
-        config = rule(config, problem)
-    return config
+    rescale threshold 8, one CTA per tile), then `DEFAULT_RULES` in order, for `device` (default: the
+    reference H200; the rules marked `reads_device` read it)."""
+    return apply_default_rules(DEFAULT_RULES, Config.make(ARCH), problem, device or reference_device(ARCH))

@@ -94,6 +94,8 @@ class FlashAttentionSm90:
 
     Problem constants (change the code): dtype ("fp16"/"bf16"), head_dim (64/128), causal,
     return_lse, and the GQA ratio when rows are packed.
+    Device constants (the family's `device_key`): num_sms (the persistent grid), l2_bytes_for_kv (the
+    longest-first orders' head groups).
     Knobs (kernels/knobs.py, sm90):
       tiles:      tile_m (64/128/192 -> 1/2/3 consumer warpgroups), tile_n
       pipelines:  kv_stages (K/V ring depth), q_stages (Q buffers; the epilogue stages O in the
@@ -106,7 +108,7 @@ class FlashAttentionSm90:
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
                  gqa_pack_ratio: Optional[int], tile_m: int, tile_n: int, kv_stages: int,
                  q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
-                 softmax_overlap: bool, exp2_poly_columns: int, num_sms: int = 132):
+                 softmax_overlap: bool, exp2_poly_columns: int, num_sms: int, l2_bytes_for_kv: int):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -122,6 +124,7 @@ class FlashAttentionSm90:
         self.overlap = softmax_overlap
         self.exp2_poly_columns = exp2_poly_columns
         self.num_sms = num_sms
+        self.l2_bytes_for_kv = l2_bytes_for_kv
         self._setup_attributes()
 
     def _setup_attributes(self) -> None:
@@ -235,7 +238,7 @@ class FlashAttentionSm90:
 
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
         sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, seqlen_k,
-                                     self.head_dim, self.num_sms)
+                                     self.head_dim, self.num_sms, self.l2_bytes_for_kv)
         scale_log2 = softmax_scale * Float32(LOG2_E)
 
         self.kernel(

@@ -10,7 +10,7 @@ grid). Device side: `initial_work()` and `next_work(task)`; `decode(task)` gives
 - single: one CTA per task, grid (m_blocks, heads, batch), m_block ascending; nothing persists.
 - single_lpt: one CTA per task on a 1-D grid in longest-processing-time order (late m_blocks first,
   the longest under causal masking), inside groups of heads sized so that a group's K and V stay in
-  L2 (about `L2_BYTES_FOR_KV`). The hardware hands CTAs to SMs as they free up, so this is a greedy
+  L2 (the compiled-in `l2_bytes_for_kv`: `L2_BYTES_FOR_KV_ON_H200` scaled to the device's L2). The hardware hands CTAs to SMs as they free up, so this is a greedy
   longest-first schedule: the heavy causal tiles start first and the light ones fill the tail.
 - static: persistent, grid = min(SM count, tasks); CTA c runs tasks c, c + grid, c + 2*grid, ...
   in m-fastest order.
@@ -22,7 +22,9 @@ from __future__ import annotations
 from ..scheduling import PERSISTENT_SCHEDULERS, SchedulerBase
 
 KINDS = ("single", "single_lpt", "static", "lpt")
-L2_BYTES_FOR_KV = 32 * 1024 * 1024  # about two thirds of the H200's 50 MB L2
+# K+V bytes of a head group the longest-first orders keep in L2: chosen on the H200; another device
+# gets it scaled to its L2 (the family's `device_key`)
+L2_BYTES_FOR_KV_ON_H200 = 32 * 1024 * 1024
 
 
 def _device():
@@ -50,12 +52,13 @@ class TileScheduler(SchedulerBase):
 
     # ---- host / launch ----------------------------------------------------------------------
     @staticmethod
-    def create(kind: str, num_m_blocks, num_heads, batch, seqlen_k, head_dim: int, num_sms: int):
+    def create(kind: str, num_m_blocks, num_heads, batch, seqlen_k, head_dim: int, num_sms: int,
+               l2_bytes_for_kv: int):
         """The scheduler of a launch: the longest-first orders take heads in groups whose K and V
-        (16-bit, `seqlen_k` rows each) fit `L2_BYTES_FOR_KV` together."""
+        (16-bit, `seqlen_k` rows each) fit `l2_bytes_for_kv` (compiled in) together."""
         cutlass, cute, Int32 = _device()
         kv_unit_bytes = cutlass.max(seqlen_k, 1) * (head_dim * 2 * 2)
-        group_heads = cutlass.max(Int32(L2_BYTES_FOR_KV) // kv_unit_bytes, 1)
+        group_heads = cutlass.max(Int32(l2_bytes_for_kv) // kv_unit_bytes, 1)
         return TileScheduler(kind, num_m_blocks, num_heads, batch, group_heads, num_sms)
 
     def grid_shape(self):
