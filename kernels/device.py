@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Optional, Sequence
 
-from .family import CAPABILITY_ARCH
+from .archs import CAPABILITY_ARCH, FAMILIES
 
 MiB = 1 << 20
 
@@ -51,7 +51,8 @@ H200 = DeviceDescription(name="NVIDIA H200", capability=(9, 0), sm_count=132,
                          smem_per_block_bytes=232_448, l2_bytes=60 * MiB)
 B200 = DeviceDescription(name="NVIDIA B200", capability=(10, 0), sm_count=148,
                          smem_per_block_bytes=232_448, l2_bytes=126 * MiB)
-REFERENCE_DEVICES = {"sm90": H200, "sm100": B200}
+_DECLARED = {device.name: device for device in (H200, B200)}
+REFERENCE_DEVICES = {name: _DECLARED[arch.reference_device] for name, arch in FAMILIES.items()}
 assert all(d.arch == arch for arch, d in REFERENCE_DEVICES.items()), "a reference device of another family"
 
 

@@ -16,19 +16,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, runtime_checkable
 
-from .knobs import ARCHS, Config
+# the GPU and DSL-target tables (`fa4/arch.py` answers questions with them) come from the one registry
+# of families, `archs.py`, and are re-exported here
+from .archs import ARCHS, CAPABILITY_ARCH, DSL_TARGET  # noqa: F401
+from .knobs import Config
 from .problem import AttentionProblem
 
-if TYPE_CHECKING:  # device.py reads CAPABILITY_ARCH from here
+if TYPE_CHECKING:
     from .device import DeviceDescription
-
-# The one mapping of families to GPUs (`fa4/arch.py` answers questions with it; it lives here because
-# the kernels sit below the runtime and import nothing from it). Each family is compiled for an
-# arch-specific "a" target (what `CUTE_DSL_ARCH` / `--gpu-arch` take), whose code runs on exactly one
-# compute capability: sm_90a on 9.0 (H100, H200), sm_100a on 10.0 (B200, GB200).
-CAPABILITY_ARCH = {(9, 0): "sm90", (10, 0): "sm100"}
-DSL_TARGET = {"sm90": "sm_90a", "sm100": "sm_100a"}
-assert set(CAPABILITY_ARCH.values()) == set(DSL_TARGET) == set(ARCHS), "a family without a GPU or target"
 
 
 @runtime_checkable

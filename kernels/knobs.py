@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Union
 
-Scalar = Union[bool, int, float, str]  # optuna categoricals must be plain scalars
+from .archs import ARCHS  # the registry of families  # noqa: F401  (re-exported)
 
-ARCHS = ("sm90", "sm100")
+Scalar = Union[bool, int, float, str]  # optuna categoricals must be plain scalars
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,22 @@ def test_sm90_long_causal_keys_take_the_wide_tiles_too():
         assert (config.tile_m, config.tile_n, config.scheduler) == (192, 80, "single_lpt"), problem.label()
     full = default_config("sm90", AttentionProblem(1, 8192, 8192, 32, 8, 128, dtype="bf16"))
     assert (full.tile_m, full.tile_n) == (128, 128)  # the rule is about causal masks only
+
+
+def test_the_registry_of_families_is_one_table():
+    """A family is one line of kernels/archs.py, its folder and its search space; every other table of
+    families (knob archs, GPU capability, DSL target, reference device) derives from that line."""
+    from pathlib import Path
+
+    from fa4.kernels import archs, device, family as family_of, knobs
+    from fa4.kernels.family import CAPABILITY_ARCH, DSL_TARGET
+
+    root = Path(__file__).resolve().parents[1]
+    assert knobs.ARCHS == tuple(archs.FAMILIES)
+    for name, arch in archs.FAMILIES.items():
+        assert (root / "kernels" / name / "__init__.py").exists()
+        assert (root / "search_spaces" / f"{name}.toml").exists()
+        assert CAPABILITY_ARCH[arch.capability] == name and DSL_TARGET[name] == arch.dsl_target
+        assert device.reference_device(name).name == arch.reference_device
+        assert device.reference_device(name).arch == name
+        assert family_of(name).REFERENCE_DEVICE == device.reference_device(name)
