@@ -354,9 +354,8 @@ def compile_attention(config, problem, device):
         if launcher is None:
             launcher = kernels.compile_attention(config, problem, device)
             if disk:
-                # CompiledAttention keeps the DSL's compiled function as `_fn` (kernels/compiling.py);
-                # the export needs that object, not the wrapper
-                store(key, launcher._fn)
+                # the export needs the DSL's compiled function, not the wrapper
+                store(key, launcher.compiled)
         STATE.compiled[key] = launcher
     return launcher
 

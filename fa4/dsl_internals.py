@@ -5,7 +5,7 @@
    function's `__call__`, which checks that it is initialised and converts pointer-address arguments,
    and a generated keyword wrapper that forwards six positionals) before TVM-FFI's C call, about 1-2 us
    of a ~9 us call. What it reads, all private to nvidia-cutlass-dsl 4.8 / apache-tvm-ffi 0.1:
-   `CompiledAttention._fn` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
+   `CompiledAttention.compiled` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
    `_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`).
    Anything that does not look exactly as expected gives None and the checked `run` stays in use: an
    upgrade can make calls slower, never wrong. `tests/test_runtime_direct_launch.py::
@@ -50,7 +50,7 @@ def direct_launcher(compiled):
     A kernel loaded from the disk cache is already a plain `tvm_ffi.Function` (the same exported C
     function, same arguments) and is its own direct launcher.
     """
-    fn = getattr(compiled, "_fn", None)  # CompiledAttention's compiled function (kernels/compiling.py)
+    fn = getattr(compiled, "compiled", None)  # CompiledAttention's DSL function (kernels/compiling.py)
     try:
         import tvm_ffi
     except ImportError:

@@ -49,7 +49,7 @@ __all__ = [
 
 _HERE = Path(__file__).resolve().parent
 # shared files that decide every family's generated code (with the family's own SOURCE_FILES)
-SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py")
+SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py", "exp2_fit.py")
 # Besides our sources, the DSL decides the generated code: its MLIR passes and the ptxas it bundles
 # (the distributions `nvidia-cutlass-dsl` pins, one per CUDA major). Read from the installed
 # packages' metadata: importing the DSL takes seconds.

@@ -122,7 +122,7 @@ class CompiledAttention:
 
     def __init__(self, compiled, config: Config, problem: AttentionProblem, smem_bytes: int,
                  compile_seconds: float):
-        self._fn = compiled
+        self.compiled = compiled  # the DSL's compiled function (the disk cache exports it)
         self.config = config
         self.problem = problem
         self.smem_bytes = smem_bytes
@@ -141,7 +141,7 @@ class CompiledAttention:
             raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
                              f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
-        self._fn(q, k, v, out, lse, scale)
+        self.compiled(q, k, v, out, lse, scale)
 
 
 def current_device() -> DeviceDescription:

@@ -17,10 +17,8 @@ from cutlass import Float32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-EXP2_POLY = (1.0, 0.6951166987419128, 0.22764527797698975, 0.07706677168607712)
-# x + 1.5 * 2^23 rounded down leaves floor(x) in the low mantissa bits (|x| < 2^22)
-EXP2_ROUND_MAGIC = 12582912.0
-EXP2_POLY_CHUNK = 32
+from .exp2_fit import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC
+
 # below this 2^x is exactly +0 through the polynomial path (see exp2_poly)
 EXP2_POLY_FLOOR = -127.0
 

@@ -180,7 +180,7 @@ def test_every_family_goes_through_the_one_cache(monkeypatch, tmp_path):
 
     def compile_attention(config, problem, device):
         compiles.append((config.arch, device.sm_count))
-        return types.SimpleNamespace(_fn=f"compiled {config.arch}")
+        return types.SimpleNamespace(compiled=f"compiled {config.arch}")
 
     monkeypatch.setattr("fa4.kernels.compile_attention", compile_attention)
     monkeypatch.setattr(compile_cache, "load", lambda key, folder=None: disk.append(("load", key)))
@@ -245,7 +245,7 @@ def cached_runtime(tmp_path, monkeypatch, jit_function):
 
     def compile_attention(config, problem, device):
         compiles.append(config)
-        return types.SimpleNamespace(_fn=jit_function)
+        return types.SimpleNamespace(compiled=jit_function)
 
     monkeypatch.setattr("fa4.kernels.compile_attention", compile_attention)
     config = default_config("sm90", PROBLEM)

@@ -47,9 +47,9 @@ def test_only_entries_whose_code_is_unchanged_are_restamped(tmp_path):
     # that use the polynomial (exp2_poly_columns > 0) compile differently
     old = tmp_path / "root" / "fa4" / "kernels"
     shutil.copytree(REPO / "kernels", old, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (old / "fast_exp2.py").read_text()
+    source = (old / "exp2_fit.py").read_text()
     assert "0.07706677168607712)" in source
-    (old / "fast_exp2.py").write_text(source.replace("0.07706677168607712)", "0.0770668)"))
+    (old / "exp2_fit.py").write_text(source.replace("0.07706677168607712)", "0.0770668)"))
     (old.parent / "__init__.py").write_text("")
     tuned_with = _old_fingerprint(old)
     assert tuned_with != kernels.kernel_fingerprint("sm90")

@@ -59,16 +59,16 @@ def dsl_function(target, wrapper=None, pointer_args=False):
 
 
 class CountingCompiled:
-    """CompiledAttention's shape: `_fn` plus a checked `run` (counted here)."""
+    """CompiledAttention's shape: `compiled` plus a checked `run` (counted here)."""
 
     def __init__(self, fn, problem):
-        self._fn, self.problem, self.checked_runs = fn, problem, 0
+        self.compiled, self.problem, self.checked_runs = fn, problem, 0
 
     def run(self, q, k, v, out, lse=None, softmax_scale=None):
         self.checked_runs += 1
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
-        self._fn(q, k, v, out, lse, float(softmax_scale))
+        self.compiled(q, k, v, out, lse, float(softmax_scale))
 
 
 class Family(types.SimpleNamespace):
@@ -215,7 +215,7 @@ def _wrapper(source, target):
 ])
 def test_wrappers_that_do_more_than_forward_are_refused(source):
     target = ffi_kernel(False, [])
-    compiled = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(source, target)))
+    compiled = types.SimpleNamespace(compiled=dsl_function(target, _wrapper(source, target)))
     assert dsl_internals.direct_launcher(compiled) is None
 
 
@@ -223,11 +223,11 @@ def test_forwarding_wrapper_pointer_args_and_foreign_objects():
     target = ffi_kernel(False, [])
     forward = ("def wrapper(mQ, mK, mV, mO, mLSE, softmax_scale):\n"
                "    return __i_target_func(mQ, mK, mV, mO, mLSE, softmax_scale)\n")
-    ok = types.SimpleNamespace(_fn=dsl_function(target, _wrapper(forward, target)))
+    ok = types.SimpleNamespace(compiled=dsl_function(target, _wrapper(forward, target)))
     assert dsl_internals.direct_launcher(ok) is target
-    pointers = types.SimpleNamespace(_fn=dsl_function(target, pointer_args=True))
+    pointers = types.SimpleNamespace(compiled=dsl_function(target, pointer_args=True))
     assert dsl_internals.direct_launcher(pointers) is None
-    assert dsl_internals.direct_launcher(types.SimpleNamespace(_fn=lambda *a: None)) is None
+    assert dsl_internals.direct_launcher(types.SimpleNamespace(compiled=lambda *a: None)) is None
     assert dsl_internals.direct_launcher(object()) is None
 
 

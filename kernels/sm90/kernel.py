@@ -29,7 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper_helpers
 
-from . import layouts as L
+from . import REGISTER_SPLIT, layouts as L
 from ..fast_exp2 import exp2_poly, poly_column
 from .scheduler import TileScheduler
 
@@ -41,9 +41,6 @@ BAR_EPILOGUE = 1
 BAR_STORE = 2
 BAR_PINGPONG_FIRST = 3  # one per consumer warpgroup: 3, 4, 5
 
-# setmaxnreg split (producer, consumer) per consumer-warpgroup count; the block's 64K registers
-# must cover 128 * (producer + W * consumer).
-REGISTER_SPLIT = {1: (56, 256), 2: (24, 240), 3: (32, 160)}
 ILP_CHAINS = 4  # independent partial reductions per softmax row (see online_softmax)
 
 
