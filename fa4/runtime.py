@@ -468,7 +468,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     tensors) are explained for the GPU of this machine if it has one our kernels run on, else for the
     architecture and device the tuned database was measured on; the explanation says which it assumed
     and how to name another. Raises what `attention` would raise for the same inputs (pointer alignment
-    aside: it is checked per call).
+    aside: it is checked per call), except the opt-in of a kernel that never ran on hardware (sm100):
+    it explains what runs once opted in and notes that `attention` refuses without it.
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         checks.check_grad(q, k, v)
@@ -476,8 +477,16 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     assumed = None
     if arch is None and checks.device_reasons(checks.inspect_inputs(q, k, v)):
         arch, device_name, assumed = _assumed_target(device_name)
-    plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend,
-                 arch=arch, device_name=device_name)
+    # asked about an architecture whose kernel never ran on hardware: explain what would run once
+    # opted in, and say that `attention` refuses without the opt-in (rather than raise it here)
+    gated = (arch in planning.UNTESTED_ARCHS and not planning.sm100_allowed(allow_untested_sm100)
+             and fallback != "sdpa")
+    plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100 or gated,
+                         backend, arch=arch, device_name=device_name)
+    if gated:
+        plan.explanation.notes.insert(0, f"fa4.attention raises on {arch} unless allow_untested_sm100=True or "
+                                         f"{planning.ALLOW_SM100_ENV}=1 (next note); this explains what runs "
+                                         "once opted in")
     if assumed:
         plan.explanation.notes.insert(0, assumed)
     return plan.explanation
