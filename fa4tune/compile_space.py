@@ -67,8 +67,9 @@ def check_report(arch: str, model_smem: Optional[int], entry: dict, kernels=None
 
 
 def reason_class(reason: str) -> str:
-    """Group reasons that differ only in numbers ("needs 240000 B" ~ "needs 250000 B")."""
-    return re.sub(r"\d[\d,_.]*", "N", reason)
+    """Group reasons that differ only in numbers ("needs 240000 B" ~ "needs 250000 B"); digits that are
+    part of a name ("sm90") are kept."""
+    return re.sub(r"(?<![A-Za-z0-9_])\d[\d,_.]*", "N", reason)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class _Plan:
     total: int = 0
     feasible: int = 0
     reasons: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)  # reason class -> its first reason, numbers and all
     picked: list = field(default_factory=list)
 
 
@@ -112,6 +114,7 @@ def plan(arch: str, problem: AttentionProblem, space: SearchSpace, limit: int, k
         reasons = kernels.feasible(config, problem)
         for r in reasons:
             result.reasons[reason_class(r)] += 1
+            result.examples.setdefault(reason_class(r), r)
         if not reasons:
             feasible_configs.append(config)
     result.feasible = len(feasible_configs)
@@ -141,7 +144,7 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
         compile_timeout_s: float = 300.0, progress: Optional[Progress] = None,
         api: str = "fa4.kernels") -> list[dict]:
     """One result per problem: {"arch", "source_fingerprint", "toolchain", "problem", "space_size", "feasible", "infeasible",
-    "infeasible_reasons", "default", "default_feasible", "shard", "compiled": [entry], "failures"};
+    "infeasible_reasons", "infeasible_examples", "default", "default_feasible", "shard", "compiled": [entry], "failures"};
     an entry: {"config", "is_default", "outcome", "compile_s", "report", "error", "warnings",
     "model_smem_bytes", "problems"}."""
     progress = progress or Progress()
@@ -179,6 +182,7 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
              "problem": p.problem.to_dict(),
              "space_size": p.total, "feasible": p.feasible,
              "infeasible": p.total - p.feasible, "infeasible_reasons": dict(p.reasons.most_common()),
+             "infeasible_examples": {reason: p.examples[reason] for reason, _ in p.reasons.most_common()},
              "default": p.default.to_dict(), "default_feasible": not kernels.feasible(p.default, p.problem),
              "shard": list(shard), "compiled": entries, "failures": sum(bool(e["problems"]) for e in entries)}
             for p, entries in zip(plans, compiled)]
@@ -273,10 +277,11 @@ def print_tables(results: list[dict], stream=None) -> None:
         label = AttentionProblem(**r["problem"]).label()
         why = Table(title=f"{label}: {r['feasible']} of {r['space_size']} feasible; rejected before compiling, "
                           "by reason")
-        why.add_column("reason")
+        why.add_column("reason (the first of its kind, with its numbers)")
         why.add_column("configurations", justify="right")
+        examples = r.get("infeasible_examples") or {}
         for reason, n in r["infeasible_reasons"].items():
-            why.add_row(reason, str(n))
+            why.add_row(examples.get(reason, reason), str(n))
         console.print(why)
         table = Table(title=f"{label}: compiled for {r['arch']} ({len(r['compiled'])})")
         for column in ("configuration", "registers", "spills (st/ld)", "smem B", "model B", "seconds", "problems"):

@@ -219,3 +219,11 @@ def test_write_json_compresses_where_the_name_says_gz(tmp_path):
     write_json([result], tmp_path / "r.json")
     assert (tmp_path / "r.json.gz").read_bytes()[:2] == b"\x1f\x8b"
     assert read_json(tmp_path / "r.json.gz") == read_json(tmp_path / "r.json") == [result]
+
+
+def test_reason_classes_keep_names_and_the_table_shows_numbers():
+    from fa4tune.compile_space import reason_class
+
+    assert reason_class("head dim 96 is not supported (sm90 kernel: 64, 128)") == \
+        "head dim N is not supported (sm90 kernel: N N)"
+    assert reason_class("shared memory 254976 B > 232448 B per block") == "shared memory N B > N B per block"
