@@ -308,12 +308,12 @@ def _table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for i, c in enumerate(columns):
-        table.add_column(c, no_wrap=i == 0, overflow="fold")
+    for c in columns:
+        table.add_column(c, overflow="fold")  # wide content wraps within its column
     for r in rows:
         table.add_row(*["-" if v is None else str(v) for v in r])
-    width = os.get_terminal_size(1).columns if sys.stdout.isatty() else 240
-    Console(file=sys.stdout, width=max(120, width)).print(table)
+    # rich's own width: the terminal's (or $COLUMNS); machines read --format json
+    Console(file=sys.stdout).print(table)
 
 
 def _fmt(x, digits=2):
@@ -512,6 +512,7 @@ def best(fmt, db_path):
     cannot be read or an entry fails the check (each named on stderr; the rest is listed)."""
     from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
+    from fa4.kernels import AttentionProblem
     from fa4tune import environment
 
     if db_path is not None:
@@ -537,19 +538,23 @@ def best(fmt, db_path):
     if fmt == "json":
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
+        # the columns a reader scans; the rest (TFLOP/s, max error, study and trial, every peer's
+        # speedup, the bucket key) is in --format json
         rows = []
         for d in out:
-            speed = ", ".join(f"{k} {v}x" for k, v in sorted(d["speedup"].items())) or "-"
+            # speedup: a peer's time over ours; the fastest peer has the smallest
+            peers = {k: v for k, v in d["speedup"].items() if k != "default" and v}
+            rival = min(peers, key=peers.get) if peers else None
+            versus = f"{1 / peers[rival]:.3f} ({backends.title(rival)})" if rival else None
             layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
             fastest = " / ".join(backends.title(d["fastest_backend"][m]) for m in dispatch.MODES
                                  if m in d["fastest_backend"]) or None
-            rows.append([d["key"], layer, _label(d["arch"], d["config"]), _fmt(d["us"]),
-                         _fmt(d["tflops"], 1), speed, fastest, _fmt(d["max_err"], 4),
-                         {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), f"{d['study']}#{d['trial']}",
-                         d["date"]])
-        _table(f"best configurations ({len(rows)})", ["key", "layer", "config", "us", "TFLOP/s", "speedup over",
-                                                      "fastest eager / captured", "max err", "stale", "from",
-                                                      "date"], rows)
+            rows.append([AttentionProblem(**d["problem"]).label(), layer, _label(d["arch"], d["config"]),
+                         _fmt(d["us"]), versus, fastest,
+                         {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), d["date"][:10]])
+        _table(f"best configurations ({len(rows)})",
+               ["problem", "layer", "config", "us", "ours ÷ fastest peer", "fastest eager / captured", "stale",
+                "date"], rows)
     if db.errors or db.skipped:
         sys.exit(1)
 

@@ -34,7 +34,9 @@ def fake_gpu(monkeypatch):
 
 
 def invoke(*args, env=None):
-    return CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+    # tables take the terminal's width; these tests read whole cells, so the terminal is wide
+    return CliRunner().invoke(cli.main, list(args), env={"COLUMNS": "240", **(env or {})},
+                              catch_exceptions=False)
 
 
 def test_search_without_a_gpu_says_so(monkeypatch):
@@ -203,10 +205,11 @@ def test_best_shows_the_layer_of_each_entry(tmp_path, monkeypatch):
     assert fastest["sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"] == {"eager": "ours", "graph": "ours"}
     # the search timed SDPA cuDNN (31.6 us) beside ours (30.0): ours, by GPU time (no host times for this GPU)
     assert fastest[_entry("current", 1024).key] == {"eager": "ours", "graph": "ours"}
-    table = CliRunner().invoke(cli.main, ["best"], env={"FA4_CONFIG_DB": str(mine)})
+    table = invoke("best", env={"FA4_CONFIG_DB": str(mine)})
     assert "user (over packaged)" in table.stdout and f"user {mine}: 2 entries" in table.stderr
     (tmp_path / "bad.json").write_text("{")
-    broken = CliRunner().invoke(cli.main, ["best"], env={"FA4_CONFIG_DB": str(tmp_path / "bad.json")})
+    broken = CliRunner().invoke(cli.main, ["best"],
+                                env={"FA4_CONFIG_DB": str(tmp_path / "bad.json"), "COLUMNS": "240"})
     assert broken.exit_code == 1 and "UNUSABLE" in broken.stderr and "packaged" in broken.stdout
 
 
@@ -445,3 +448,10 @@ def test_commands_of_other_modules_refuse_an_output_they_cannot_write_first(comm
     monkeypatch.setattr(sass_build, "analyze", lambda *a, **kw: pytest.fail("it compiled"))
     monkeypatch.setattr(rescale_stats, "measure_rescales", lambda *a, **kw: pytest.fail("it measured"))
     _one_line_error(CliRunner().invoke(cli.main, [*command, str(not_a_folder)]), command[1], "not a directory")
+
+
+def test_tables_fit_the_terminal(tmp_path):
+    db = tmp_path / "db.json"
+    record(_entry("old", 2048), db)
+    table = invoke("best", "--db", str(db), env={"COLUMNS": "80"}).stdout
+    assert max(len(line) for line in table.splitlines()) <= 80
