@@ -23,7 +23,7 @@ registry, `fa4.backends.implementations()`): the eager per-call host time a user
 runs that implementation (our input checks and plan lookup, then the peer's runner and our rule for
 rows without keys). A forced backend that is not installed or
 refuses the shape says why. The summary sets the two side by side (the difference is our wrapper);
-`fa4tune.host_overhead` derives the runtime's table from the fa4.attention rows where a run has them.
+`fa4tune.benchmark.host_overhead` derives the runtime's table from the fa4.attention rows where a run has them.
 
 Three figures per implementation, all after warm-up (compile, then launches):
 - host us/call: N back-to-back eager calls timed with time.perf_counter, no synchronisation inside
@@ -44,7 +44,7 @@ import sys
 import time
 
 from fa4 import backends
-from fa4tune.host_overhead import direct_row, through_row
+from fa4tune.benchmark.host_overhead import direct_row, through_row
 
 
 def through_vs_direct(rows: list[dict]) -> list[str]:
@@ -82,8 +82,8 @@ def host_and_wall_us(fn, calls: int, repeats: int):
 
 
 def graph_gpu_us(fn) -> float:
-    """GPU µs per call by CUDA-graph replay: the harness's own timing (fa4tune.timing), L2 warm."""
-    from fa4tune.timing import TimingSettings, time_cuda
+    """GPU µs per call by CUDA-graph replay: the harness's own timing (fa4tune.workers.timing), L2 warm."""
+    from fa4tune.workers.timing import TimingSettings, time_cuda
 
     return time_cuda(fn, TimingSettings(l2="warm")).us
 
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2))
 
     # every implementation again, through fa4.attention with that backend forced: what a user pays per
-    # eager call when dispatch runs it (the rows `fa4tune.host_overhead` prefers)
+    # eager call when dispatch runs it (the rows `fa4tune.benchmark.host_overhead` prefers)
     for name in backends.implementations():
         add(through_row(name), lambda name=name: fa4.attention(q, k, v, causal=causal, backend=name),
             f"{backends.title(name)} through fa4.attention: input checks, plan lookup, "

@@ -11,7 +11,7 @@ or something raised.
 1. Storage that is not a journal: an optuna SQLite file, an SQLite file of other tables, a
    best_configs.json, a text file, a journal with a line of text pasted in, binary data, a JSON
    document, a symbolic link to a journal that needs repair and a dangling one, each given to
-   `fa4tune.storage.open_storage`, which must refuse it (`StorageError`); every file, link and name of
+   `fa4tune.searches.storage.open_storage`, which must refuse it (`StorageError`); every file, link and name of
    the folder is compared before and after. (`fa4tune search --storage X` is not run: it needs a GPU
    to get that far; tests/test_storage_safety.py runs it on a faked one.)
 2. Concurrent database writers with SIGKILLs, for `--seconds`: `record()` writers, `fa4tune db merge
@@ -71,8 +71,8 @@ from fa4 import database, kernels
 from fa4.database import BestConfigDB, DatabaseError, Entry, record
 from fa4.kernels import AttentionProblem
 from fa4tune import cli
-from fa4tune.journal import OPERATION_START, JournalFlock
-from fa4tune.storage import StorageError, open_storage
+from fa4tune.searches.journal import OPERATION_START, JournalFlock
+from fa4tune.searches.storage import StorageError, open_storage
 
 ARCH, DEVICE = "sm90", "NVIDIA H200"
 FINGERPRINT = kernels.kernel_fingerprint(ARCH)   # entries of this checkout: current, never stale

@@ -26,8 +26,8 @@ import tempfile
 import warnings
 
 from fa4.kernels import Config, default_config
-from fa4tune.shape_sets import load_shapes_file
-from fa4tune.shapes import shape_key
+from fa4tune.inputs.shape_sets import load_shapes_file
+from fa4tune.inputs.shapes import shape_key
 
 ARCH = "sm90"
 
@@ -47,7 +47,7 @@ def timed_configurations(journals: list[str]) -> dict[str, dict[str, float]]:
     lowest time where a configuration was timed twice)."""
     import optuna
 
-    from fa4tune.storage import open_for_reading
+    from fa4tune.searches.storage import open_for_reading
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

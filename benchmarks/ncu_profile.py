@@ -18,7 +18,7 @@ import json
 import torch
 
 from fa4tune.api import DEFAULT_PROBLEM
-from fa4tune.shapes import parse_shape
+from fa4tune.inputs.shapes import parse_shape
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
 
         print(fa4.explain(q, k, v, causal=problem.causal), flush=True)
     else:
-        from fa4tune.peers import peer_call
+        from fa4tune.workers.peers import peer_call
         call, notes = peer_call(args.impl, q, k, v, problem.causal, scale)
         print(args.impl, notes, flush=True)
     for _ in range(20):

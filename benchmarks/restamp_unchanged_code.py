@@ -159,7 +159,7 @@ def main() -> None:
         return
     if bool(args.rev) == bool(args.old_kernels):
         ap.error("give --rev or --old-kernels")
-    from fa4tune.sass_build import nvdisasm_path
+    from fa4tune.sm100.sass_build import nvdisasm_path
 
     with tempfile.TemporaryDirectory(prefix="fa4-restamp-") as tmp:
         root_old = old_sources(args.rev, args.old_kernels, Path(tmp) / "old")

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from fa4.kernels import source_fingerprint
-from fa4tune.compile_space import read_json, shard_census
-from fa4tune.space import load_space
+from fa4tune.searches.compile_space import read_json, shard_census
+from fa4tune.inputs.space import load_space
 
 
 def main(directory: str = "results/compile_space") -> int:

@@ -22,9 +22,9 @@ import time
 from fa4.backends import peer_names
 from fa4.kernels import AttentionProblem, Config, default_config, feasible
 from fa4tune.api import DEFAULT_PROBLEM
-from fa4tune.evaluator import KernelEvaluator
-from fa4tune.shapes import parse_shape
-from fa4tune.timing import TimingSettings
+from fa4tune.workers.evaluator import KernelEvaluator
+from fa4tune.inputs.shapes import parse_shape
+from fa4tune.workers.timing import TimingSettings
 
 
 def compile_variant(config: Config, problem: AttentionProblem, ignore_register_model: bool):

@@ -8,7 +8,7 @@
         --cold-storage $OUT/cold.journal --seed-db $OUT/cold.json --storage $OUT/warm.journal \
         --workers 2 --out $OUT/warm_vs_cold.json
 
-Each warm study is seeded (`fa4tune.warm_start`) from the cold run's database with the problem's own
+Each warm study is seeded (`fa4tune.searches.warm_start`) from the cold run's database with the problem's own
 entry left out, so its seeds come from the other shapes and the other causal mode, as for a shape
 nobody tuned yet. Same sampler, seed and trial budget as the cold run. A trial counts as the search
 counts it (feasible, not a repeat), in trial-number order; "trials to 1 %" is the count up to and
@@ -78,10 +78,10 @@ def main() -> None:
 
     from fa4.database import BestConfigDB, entry_key
     from fa4tune.api import detect_gpus, problems_of, resolve_arch
-    from fa4tune.pool import WorkerPool
+    from fa4tune.workers.pool import WorkerPool
     from fa4tune.progress import Progress
-    from fa4tune.search_runner import SearchSettings, run_search, study_name_of
-    from fa4tune.storage import open_storage
+    from fa4tune.searches.runner import SearchSettings, run_search, study_name_of
+    from fa4tune.searches.storage import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     problems = problems_of(shapes_file=args.shapes_file)

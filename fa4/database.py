@@ -37,7 +37,7 @@ One entry (every field is written; `key` is derived and checked on load):
     work_bucket         next power of two of batch * heads_kv (how many tile columns fill the SMs)
     problem             the exact AttentionProblem fields the tuning ran on
     config              knob values {name: value} (a complete `fa4.kernels.Config` of `arch`)
-    us, tflops          GPU time of the tuned config (CUDA-graph replay, see fa4tune.timing) and rate
+    us, tflops          GPU time of the tuned config (CUDA-graph replay, see fa4tune.workers.timing) and rate
     default_us          the heuristic default configuration on the same run, or null
     speedup             {peer_name: peer_us / us} for every peer timed in the run, plus "default"
     max_err             max |out - fp32 reference| of the tuned config
@@ -51,7 +51,7 @@ One entry (every field is written; `key` is derived and checked on load):
     versions            {"torch", "cutlass_dsl", "optuna", "cuda"} and each peer with a package of its
                         own (`fa4.backends.recorded_versions`: "flash_attn_4")
     date                ISO 8601 UTC time of the record
-    study, trial        optuna study name and trial number it came from (storage: fa4tune.search_runner)
+    study, trial        optuna study name and trial number it came from (storage: fa4tune.searches.runner)
 
 Every entry read is checked (`field_error`): each field of its type and in its range (times finite
 and > 0, integers that are not booleans, buckets powers of two), a known arch and dtype, a problem

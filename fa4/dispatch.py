@@ -6,7 +6,7 @@ The data (nothing here is a measured number):
   configuration;
 - per GPU model, the host time of one eager call of each implementation, shipped as
   `fa4/data/host_overhead.json` (derived from `results/<gpu>/overhead_*.json`, the output of
-  `benchmarks/bench_overhead.py`, by `fa4tune.host_overhead`; a test holds the two equal).
+  `benchmarks/bench_overhead.py`, by `fa4tune.benchmark.host_overhead`; a test holds the two equal).
 
 What a call costs: under CUDA-graph capture or torch.compile ("graph") the GPU time, since the host's
 work is paid once at capture; in eager mode the larger of GPU and host time, since the host prepares

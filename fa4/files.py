@@ -21,7 +21,7 @@ leaves one taken):
   can lock it, and it does not depend on any setting (a lock file found through `$FA4TUNE_HOME` would
   not exclude a writer that has another).
 - `exclusive_lock(lock_path)` locks a separate lock file (created if absent), for what has no file
-  of its own to lock (a GPU: `fa4tune.pool`'s per-GPU locks).
+  of its own to lock (a GPU: `fa4tune.workers.pool`'s per-GPU locks).
 """
 
 from __future__ import annotations

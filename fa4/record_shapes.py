@@ -4,7 +4,7 @@
 The runtime calls `note` only on the first call of a signature (its checked path, `_slow_call`), never
 on the kernel path of later calls, so a program's per-call host time does not change; `note` itself is
 one set lookup for a problem already written by this process. Each new problem is appended as one
-`[[problem]]` table (`fa4tune.shape_sets`), whole, under an `flock` on the shapes file itself (the file
+`[[problem]]` table (`fa4tune.inputs.shape_sets`), whole, under an `flock` on the shapes file itself (the file
 is only ever appended to, never replaced, so its own lock serves and no lock file is left beside it),
 so several processes may record into one file; a problem recorded by two processes appears twice and
 is read once. Recording never breaks a forward pass: a file that cannot be written warns once and
@@ -27,7 +27,7 @@ _seen: set[AttentionProblem] = set()
 
 def problem_table(problem: AttentionProblem) -> str:
     """One `[[problem]]` table of a shapes file, every field single-valued. It lives here, not in
-    `fa4tune.shape_sets` (which reads shapes files), because the runtime does not import the harness."""
+    `fa4tune.inputs.shape_sets` (which reads shapes files), because the runtime does not import the harness."""
     fields = []
     for name, value in problem.to_dict().items():
         text = ("true" if value else "false") if isinstance(value, bool) else (

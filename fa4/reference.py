@@ -1,7 +1,7 @@
 """What "correct" means for our forward: the one fp32 reference and the one comparison rule.
 
 Everything that decides whether an output is right imports this module: the search's workers
-(`fa4tune.worker`), the peers' error figures (`fa4tune.peers`), the SDPA fallback's LSE
+(`fa4tune.workers.worker`), the peers' error figures (`fa4tune.workers.peers`), the SDPA fallback's LSE
 (`fa4.fallback`), the GPU suites and the CPU tests. Two references that disagree would make two
 definitions of "correct"; there is one.
 

@@ -10,7 +10,7 @@ architecture, settings, the run); the API adds turning the summaries into frames
 commands' defaults. Progress goes to stderr as in the CLI (`quiet=True` silences it).
 
 Which problems: `shapes` (an `AttentionProblem`, a shape key such as "b1-s4096-bf16-causal" whose
-missing tokens take the CLI's defaults, or a list of them), `model` (a preset, `fa4tune.shape_sets`) or
+missing tokens take the CLI's defaults, or a list of them), `model` (a preset, `fa4tune.inputs.shape_sets`) or
 `shapes_file`; exactly one. `causal=None` keeps every mask (a shape key without a mask stands for
 both), True or False keeps one.
 """
@@ -86,8 +86,8 @@ def problems_of(shapes: Union[ShapeLike, Iterable[ShapeLike], None] = None, *, m
                 shapes_file: Optional[str] = None, causal: Optional[bool] = None) -> list:
     """The problems named by exactly one of shapes, model, shapes_file (see the module docstring)."""
     from fa4.kernels import AttentionProblem
-    from fa4tune.shape_sets import load_model, load_shapes_file
-    from fa4tune.shapes import parse_shape
+    from fa4tune.inputs.shape_sets import load_model, load_shapes_file
+    from fa4tune.inputs.shapes import parse_shape
 
     given = [x is not None for x in (shapes, model, shapes_file)]
     if sum(given) != 1:
@@ -126,14 +126,15 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
                    l2: str = "warm", peers: bool = True, warm_start: bool = True,
                    retime_rounds: Optional[int] = None, progress=None) -> list[dict]:
     """`fa4tune search` after option parsing: one study per problem on `gpus` (from `detect_gpus`);
-    returns one summary dict per study (`fa4tune.study.summarize`). `retime_rounds` None: the
-    search's default (`fa4tune.retime.ROUNDS`)."""
-    from fa4tune import paths, search_runner
+    returns one summary dict per study (`fa4tune.searches.study.summarize`). `retime_rounds` None: the
+    search's default (`fa4tune.searches.retime.ROUNDS`)."""
+    from fa4tune import paths
+    from fa4tune.searches import runner as search_runner
     from fa4.backends import peer_names
     from fa4tune.progress import Progress
-    from fa4tune.retime import ROUNDS as RETIME_ROUNDS
-    from fa4tune.space import load_space
-    from fa4tune.timing import TimingSettings
+    from fa4tune.searches.retime import ROUNDS as RETIME_ROUNDS
+    from fa4tune.inputs.space import load_space
+    from fa4tune.workers.timing import TimingSettings
 
     progress = progress or Progress()
     if not gpus:
@@ -203,13 +204,14 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
                   out: Optional[str] = None, csv: Optional[str] = None, jobs: int = 4, l2: str = "warm",
                   peers: bool = True, rounds: Optional[int] = None, progress=None) -> dict:
     """`fa4tune bench` after option parsing: time every variant of every problem `rounds` times
-    (interleaved; each row keeps its lowest, `fa4tune.bench_runner`), write the bench file (`out`,
+    (interleaved; each row keeps its lowest, `fa4tune.benchmark.runner`), write the bench file (`out`,
     default the results directory's bench.json; `csv` too when given); returns its document.
-    `rounds` None: `fa4tune.bench_runner.ROUNDS`."""
-    from fa4tune import bench_runner, paths
+    `rounds` None: `fa4tune.benchmark.runner.ROUNDS`."""
+    from fa4tune import paths
+    from fa4tune.benchmark import runner as bench_runner
     from fa4.backends import peer_names
     from fa4tune.progress import Progress
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     progress = progress or Progress()
     rounds = bench_runner.ROUNDS if rounds is None else rounds

@@ -1,5 +1,5 @@
 """The `fa4tune` command line: a thin layer over fa4tune.api (search and bench, the same functions the
-Python API runs), fa4tune.compile_space, fa4tune.report and fa4.database.
+Python API runs), fa4tune.searches.compile_space, fa4tune.report.command and fa4.database.
 
 Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr (`-q` silences
 progress, `-v` adds a line per item). Options mean the same in every command: the shape options come
@@ -26,9 +26,9 @@ import click
 
 from fa4 import backends
 from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
-from fa4tune.bench_runner import ROUNDS as BENCH_ROUNDS
-from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
-from fa4tune.timing import L2_STATES
+from fa4tune.benchmark.runner import ROUNDS as BENCH_ROUNDS
+from fa4tune.searches.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
+from fa4tune.workers.timing import L2_STATES
 
 # the shape options' defaults: the API's default problem (one definition)
 DEFAULT_SHAPE = {"batch": DEFAULT_PROBLEM["batch"], "heads": DEFAULT_PROBLEM["heads_q"],
@@ -207,7 +207,7 @@ def shape_options(fn):
 def shape_set_options(fn):
     """--shapes-file and --model: a set of problems instead of the shape options."""
     fn = click.option("--model", default=None, metavar="NAME",
-                      help="a model preset's shape set (fa4tune.shape_sets.model_names(): llama-3-8b, ...) "
+                      help="a model preset's shape set (fa4tune.inputs.shape_sets.model_names(): llama-3-8b, ...) "
                            "instead of the shape options")(fn)
     return click.option("--shapes-file", default=None, type=click.Path(dir_okay=False),
                         help="a TOML list of problems ([[problem]] tables; FA4_RECORD_SHAPES writes one) "
@@ -221,7 +221,7 @@ def problems_from_set(shapes_file, model, mask):
     """The problems of --shapes-file or --model (None when neither is given; `EXCLUSIVE_OPTIONS` refuses
     both); --causal/--no-causal keep one mask of the set, the other shape options may not be given
     with a set."""
-    from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file
+    from fa4tune.inputs.shape_sets import ShapeSetError, load_model, load_shapes_file
 
     if shapes_file is None and model is None:
         return None
@@ -331,8 +331,8 @@ def _label(arch: str, config: dict) -> str:
 
 def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt, out_path,
                        compile_timeout) -> None:
-    from fa4tune import compile_space
-    from fa4tune.space import SpaceError, load_space
+    from fa4tune.searches import compile_space
+    from fa4tune.inputs.space import SpaceError, load_space
 
     try:
         space = load_space(arch, space_path)
@@ -436,8 +436,8 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
            space_path, l2, peers, warm_start, retime_rounds, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
     from fa4tune.api import NoGpuError, run_search_set
-    from fa4tune.space import SpaceError
-    from fa4tune.pool import PoolError
+    from fa4tune.inputs.space import SpaceError
+    from fa4tune.workers.pool import PoolError
 
     problems = (problems_from_set(shapes_file, model, mask)
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
@@ -470,7 +470,7 @@ def _check_search_outputs(storage: str | None, db_path: str | None, no_db: bool)
     """What a search writes, checked before it starts: the journal (or an SQLite URL's file; a
     server's URL is the server's business) and, unless --no-db, the database it records into."""
     from fa4tune import paths
-    from fa4tune.storage import sqlite_file_of
+    from fa4tune.searches.storage import sqlite_file_of
 
     journal = paths.storage_path() if storage is None else sqlite_file_of(storage) if "://" in storage else storage
     check_output(journal, "--storage")
@@ -627,7 +627,7 @@ def db_import_bench(bench_path, db_path):
     on other kernel sources than the bench ran are left alone. The database is read, changed and
     written in one locked step."""
     from fa4.database import DatabaseError, default_path, update
-    from fa4tune.bench_runner import backend_times, import_backend_times
+    from fa4tune.benchmark.runner import backend_times, import_backend_times
 
     target = db_path or str(default_path())
     try:
@@ -685,8 +685,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
-    from fa4tune.shapes import parse_shape
-    from fa4tune.pool import PoolError
+    from fa4tune.inputs.shapes import parse_shape
+    from fa4tune.workers.pool import PoolError
 
     shape_set = problems_from_set(shapes_file, model, mask)
     problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
@@ -725,7 +725,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
            [[r["shape"], r["variant"], r["outcome"], _fmt(r["us"]), _fmt(r["tflops"], 1),
              f"{r['speedup_of_tuned']}x" if r["speedup_of_tuned"] else None, r["lookup"],
              r["error"] or None, _label(arch, r["config"]) if r.get("config") else None] for r in doc["rows"]])
-    from fa4tune.report_data import DISPATCH_TOLERANCE
+    from fa4tune.report.data import DISPATCH_TOLERANCE
 
     ran = {r["shape"]: r for r in doc["rows"] if r["variant"] == "dispatched"}
     picks = doc.get("dispatch", {})
@@ -737,7 +737,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
 
     def measured(shape, mode):
         """The fastest implementation measured in this run in `mode` with its time, and the dispatched
-        row's time over it (report_data.dispatch_rows, the report's rule)."""
+        row's time over it (fa4tune.report.data.dispatch_rows, the report's rule)."""
         d = verdicts.get(shape)
         if d is None:
             return [None, None]
@@ -768,9 +768,9 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
 
 
 def _dispatch_verdicts(doc: dict) -> dict:
-    """{shape: report_data.DispatchRow}: each shape's dispatched row beside the fastest implementation
+    """{shape: fa4tune.report.data.DispatchRow}: each shape's dispatched row beside the fastest implementation
     of the run, by GPU time and by eager time, computed as the report computes it."""
-    from fa4tune.report_data import dispatch_rows, rows_from_bench
+    from fa4tune.report.data import dispatch_rows, rows_from_bench
 
     verdicts = {}
     for shape in dict.fromkeys(r["shape"] for r in doc["rows"]):
@@ -819,11 +819,11 @@ def cache_clear():
     click.echo(f"removed {compile_cache.clear()} cached kernel(s) from {compile_cache.cache_dir()}")
 
 
-from fa4tune.report import report_command  # noqa: E402  (the report command lives with the report code)
+from fa4tune.report.command import report_command  # noqa: E402  (the report command lives with the report code)
 main.add_command(report_command)
-from fa4tune.sass_build import sass_command_factory  # noqa: E402
+from fa4tune.sm100.sass_build import sass_command_factory  # noqa: E402
 main.add_command(sass_command_factory())
-from fa4tune.rescale_stats import rescale_stats_command  # noqa: E402
+from fa4tune.sm100.rescale_stats import rescale_stats_command  # noqa: E402
 main.add_command(rescale_stats_command)
 
 if __name__ == "__main__":

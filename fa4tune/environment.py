@@ -26,7 +26,7 @@ def kernel_api(name: str = "fa4.kernels"):
 def kernel_fingerprint(arch: str, api: str = "fa4.kernels") -> str:
     """The kernel fingerprint of a family (our sources and the DSL toolchain), or "unavailable (why)"
     when it cannot be imported."""
-    from fa4tune.outcomes import short_error
+    from fa4tune.workers.outcomes import short_error
 
     try:
         return kernel_api(api).kernel_fingerprint(arch)

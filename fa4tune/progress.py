@@ -8,7 +8,7 @@ A search over a shape set (`start_set`) says which study of how many runs, and e
 in the study from its rate so far (configurations evaluated by this run per second, capped by its
 `--timeout`), in the set from the mean wall time of the studies this run already tuned (`time_left`).
 
-Several studies may run at once, one per thread (`fa4tune.search_runner` on several GPUs, `lanes` in
+Several studies may run at once, one per thread (`fa4tune.searches.runner` on several GPUs, `lanes` in
 `start_set`): each thread's current study is its own (`_StudyLine`, thread-local), a lock serialises
 every method, and the set's estimate shares the studies not yet started among the lanes. On a terminal
 the studies running at once are rows of one rich bar (rich allows one live display at a time).

@@ -15,7 +15,9 @@ from click.testing import CliRunner
 import fa4tune
 import test_search_fakes as fakes
 from fa4.kernels import AttentionProblem, Config
-from fa4tune import api, bench_runner, cli, search_runner
+from fa4tune import api, cli
+from fa4tune.benchmark import runner as bench_runner
+from fa4tune.searches import runner as search_runner
 
 FAKE_GPU = [{"index": 0, "name": "Fake H200", "cc": (9, 0)}]
 EVALUATOR = "test_search_fakes:FakeEvaluator"

@@ -72,7 +72,7 @@ def fake_peer():
 # --- the registry -----------------------------------------------------------------------------------
 
 def test_every_peer_implements_the_protocol_with_a_colour_of_its_own():
-    from fa4tune.report_draw import impl_colors
+    from fa4tune.report.draw import impl_colors
 
     assert backends.peer_names() == ("flash_attn_4", "sdpa_cudnn", "sdpa_flash")
     assert all(isinstance(peer, backends.Backend) for peer in backends.peers())
@@ -168,7 +168,7 @@ def test_explain_and_attention_run_a_registered_peer(fake, fake_peer):
 
 
 def test_the_harness_times_a_registered_peer_through_its_runner(fake_peer):
-    from fa4tune.peers import peer_available, peer_call
+    from fa4tune.workers.peers import peer_available, peer_call
 
     q, k, v = qkv(hq=4, hkv=2)
     assert peer_available("fake_peer") is None
@@ -185,8 +185,8 @@ def test_the_harness_times_a_registered_peer_through_its_runner(fake_peer):
 
 
 def test_the_bench_asks_for_a_registered_peer_and_records_its_times(tmp_path, fake_peer):
-    from fa4tune.bench_runner import backend_times, run_bench
-    from fa4tune.search_runner import Progress, SearchSettings
+    from fa4tune.benchmark.runner import backend_times, run_bench
+    from fa4tune.searches.runner import Progress, SearchSettings
 
     assert SearchSettings().peers[-1] == "fake_peer"  # a search times it too
     p = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)
@@ -203,7 +203,9 @@ def test_the_bench_asks_for_a_registered_peer_and_records_its_times(tmp_path, fa
 
 
 def test_the_host_table_the_report_and_the_record_read_the_registry(tmp_path, fake_peer):
-    from fa4tune import cli, host_overhead, report_data, report_draw
+    from fa4tune import cli
+    from fa4tune.benchmark import host_overhead
+    from fa4tune.report import data as report_data, draw as report_draw
     from fa4tune.environment import versions
 
     run = tmp_path / "overhead.json"
@@ -231,7 +233,7 @@ def test_the_host_table_the_report_and_the_record_read_the_registry(tmp_path, fa
 # Files that name a peer on purpose, and why: none of them lists the peers.
 NAMES_A_PEER = {
     # compiles flash-attn-4's own sm100 kernel to compare its SASS with ours: a tool about that package
-    "fa4tune/sass_build.py": {"flash-attn-4", "flash_attn.cute"},
+    "fa4tune/sm100/sass_build.py": {"flash-attn-4", "flash_attn.cute"},
     # writes database entries and bench rows as a run would, to damage them
     "benchmarks/fault_injection.py": {"sdpa_cudnn", "flash_attn_4"},
 }

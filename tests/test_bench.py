@@ -10,10 +10,10 @@ import pytest
 import test_search_fakes as fakes
 from fa4.database import Entry, record
 from fa4.kernels import AttentionProblem, Config
-from fa4tune import bench_runner as bench_mod
-from fa4tune.bench_runner import run_bench, write_bench
-from fa4tune.report_data import dispatch_rows, problem_label, rows_from_bench
-from fa4tune.search_runner import Progress
+from fa4tune.benchmark import runner as bench_mod
+from fa4tune.benchmark.runner import run_bench, write_bench
+from fa4tune.report.data import dispatch_rows, problem_label, rows_from_bench
+from fa4tune.searches.runner import Progress
 
 EVALUATOR = "test_search_fakes:FakeEvaluator"
 

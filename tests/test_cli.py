@@ -12,10 +12,10 @@ from click.testing import CliRunner
 import test_search_fakes as fakes
 from fa4.database import BestConfigDB, Entry, record
 from fa4.kernels import AttentionProblem, Config
-from fa4tune import bench_runner as bench_mod
+from fa4tune.benchmark import runner as bench_mod
 from fa4tune import cli
-from fa4tune import search_runner as search_mod
-from fa4tune.space import load_space
+from fa4tune.searches import runner as search_mod
+from fa4tune.inputs.space import load_space
 
 FAKE_GPU = [{"index": 0, "name": "Fake H200", "cc": (9, 0)}]
 EVALUATOR = "test_search_fakes:FakeEvaluator"
@@ -78,7 +78,7 @@ def test_search_table_and_options(tmp_path, fake_gpu):
     assert not (tmp_path / "db.json").exists()
     import optuna
 
-    from fa4tune.storage import open_storage
+    from fa4tune.searches.storage import open_storage
 
     study = optuna.load_study(study_name="mine", storage=open_storage(tmp_path / "s.journal"))
     assert study.user_attrs["problem"] == AttentionProblem(2, 512, 2048, 16, 16, 64, "bf16", True).to_dict()
@@ -94,7 +94,7 @@ def test_shape_option_errors():
 
 @pytest.fixture
 def fake_compiles(monkeypatch):
-    from fa4tune import compile_space
+    from fa4tune.searches import compile_space
 
     monkeypatch.setattr(cli, "detect_gpus", lambda: [])
     real = compile_space.run
@@ -141,7 +141,7 @@ def test_compile_only_is_compile_space(fake_compiles):
 
 
 def test_compile_space_exit_status_says_what_failed():
-    from fa4tune import compile_space
+    from fa4tune.searches import compile_space
 
     clean = {"failures": 0, "default_feasible": True}
     assert compile_space.exit_status([clean]) == 0
@@ -288,7 +288,7 @@ def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
 
 
 def test_a_default_that_does_not_validate_fails_the_command(tmp_path, fake_gpu, monkeypatch):
-    from fa4tune.worker import INJECT_ENV
+    from fa4tune.workers.worker import INJECT_ENV
 
     default = Config.make("sm90")
     monkeypatch.setenv(INJECT_ENV, ",".join(["mismatch@" + ",".join(f"{k}={v}" for k, v in default.to_dict().items())]))
@@ -393,7 +393,7 @@ def test_bench_refuses_an_output_it_cannot_write_before_it_runs(tmp_path, monkey
 
 
 def test_compile_space_refuses_an_output_it_cannot_write_before_it_compiles(fake_compiles, monkeypatch, not_a_folder):
-    from fa4tune import compile_space
+    from fa4tune.searches import compile_space
 
     monkeypatch.setattr(compile_space, "run", lambda *a, **kw: pytest.fail("it compiled"))
     _one_line_error(CliRunner().invoke(cli.main, ["compile-space", "--causal", "--limit", "1", "--out",
@@ -405,7 +405,7 @@ def test_compile_space_refuses_an_output_it_cannot_write_before_it_compiles(fake
 def test_compile_space_write_that_fails_anyway_is_one_line(fake_compiles, monkeypatch, tmp_path):
     import errno
 
-    from fa4tune import compile_space
+    from fa4tune.searches import compile_space
 
     def full_disk(results, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -443,7 +443,7 @@ def test_a_command_that_fails_on_a_file_ends_with_one_line(monkeypatch):
 
 @pytest.mark.parametrize("command", [["sass", "--out"], ["rescale-stats", "--output"]])
 def test_commands_of_other_modules_refuse_an_output_they_cannot_write_first(command, not_a_folder, monkeypatch):
-    from fa4tune import rescale_stats, sass_build
+    from fa4tune.sm100 import rescale_stats, sass_build
 
     monkeypatch.setattr(sass_build, "analyze", lambda *a, **kw: pytest.fail("it compiled"))
     monkeypatch.setattr(rescale_stats, "measure_rescales", lambda *a, **kw: pytest.fail("it measured"))

@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from fa4.kernels import ARCHS, family
 from fa4tune.cli import main
-from fa4tune.compile_space import check_report, required_ptx
+from fa4tune.searches.compile_space import check_report, required_ptx
 
 GOOD_SM100 = {"outcome": "ok", "report": {
     "smem_bytes": 1000, "spill_stores": 0, "spill_loads": 0,
@@ -84,8 +84,8 @@ class _RecordingPool:
 def test_shards_split_the_feasible_configurations(monkeypatch):
     """Shards are disjoint and together cover every feasible configuration."""
     from fa4.kernels import AttentionProblem, default_config, knobs_for, source_fingerprint
-    from fa4tune import compile_space
-    from fa4tune.space import SearchSpace
+    from fa4tune.searches import compile_space
+    from fa4tune.inputs.space import SearchSpace
 
     monkeypatch.setattr(compile_space, "WorkerPool", _RecordingPool)
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
@@ -111,8 +111,8 @@ def test_shards_split_the_feasible_configurations(monkeypatch):
 def test_shard_census_holds_shards_to_the_model_as_it_is_now(monkeypatch):
     from fa4 import kernels as real
     from fa4.kernels import AttentionProblem, knobs_for
-    from fa4tune import compile_space
-    from fa4tune.space import SearchSpace
+    from fa4tune.searches import compile_space
+    from fa4tune.inputs.space import SearchSpace
 
     monkeypatch.setattr(compile_space, "WorkerPool", _RecordingPool)
     problem = AttentionProblem(1, 1024, 1024, 32, 8, 128)
@@ -156,7 +156,7 @@ def test_shard_census_holds_shards_to_the_model_as_it_is_now(monkeypatch):
 def test_a_configuration_keeps_its_shard_whatever_else_is_feasible():
     """Shards are a hash of the knob values, not positions in the feasible list: a new measured
     corner (one configuration fewer) moves no other configuration to another shard."""
-    from fa4tune.compile_space import shard_of
+    from fa4tune.searches.compile_space import shard_of
 
     configs = [{"tile_n": n, "kv_stages": k} for n in (64, 128, 192) for k in (2, 3, 4)]
     assert [shard_of(c, 40) for c in configs] == [shard_of(dict(reversed(c.items())), 40) for c in configs]
@@ -165,7 +165,7 @@ def test_a_configuration_keeps_its_shard_whatever_else_is_feasible():
 
 
 def test_compact_drops_only_what_repeats():
-    from fa4tune.compile_space import compact
+    from fa4tune.searches.compile_space import compact
 
     report = {"config": {"tile_n": 64}, "problem": {}, "registers": 128, "remarks_excerpt": "ptxas info"}
     result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok", "problems": [],
@@ -183,7 +183,7 @@ def test_compact_cuts_the_checkout_location_from_compiler_messages():
     from pathlib import Path
 
     import fa4
-    from fa4tune.compile_space import compact
+    from fa4tune.searches.compile_space import compact
 
     root = Path(fa4.__file__).resolve().parent.parent
     result = {"compiled": [{"outcome": "ok", "warnings": [f"{root}/kernels/sm90/kernel.py:138: spill"],
@@ -199,8 +199,8 @@ def test_the_committed_whole_space_shards_add_up_and_are_clean():
     the space they cover)."""
     from pathlib import Path
 
-    from fa4tune.compile_space import read_json, shard_census
-    from fa4tune.space import load_space
+    from fa4tune.searches.compile_space import read_json, shard_census
+    from fa4tune.inputs.space import load_space
 
     paths = sorted((Path(__file__).resolve().parents[1] / "results" / "compile_space").glob("sm100-v5-shard-*.json.gz"))
     if not paths:
@@ -211,7 +211,7 @@ def test_the_committed_whole_space_shards_add_up_and_are_clean():
 
 
 def test_write_json_compresses_where_the_name_says_gz(tmp_path):
-    from fa4tune.compile_space import read_json, write_json
+    from fa4tune.searches.compile_space import read_json, write_json
 
     result = {"arch": "sm100", "compiled": [{"config": {"tile_n": 64}, "outcome": "ok", "problems": [],
                                              "report": {"registers": 128}}]}

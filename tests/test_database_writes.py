@@ -137,7 +137,7 @@ def test_db_merge_loses_no_record_made_while_it_runs(tmp_path, monkeypatch):
 
 
 def test_db_import_bench_loses_no_record_made_while_it_runs(tmp_path, monkeypatch):
-    from fa4tune import bench_runner
+    from fa4tune.benchmark import runner as bench_runner
 
     target = tmp_path / "db.json"
     record(bench_entry(), target)

@@ -211,7 +211,7 @@ def test_the_tile_counts_are_the_kernels():
 # ---- the search judges as the runtime does ------------------------------------------------------------
 
 def test_the_search_judges_for_the_workers_gpu():
-    from fa4tune.search_runner import worker_device
+    from fa4tune.searches.runner import worker_device
 
     reported = {"name": "NVIDIA H20", "sm_count": 78, "smem_per_block_bytes": H200.smem_per_block_bytes,
                 "l2_bytes": H200.l2_bytes, "cc": "9.0", "driver": "580"}
@@ -226,10 +226,10 @@ def test_the_search_rejects_before_compiling_what_the_runtime_would_refuse(monke
 
     from fa4 import kernels
     from fa4tune.progress import Progress
-    from fa4tune.search_runner import SearchSettings
-    from fa4tune.space import load_space
-    from fa4tune.study import search_distributions
-    from fa4tune.trial_loop import TrialLoop
+    from fa4tune.searches.runner import SearchSettings
+    from fa4tune.inputs.space import load_space
+    from fa4tune.searches.study import search_distributions
+    from fa4tune.searches.trial_loop import TrialLoop
 
     small = dataclasses.replace(H200, name="a small-grid device", max_grid_y=100, max_grid_z=100)
     problem = AttentionProblem(1, 128, 128, 200, 200, 64)

@@ -17,7 +17,7 @@ from fa4.database import BestConfigDB, Entry, record
 from fa4.dispatch import choose
 from fa4.kernels import AttentionProblem, Config
 from fa4tune import cli
-from fa4tune.bench_runner import backend_times, import_backend_times
+from fa4tune.benchmark.runner import backend_times, import_backend_times
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = {"ours": 9.6, "flash_attn_4": 83.9, "sdpa_cudnn": 50.8, "sdpa_flash": 53.2}  # the H200's, rounded

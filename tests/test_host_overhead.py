@@ -1,5 +1,5 @@
 """The host time per eager call: `benchmarks/bench_overhead.py` rows through fa4.attention(backend=...)
-beside the direct calls, and `fa4tune.host_overhead`, which derives the runtime's table from them."""
+beside the direct calls, and `fa4tune.benchmark.host_overhead`, which derives the runtime's table from them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa4.backends import implementations, peers
-from fa4tune import host_overhead
+from fa4tune.benchmark import host_overhead
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_overhead.py"
 DIRECT = {"fa4.attention (kernel path)": 9.0, "fa4.attention (kernel path), again at the end": 10.0,

@@ -2,13 +2,14 @@
 
 GPU tests, benchmarks and worker-side paths run only on the H200, so a renamed helper breaks them
 unnoticed until device time is spent (the SDPA stand-in of tests/test_search_gpu.py imported a helper
-of fa4tune.peers for months after it had moved). This reads the imports without running the code.
+of fa4tune.workers.peers for months after it had moved). This reads the imports without running the code.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +62,19 @@ def test_every_import_of_our_code_resolves():
 def test_a_missing_name_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     stale = tmp_path / "stale.py"
-    stale.write_text("from fa4tune.peers import _sdpa_call\nimport fa4tune.no_such_module\n")
-    assert unresolved_imports([stale]) == ["stale.py:1 fa4tune.peers._sdpa_call",
+    stale.write_text("from fa4tune.workers.peers import _sdpa_call\nimport fa4tune.no_such_module\n")
+    assert unresolved_imports([stale]) == ["stale.py:1 fa4tune.workers.peers._sdpa_call",
                                            "stale.py:2 fa4tune.no_such_module (No module named "
                                            "'fa4tune.no_such_module')"]
+
+
+def test_every_package_is_installed():
+    """A sub-package missing from pyproject's package list imports from a checkout and is missing from
+    an installed wheel (`fa4tune` is used installed on the device), so every folder of modules is listed."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folder_of = {package: folder for package, folder in setup["package-dir"].items()}
+    roots = {"fa4": ROOT / "fa4", "fa4tune": ROOT / "fa4tune", "fa4.kernels": ROOT / folder_of["fa4.kernels"]}
+    found = {".".join((package, *init.parent.relative_to(root).parts))
+             for package, root in roots.items() for init in root.rglob("__init__.py")}
+    assert {"fa4tune.searches", "fa4tune.workers", "fa4.kernels.sm90"} <= found
+    assert found <= set(setup["packages"]), sorted(found - set(setup["packages"]))

@@ -14,8 +14,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from fa4tune.journal import JournalFlock, repair_journal
-from fa4tune.storage import find_storages, open_storage
+from fa4tune.searches.journal import JournalFlock, repair_journal
+from fa4tune.searches.storage import find_storages, open_storage
 
 DIST = {"x": CategoricalDistribution([1, 2, 3])}
 
@@ -122,7 +122,7 @@ def test_the_journal_lock_is_what_optuna_calls(tmp_path):
 
 _HOLD_LOCK = """
 import sys, time
-from fa4tune.journal import JournalFlock
+from fa4tune.searches.journal import JournalFlock
 lock = JournalFlock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)

@@ -1,4 +1,4 @@
-"""A shape set on several GPUs: one study per GPU at a time (fa4tune.search_runner.run_studies_per_gpu),
+"""A shape set on several GPUs: one study per GPU at a time (fa4tune.searches.runner.run_studies_per_gpu),
 on CPU with the fake kernel API and evaluator of tests/test_search_fakes.py and fake GPU ids."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-import fa4tune.search_runner as search_runner
+import fa4tune.searches.runner as search_runner
 from fa4.database import BestConfigDB
 from fa4tune.progress import Progress
-from fa4tune.search_runner import run_search
-from fa4tune.shapes import shape_key
-from fa4tune.storage import open_storage
+from fa4tune.searches.runner import run_search
+from fa4tune.inputs.shapes import shape_key
+from fa4tune.searches.storage import open_storage
 from test_search import MISSION, settings
 from test_search_fakes import FAKE_COMPILE_S_ENV
 
@@ -82,7 +82,7 @@ def test_an_error_in_one_study_is_raised_and_every_pool_closed(tmp_path, monkeyp
 
 
 def test_default_process_count_is_twelve_per_gpu_within_the_cores(monkeypatch):
-    from fa4tune.search_runner import SearchSettings
+    from fa4tune.searches.runner import SearchSettings
 
     monkeypatch.setattr("os.cpu_count", lambda: 32)
     assert SearchSettings(gpus=[0]).process_count() == 12

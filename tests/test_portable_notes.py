@@ -1,6 +1,6 @@
 """Notes (a failed outcome's reason, a report's missing input) never carry an absolute path: a bench
 file, a journal and a report are committed and shared, and an error's message names the files of the
-machine it ran on (`fa4tune.outcomes.portable_note`)."""
+machine it ran on (`fa4tune.workers.outcomes.portable_note`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fa4tune.outcomes import portable_note, short_error
+from fa4tune.workers.outcomes import portable_note, short_error
 
 # a "/" that starts a word and is followed by a path segment: an absolute path left in a note
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~…<>/:-])/[\w.-]+")

@@ -28,9 +28,30 @@ def test_every_named_path_exists():
             assert (REPO / name).exists(), name
 
 
+def _modules(package: str) -> list[str]:
+    """Every module of a package and its sub-packages, as its path from the repository root; a
+    sub-package's `__init__.py` stands for the sub-package (its folder)."""
+    modules = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        if path.name != "__init__.py":
+            modules.append(name)
+        elif path.parent != REPO / package:
+            modules.append(name.removesuffix("__init__.py"))
+    return modules
+
+
 def test_every_module_is_named():
+    """By its path (`fa4tune/searches/study.py`), or by its name in a row that names its folder
+    (`fa4tune/searches/`: ... `study.py`); a sub-package by its folder."""
     layout = _layout()
+    rows = layout.splitlines()
     for package in ("fa4", "fa4tune"):
-        for path in sorted((REPO / package).glob("*.py")):
-            if path.name != "__init__.py":
-                assert path.name in layout, f"{package}/{path.name} is not in the layout of docs/design.md"
+        for name in _modules(package):
+            folder, _, leaf = name.rstrip("/").rpartition("/")
+            named = f"`{name}`" in layout or any(f"`{folder}/`" in row and f"`{leaf}`" in row for row in rows)
+            assert named, f"{name} is not in the layout of docs/design.md"
+
+
+def test_sub_packages_are_found():
+    assert "fa4tune/searches/study.py" in _modules("fa4tune") and "fa4tune/searches/" in _modules("fa4tune")

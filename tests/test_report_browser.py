@@ -12,8 +12,8 @@ import zlib
 
 import pytest
 
-from fa4tune import report_data as rd
-from fa4tune import report_draw
+from fa4tune.report import data as rd
+from fa4tune.report import draw as report_draw
 from test_report_data import write_synthetic_results
 
 CHROMIUM = report_draw.find_chromium()

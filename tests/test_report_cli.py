@@ -9,7 +9,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from fa4tune.report import report_command
+from fa4tune.report.command import report_command
 from test_report_data import write_synthetic_results
 
 
@@ -65,7 +65,7 @@ def _damage(results):
     config is a number, a bench row whose problem is text."""
     import optuna
 
-    from fa4tune.storage import open_storage
+    from fa4tune.searches.storage import open_storage
 
     storage = open_storage(results / "studies.journal")
     study = optuna.create_study(study_name="odd", storage=storage)
@@ -120,8 +120,8 @@ def test_written_files_are_readable_by_others(tmp_path):
 
 
 def test_bar_labels_stand_above_their_own_bar(tmp_path):
-    from fa4tune.report_data import collect
-    from fa4tune.report_draw import comparison_figure
+    from fa4tune.report.data import collect
+    from fa4tune.report.draw import comparison_figure
 
     write_synthetic_results(tmp_path / "results", n_trials=12)
     fig = comparison_figure(collect(tmp_path / "results").shape_rows)
@@ -167,7 +167,7 @@ def _plant_path_notes(results):
 
 def test_report_notes_carry_no_absolute_path(tmp_path):
     """An error note read from a bench file or a study (a peer that did not import, a launch that
-    failed) is shown in the report, its absolute paths rewritten (`fa4tune.outcomes.portable_note`)."""
+    failed) is shown in the report, its absolute paths rewritten (`fa4tune.workers.outcomes.portable_note`)."""
     from test_portable_notes import ABSOLUTE_PATH
 
     results = tmp_path / "results"
@@ -222,7 +222,7 @@ def test_a_results_folder_or_storage_that_does_not_exist_is_an_error(tmp_path):
                                                         "--storage", url]), "--storage", "new.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]   # no report, no new.db
     # collect() alone does not create the file an sqlite URL names either
-    from fa4tune.report_data import collect
+    from fa4tune.report.data import collect
 
     data = collect(results, storage=url)
     assert any("new.db does not exist" in line for line in data.missing) and not (tmp_path / "new.db").exists()

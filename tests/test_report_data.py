@@ -15,8 +15,8 @@ import optuna
 import pytest
 
 from fa4.kernels import AttentionProblem, Config, knobs_for
-from fa4tune import report_data as rd
-from fa4tune import storage as fa4storage
+from fa4tune.report import data as rd
+from fa4tune.searches import storage as fa4storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -449,7 +449,7 @@ def test_the_dispatched_row_beside_the_fastest_of_its_run(tmp_path):
     assert "dispatched" not in {m.baseline for m in data.heatmaps} and "dispatched" not in data.speedups
     assert json.loads(json.dumps(data.to_dict()))["dispatch"][0]["ran"]
     # drawn: a bar beside the others (hover names what ran) and the table of the dispatch section
-    from fa4tune import report_draw
+    from fa4tune.report import draw as report_draw
     fig = report_draw.comparison_figure(data.shape_rows)
     bars = [t for t in fig.data if t.name == report_draw.impl_names()["dispatched"] and t.yaxis == "y"]
     assert len(bars) == 1 and "ran: graph: flash-attn-4, eager: ours" in "".join(bars[0].customdata)
@@ -466,7 +466,7 @@ def test_a_bench_without_the_dispatched_row_draws_no_dispatch_section(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(_bench_doc(rows)))
     data = rd.collect(tmp_path)
     assert data.dispatch == []
-    from fa4tune import report_draw
+    from fa4tune.report import draw as report_draw
     assert "What fa4.attention ran" not in report_draw.render_html(data)[0]
 
 

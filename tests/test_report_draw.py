@@ -7,8 +7,8 @@ import json
 import optuna
 
 from fa4.kernels import Config, knobs_for
-from fa4tune import report_data as rd
-from fa4tune import report_draw
+from fa4tune.report import data as rd
+from fa4tune.report import draw as report_draw
 from test_report_data import DEVICE, SHAPES, TIMING, study_name, write_synthetic_results
 
 

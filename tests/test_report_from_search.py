@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from fa4.kernels import AttentionProblem
-from fa4tune import report_data as rd
-from fa4tune import report_draw
-from fa4tune.bench_runner import run_bench, write_bench
-from fa4tune.search_runner import Progress, SearchSettings, run_search, shape_key
+from fa4tune.report import data as rd
+from fa4tune.report import draw as report_draw
+from fa4tune.benchmark.runner import run_bench, write_bench
+from fa4tune.searches.runner import Progress, SearchSettings, run_search, shape_key
 
 FAKES = dict(evaluator="test_search_fakes:FakeEvaluator")
 PROBLEMS = [AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal) for causal in (False, True)]

@@ -39,7 +39,7 @@ def _entry(poly_columns: int, seqlen: int, fingerprint: str) -> Entry:
 def test_only_entries_whose_code_is_unchanged_are_restamped(tmp_path):
     pytest.importorskip("cutlass")
     try:
-        from fa4tune.sass_build import nvdisasm_path
+        from fa4tune.sm100.sass_build import nvdisasm_path
         nvdisasm_path()
     except RuntimeError as exc:
         pytest.skip(str(exc))

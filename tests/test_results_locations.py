@@ -18,7 +18,7 @@ from fa4.database import BestConfigDB, Entry
 from fa4.files import atomic_write
 from fa4.kernels import AttentionProblem, Config
 from fa4tune import paths
-from fa4tune.record import database_for_writing
+from fa4tune.searches.record import database_for_writing
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,9 +42,9 @@ def test_results_is_not_a_package_and_only_the_database_ships():
 
 def test_the_packaged_host_overhead_is_derived_from_the_committed_runs():
     # results/h200/overhead_*.json are the measurements; fa4/data/host_overhead.json what ships
-    # (fa4tune.host_overhead says how to refresh it)
+    # (fa4tune.benchmark.host_overhead says how to refresh it)
     from fa4 import backends, dispatch
-    from fa4tune import host_overhead
+    from fa4tune.benchmark import host_overhead
 
     runs = sorted(str(p.relative_to(REPO)) for p in (REPO / "results").glob("*/overhead_*.json"))
     cwd = os.getcwd()
@@ -99,10 +99,10 @@ def test_files_written_by_rename_are_readable_by_others(tmp_path):
 
 
 def test_the_harness_uses_no_private_optuna_attribute():
-    # the storage is addressed through its public API (fa4tune.storage); a private attribute would
+    # the storage is addressed through its public API (fa4tune.searches.storage); a private attribute would
     # break silently on an optuna upgrade
     private = re.compile(r"\.(_storage|_study_id|_trial_id)\b")
-    offenders = [f"{p.name}:{i}" for p in sorted((REPO / "fa4tune").glob("*.py"))
+    offenders = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "fa4tune").rglob("*.py"))
                  for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
     assert offenders == []
 
@@ -110,8 +110,8 @@ def test_the_harness_uses_no_private_optuna_attribute():
 def test_the_public_storage_api_the_harness_relies_on(tmp_path):
     import optuna
 
-    from fa4tune import liveness
-    from fa4tune.storage import open_storage, trial_id
+    from fa4tune.searches import liveness
+    from fa4tune.searches.storage import open_storage, trial_id
 
     storage = open_storage(tmp_path / "s.journal")
     study = optuna.create_study(study_name="s", storage=storage)
@@ -122,21 +122,24 @@ def test_the_public_storage_api_the_harness_relies_on(tmp_path):
 
 
 def test_no_closures_share_state():
-    offenders = [p.name for p in sorted((REPO / "fa4tune").glob("*.py")) if "nonlocal" in p.read_text()]
+    offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / "fa4tune").rglob("*.py")) if "nonlocal" in p.read_text()]
     assert offenders == []
 
 
 def test_bench_does_not_import_private_names():
-    text = (REPO / "fa4tune" / "bench_runner.py").read_text()
-    assert not re.search(r"from fa4tune\.\w+ import [^\n]*\b_\w+", text)
+    text = (REPO / "fa4tune" / "benchmark" / "runner.py").read_text()
+    private_import = re.compile(r"from fa4tune[\w.]* import [^\n]*\b_\w+")
+    assert private_import.search("from fa4tune.workers.pool import WorkerPool, _spawn")  # modules in rooms too
+    assert not private_import.search(text)
 
 
-@pytest.mark.parametrize("module", ["search_runner", "trial_loop", "study", "storage", "liveness", "progress",
-                                    "shapes", "record", "compile_space", "environment", "paths", "outcomes",
-                                    "worker", "pool", "evaluator", "api", "journal", "sampler", "shape_sets",
-                                    "warm_start"])
+@pytest.mark.parametrize("module", ["searches/runner", "searches/trial_loop", "searches/study", "searches/storage",
+                                    "searches/liveness", "progress", "inputs/shapes", "searches/record",
+                                    "searches/compile_space", "environment", "paths", "workers/outcomes",
+                                    "workers/worker", "workers/pool", "workers/evaluator", "api", "searches/journal",
+                                    "searches/sampler", "inputs/shape_sets", "searches/warm_start"])
 def test_search_modules_stay_focused(module):
-    # search.py (now search_runner.py) once held all of these in 823 lines; a module that grows back past this holds two jobs
+    # search.py (now searches/runner.py) once held all of these in 823 lines; a module that grows back past this holds two jobs
     lines = (REPO / "fa4tune" / f"{module}.py").read_text().count("\n")
     assert lines < 350, f"fa4tune/{module}.py has {lines} lines: two responsibilities?"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4tune import sass, sass_build
+from fa4tune.sm100 import sass, sass_build
 
 # A softmax-like loop (exp2, a TMEM load, FFMA2) whose mbarrier wait retries out of line, after EXIT.
 SAMPLE = """

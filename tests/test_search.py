@@ -20,15 +20,15 @@ from optuna.trial import TrialState
 import test_search_fakes as fakes
 from fa4.database import BestConfigDB
 from fa4.kernels import AttentionProblem, Config, knobs_for
-from fa4tune import liveness
-from fa4tune.liveness import sweep_interrupted
-from fa4tune.outcomes import OUTCOMES
+from fa4tune.searches import liveness
+from fa4tune.searches.liveness import sweep_interrupted
+from fa4tune.workers.outcomes import OUTCOMES
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings, run_search
-from fa4tune.shapes import parse_shape, shape_key
-from fa4tune.storage import open_storage
-from fa4tune.pool import WorkerPool
-from fa4tune.worker import INJECT_ENV
+from fa4tune.searches.runner import SearchSettings, run_search
+from fa4tune.inputs.shapes import parse_shape, shape_key
+from fa4tune.searches.storage import open_storage
+from fa4tune.workers.pool import WorkerPool
+from fa4tune.workers.worker import INJECT_ENV
 
 TESTS = Path(__file__).resolve().parent
 MISSION = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)
@@ -83,7 +83,7 @@ def test_the_gpu_tests_sdpa_stand_in_kernel_computes_attention():
 
 
 def test_identical_compile_keys_compile_once(pool):
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     config = Config.make("sm90", tile_n=160)
     payload = {"arch": "sm90", "config": config.to_dict(), "problem": MISSION.to_dict(),
@@ -99,7 +99,7 @@ def test_identical_compile_keys_compile_once(pool):
 
 
 def test_workers_spread_over_gpus_one_lock_each(tmp_path):
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     with WorkerPool(4, [0, 1], evaluator=EVALUATOR, lock_dir=str(tmp_path)) as pool:
         deadline = time.time() + 120
@@ -269,7 +269,7 @@ def test_the_dashboards_constraints_attribute_is_optunas():
     from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
     from optuna.study._constrained_optimization import _get_constraints_from_system_attrs
 
-    from fa4tune.study import CONSTRAINT_NAME, DASHBOARD_CONSTRAINTS_ATTR
+    from fa4tune.searches.study import CONSTRAINT_NAME, DASHBOARD_CONSTRAINTS_ATTR
 
     assert DASHBOARD_CONSTRAINTS_ATTR == _CONSTRAINTS_KEY
     both = {DASHBOARD_CONSTRAINTS_ATTR: [1.0], f"{_CONSTRAINTS_KEY}:{CONSTRAINT_NAME}": 1.0}
@@ -321,7 +321,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings, run_search
+from fa4tune.searches.runner import SearchSettings, run_search
 if __name__ == "__main__":
     s = SearchSettings(trials={trials}, processes=2, storage={storage!r}, db_path={db!r},
                        evaluator="test_search_fakes:FakeEvaluator", kernel_api="test_search_fakes")

@@ -207,7 +207,7 @@ class SdpaKernel:
         from fa4.backends import runner
 
         # K and V always expanded to the query heads, as before the dispatch rework: the peers'
-        # try-then-expand (fa4tune.peers.peer_call) probes with a call, which would run inside
+        # try-then-expand (fa4tune.workers.peers.peer_call) probes with a call, which would run inside
         # the CUDA-graph capture that times this kernel
         group = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
@@ -215,7 +215,7 @@ class SdpaKernel:
 
 
 def _real_evaluator_base():
-    from fa4tune.evaluator import KernelEvaluator
+    from fa4tune.workers.evaluator import KernelEvaluator
 
     return KernelEvaluator
 

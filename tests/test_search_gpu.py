@@ -12,7 +12,7 @@ import math
 import pytest
 
 from fa4.kernels import AttentionProblem, Config
-from fa4tune.timing import TimingSettings
+from fa4tune.workers.timing import TimingSettings
 
 pytestmark = pytest.mark.gpu
 
@@ -24,8 +24,8 @@ def test_graph_replay_timing_of_sdpa():
     import torch
 
     from fa4.reference import random_inputs, softmax_scale
-    from fa4tune.peers import peer_call
-    from fa4tune.timing import time_cuda
+    from fa4tune.workers.peers import peer_call
+    from fa4tune.workers.timing import time_cuda
 
     q, k, v = random_inputs(MISSION)
     call, _ = peer_call("sdpa_flash", q, k, v, True, softmax_scale(128))
@@ -38,8 +38,8 @@ def test_graph_replay_timing_of_sdpa():
 
 
 def test_fault_hang_and_mismatch_in_real_gpu_workers(monkeypatch):
-    from fa4tune.pool import WorkerPool
-    from fa4tune.worker import INJECT_ENV
+    from fa4tune.workers.pool import WorkerPool
+    from fa4tune.workers.worker import INJECT_ENV
 
     monkeypatch.setenv(INJECT_ENV, "fault@tile_n=80;timeout@tile_n=96;mismatch@tile_n=144")
     timing = TimingSettings().to_dict()
@@ -73,7 +73,7 @@ def test_fault_hang_and_mismatch_in_real_gpu_workers(monkeypatch):
 
 def test_real_search_at_the_mission_shape(tmp_path):
     """Our kernel through the whole search: the seeded default validates and the best is no worse."""
-    from fa4tune.search_runner import Progress, SearchSettings, run_search
+    from fa4tune.searches.runner import Progress, SearchSettings, run_search
 
     settings = SearchSettings(trials=8, processes=4, storage=str(tmp_path / "studies.journal"),
                               db_path=str(tmp_path / "db.json"))

@@ -23,9 +23,9 @@ import pytest
 from optuna.trial import TrialState
 
 import test_search_fakes as fakes
-from fa4tune import liveness
-from fa4tune.liveness import sweep_interrupted
-from fa4tune.storage import open_storage
+from fa4tune.searches import liveness
+from fa4tune.searches.liveness import sweep_interrupted
+from fa4tune.searches.storage import open_storage
 
 TESTS = Path(__file__).resolve().parent
 URL = os.environ.get("FA4TUNE_TEST_POSTGRES", "postgresql://fa4tune:fa4tune@localhost/fa4tune")
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings, run_search
+from fa4tune.searches.runner import SearchSettings, run_search
 if __name__ == "__main__":
     # start together: on a loaded machine one process's imports can take longer than the others need
     # to spend the whole budget, and then the test could not tell a shared budget from a lone one
@@ -160,7 +160,7 @@ _OPEN = """
 import sys
 import time
 from pathlib import Path
-from fa4tune.storage import open_storage
+from fa4tune.searches.storage import open_storage
 if __name__ == "__main__":
     go = Path(sys.argv[2])
     while not go.exists():

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from fa4.kernels import AttentionProblem, family
 from fa4tune.cli import main
 from fa4tune.progress import Progress, format_duration, set_left_s, study_left_s
-from fa4tune.shape_sets import ShapeSetError, load_model, load_shapes_file, model_names, parse_shapes
-from fa4tune.shapes import parse_shape
+from fa4tune.inputs.shape_sets import ShapeSetError, load_model, load_shapes_file, model_names, parse_shapes
+from fa4tune.inputs.shapes import parse_shape
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,8 +150,8 @@ def test_time_left_estimates():
 
 def test_a_search_over_a_set_names_each_study_and_estimates_time_left(tmp_path):
     from test_search import EVALUATOR, settings
-    from fa4tune.search_runner import run_search
-    from fa4tune.pool import WorkerPool
+    from fa4tune.searches.runner import run_search
+    from fa4tune.workers.pool import WorkerPool
 
     problems = load_shapes_file(REPO / "benchmarks" / "h200_grid.toml")[:3]
     stream = io.StringIO()

@@ -244,7 +244,7 @@ def test_problem_key_ignores_sequence_lengths_batch_and_heads():
 
 
 def test_search_space_covers_every_declared_value():
-    from fa4tune.space import load_space
+    from fa4tune.inputs.space import load_space
     space = load_space("sm100")
     for k in knobs_for("sm100"):
         assert sorted(map(repr, space.choices_of(k.name))) == sorted(map(repr, k.choices)), k.name
@@ -252,7 +252,7 @@ def test_search_space_covers_every_declared_value():
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label())
 def test_every_space_config_is_rejected_with_a_reason_or_within_budget(problem):
-    from fa4tune.space import load_space
+    from fa4tune.inputs.space import load_space
     n_ok = 0
     for c in load_space("sm100").configs():
         reasons = feasible(c, problem)

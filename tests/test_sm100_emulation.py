@@ -19,7 +19,7 @@ from fa4.kernels import Config, knob
 from fa4.kernels.sm100 import emulation as emu
 from fa4.kernels.sm100.emulation import BasisUpdate, RescaleStats, emulate_fa4_forward
 from fa4.reference import attention_fp32, check, sdpa_same_precision, visible_keys
-from fa4tune import rescale_stats
+from fa4tune.sm100 import rescale_stats
 
 THRESHOLDS = knob("sm100", "rescale_threshold").choices
 TILE_NS = knob("sm100", "tile_n").choices

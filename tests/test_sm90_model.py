@@ -201,7 +201,7 @@ def test_default_rules_are_outside_the_fingerprint():
 def _wide_set_defaults():
     """The distinct default configurations (by compile key) of the wide set's problems."""
     from fa4.kernels import compile_key, default_config
-    from fa4tune.shape_sets import load_shapes_file
+    from fa4tune.inputs.shape_sets import load_shapes_file
 
     wide = Path(__file__).resolve().parents[1] / "results" / "wide"
     seen = {}

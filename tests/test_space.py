@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fa4.kernels import ARCHS, Config, knobs_for
-from fa4tune.space import SearchSpace, SpaceError, full_space, load_space, space_path
+from fa4tune.inputs.space import SearchSpace, SpaceError, full_space, load_space, space_path
 
 
 def write(tmp_path, text: str):
@@ -27,7 +27,7 @@ def test_packaged_space_loads_and_only_narrows(arch):
 
 
 def test_missing_packaged_file_means_every_declared_choice(tmp_path, monkeypatch):
-    import fa4tune.space as space_mod
+    import fa4tune.inputs.space as space_mod
 
     monkeypatch.setattr(space_mod, "space_path", lambda arch: tmp_path / f"{arch}.toml")
     space = load_space("sm90")

@@ -19,8 +19,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from test_cli import fake_gpu, invoke  # noqa: F401  (fake_gpu: the fixture)
-from fa4tune.journal import NotAJournalError, repair_journal, scan_journal
-from fa4tune.storage import StorageError, open_for_reading, open_storage
+from fa4tune.searches.journal import NotAJournalError, repair_journal, scan_journal
+from fa4tune.searches.storage import StorageError, open_for_reading, open_storage
 
 REPO = Path(__file__).resolve().parent.parent
 DIST = {"x": CategoricalDistribution([1, 2, 3])}
@@ -104,7 +104,7 @@ def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path):
     fifo = tmp_path / "studies.journal"
     os.mkfifo(fifo)
     code = textwrap.dedent(f"""
-        from fa4tune.storage import StorageError, open_storage
+        from fa4tune.searches.storage import StorageError, open_storage
         try:
             open_storage({str(fifo)!r})
         except StorageError as exc:
@@ -232,7 +232,7 @@ _WRITER = """
 import sys
 import optuna
 from optuna.distributions import CategoricalDistribution
-from fa4tune.storage import open_storage
+from fa4tune.searches.storage import open_storage
 path, n = sys.argv[1], int(sys.argv[2])
 study = optuna.create_study(study_name="s", storage=open_storage(path), load_if_exists=True)
 for i in range(n):
@@ -261,7 +261,7 @@ def test_reading_an_sqlite_url_of_a_missing_file_is_an_error_and_creates_nothing
 
 
 def test_the_report_given_an_sqlite_url_of_a_missing_file_creates_nothing(tmp_path):
-    from fa4tune.report_data import collect
+    from fa4tune.report.data import collect
 
     missing = tmp_path / "new.db"
     data = collect(tmp_path, storage=f"sqlite:///{missing}")

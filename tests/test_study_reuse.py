@@ -10,9 +10,9 @@ import pytest
 
 from fa4tune.environment import kernel_fingerprint
 from fa4tune.progress import Progress
-from fa4tune.space import load_space
-from fa4tune.storage import open_storage
-from fa4tune.study import StudyMismatchError, open_study
+from fa4tune.inputs.space import load_space
+from fa4tune.searches.storage import open_storage
+from fa4tune.searches.study import StudyMismatchError, open_study
 from test_cli import fake_gpu, invoke  # noqa: F401  (fake_gpu: the fixture)
 from test_search import MISSION
 

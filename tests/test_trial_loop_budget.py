@@ -13,13 +13,13 @@ from optuna.trial import TrialState
 
 import test_search_fakes as fakes
 from fa4.kernels import AttentionProblem
-from fa4tune import liveness
+from fa4tune.searches import liveness
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings
-from fa4tune.space import load_space
-from fa4tune.storage import trial_id
-from fa4tune.study import finish_trial, search_distributions
-from fa4tune.trial_loop import TrialLoop
+from fa4tune.searches.runner import SearchSettings
+from fa4tune.inputs.space import load_space
+from fa4tune.searches.storage import trial_id
+from fa4tune.searches.study import finish_trial, search_distributions
+from fa4tune.searches.trial_loop import TrialLoop
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 PROBLEM = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True)

@@ -1,5 +1,5 @@
 """Two processes that draw the same configuration at once measure it once: the lower trial number
-holds it (`fa4tune.trial_loop.held_by_earlier`), even while that trial is still being asked and
+holds it (`fa4tune.searches.trial_loop.held_by_earlier`), even while that trial is still being asked and
 only some of its knobs are in the storage (optuna writes them one call at a time).
 
 The race was seen in tests/test_search_postgres.py (41 configurations measured, 40 distinct)."""
@@ -12,7 +12,7 @@ import time
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from fa4tune.trial_loop import held_by_earlier
+from fa4tune.searches.trial_loop import held_by_earlier
 
 KNOBS = {"tile_n": CategoricalDistribution([64, 128]), "kv_stages": CategoricalDistribution([2, 3])}
 CONFIG = {"tile_n": 128, "kv_stages": 3}

@@ -11,9 +11,9 @@ import test_search_fakes as fakes
 from fa4.database import Entry, record
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings, run_search
-from fa4tune.shapes import shape_key
-from fa4tune.storage import open_storage
+from fa4tune.searches.runner import SearchSettings, run_search
+from fa4tune.inputs.shapes import shape_key
+from fa4tune.searches.storage import open_storage
 
 CAUSAL = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)
 FAST = Config.make("sm90", tile_n=112, scheduler="lpt", kv_stages=3, rescale_threshold=0.0)  # the fake optimum

@@ -14,8 +14,8 @@ import optuna
 
 from fa4.kernels import AttentionProblem
 from fa4tune.progress import Progress
-from fa4tune.search_runner import SearchSettings, run_search
-from fa4tune.storage import open_storage
+from fa4tune.searches.runner import SearchSettings, run_search
+from fa4tune.searches.storage import open_storage
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS.parent / "benchmarks" / "warm_vs_cold.py"

@@ -3,7 +3,7 @@
 A peer is one object behind the `Backend` protocol, declared in its own module of this package (which
 calls `register` on import); every module of this package is imported below, in name order, and that
 order is the order every table and figure shows the peers in. Dispatch (`fa4.dispatch`), planning and
-`fa4.explain`, the runtime's launches, the harness's peer timing (`fa4tune.peers`), the bench, the
+`fa4.explain`, the runtime's launches, the harness's peer timing (`fa4tune.workers.peers`), the bench, the
 host-time table, the report and the recorded versions all read this registry: adding a peer is one new
 module here and its test. "ours" is the registry's own name for our kernel (`OURS`); it is no
 `Backend` (our kernel's plan, compile and launch are the runtime's own).

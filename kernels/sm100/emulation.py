@@ -39,7 +39,7 @@ core's.
 
 The emulation is vectorised over batch, heads and m_blocks; it loops only over KV blocks.
 
-Rescale statistics per threshold, measured on this emulation: `fa4tune rescale-stats` (fa4tune/rescale_stats.py).
+Rescale statistics per threshold, measured on this emulation: `fa4tune rescale-stats` (fa4tune/sm100/rescale_stats.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ host (the pid with the same start time), by heartbeat age elsewhere. A trial kil
 written belongs to no one: it is stale when no other run of the study is alive, or when it started
 more than STALE_AFTER_S ago (a live run claims its trials right after asking).
 
-Everything goes through the storage's public API (`fa4tune.storage.trial_id`).
+Everything goes through the storage's public API (`fa4tune.searches.storage.trial_id`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Optional
 
 from optuna.trial import TrialState
 
-from fa4tune.outcomes import INTERRUPTED
-from fa4tune.storage import study_id, trial_id
+from fa4tune.workers.outcomes import INTERRUPTED
+from fa4tune.searches.storage import study_id, trial_id
 
 HEARTBEAT_ATTR = "fa4tune:heartbeat"
 OWNER_ATTR = "fa4tune:owner"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from fa4.kernels import AttentionProblem
-from fa4tune.study import best_ok_trial
+from fa4tune.searches.study import best_ok_trial
 
 
 def database_for_writing(path: Optional[str]) -> Path:
@@ -26,7 +26,7 @@ def database_for_writing(path: Optional[str]) -> Path:
 def record_best(study, db_path: Optional[str], retimed: Optional[dict] = None) -> Optional[dict]:
     """Merge the study's best configuration into the database; {"path", "key", "written"}, or None
     when the study has no working configuration (or no device to file it under). With a re-time of
-    the finalists (`fa4tune.retime`), the best is its winner, timed by its median, and the default by
+    the finalists (`fa4tune.searches.retime`), the best is its winner, timed by its median, and the default by
     its own median; else the best ok trial and the default's trial time."""
     from fa4.database import Entry, record
 
@@ -38,7 +38,7 @@ def record_best(study, db_path: Optional[str], retimed: Optional[dict] = None) -
     problem = AttentionProblem(**attrs["problem"])
     us, default_us, tflops = best.value, attrs.get("default_us"), best.user_attrs.get("tflops") or 0.0
     if retimed is not None:
-        from fa4tune.timing import tflops as tflops_of
+        from fa4tune.workers.timing import tflops as tflops_of
 
         best = study.trials[retimed["winner_trial"]]
         us = retimed["winner_us"]

@@ -1,7 +1,7 @@
 """The implementations we compare against, as the harness times them.
 
 The peers are the registry's, `fa4.backends` (`peer_names()`, in the order every table and figure
-shows them); each is timed by `fa4tune.timing.time_cuda`, the same method as our kernel, through the
+shows them); each is timed by `fa4tune.workers.timing.time_cuda`, the same method as our kernel, through the
 runner the runtime's fastest-backend dispatch calls: what is timed here is what `fa4.attention` runs.
 A peer that refuses GQA inputs and says it may (`Backend.expand_kv_if_refused`: SDPA with some backends
 pinned) is timed on K and V expanded to the query heads once, before timing, and the result says so

@@ -1,15 +1,15 @@
 """`fa4tune bench`: the tuned configuration, the default configuration and every peer, side by side.
 
-Every number comes from the same worker processes and the same timing method (`fa4tune.timing`) in
+Every number comes from the same worker processes and the same timing method (`fa4tune.workers.timing`) in
 one run, and every configuration of ours is validated before it is timed. This is how performance is
 reported everywhere (README, docs/measurements.md, report).
 
 Rounds: every row is timed `rounds` times (`--rounds`, default 2), in interleaved rounds: round r+1 is
 submitted once every task of round r has started, in the same order, so a transient (GPU clocks, power,
 a compile on the host) hits one round of a row, not all of them; a repeat reuses the worker's compiled
-kernel (`fa4tune.pool` routes a compile key to the worker that holds it). A row's `us` is the lowest of
+kernel (`fa4tune.workers.pool` routes a compile key to the worker that holds it). A row's `us` is the lowest of
 its rounds' medians: a transient only ever slows a measurement down, so the lowest is the best
-estimate of the kernel's time (the estimator of the search's re-time step, `fa4tune.retime`). In a
+estimate of the kernel's time (the estimator of the search's re-time step, `fa4tune.searches.retime`). In a
 single-round run on an H200 (a compile running on the host), one kernel was timed 442.2 and 521.7 us
 as two rows of a shape.
 
@@ -21,19 +21,19 @@ rows as CSV too):
      "rows": [ {row}, ... ]}
 
 One row per (shape, variant):
-    shape       the shape key (`fa4tune.shapes.shape_key`), problem: AttentionProblem fields
+    shape       the shape key (`fa4tune.inputs.shapes.shape_key`), problem: AttentionProblem fields
     variant     "tuned" | "default" | a peer (`fa4.backends.peer_names()`) | "dispatched": `fa4.attention`
                 itself, called in a worker with the database the bench reads (fastest-backend dispatch
                 included); its `us` is GPU time by CUDA-graph replay like every row's (graph mode), and
                 it adds `backend` ({"eager", "graph"}: what ran, as fa4.explain says)
-    outcome     "ok" or the failure class (`fa4tune.outcomes`; "missing" for a tuned row with no
+    outcome     "ok" or the failure class (`fa4tune.workers.outcomes`; "missing" for a tuned row with no
                 usable database entry, its error saying why: stale, unusable, too far, another GPU)
     us, tflops  GPU time and rate (null unless ok): the round with the lowest median
     us_rounds   every round's us, in round order (null for a round that failed; the whole field null on
                 a row never timed: missing, infeasible). A row that failed in any round keeps the
                 failure (outcome and error of the first failing round): another round's success never
                 hides it
-    eager_us    wall time per back-to-back eager call (`fa4tune.timing.time_eager`: the larger of host
+    eager_us    wall time per back-to-back eager call (`fa4tune.workers.timing.time_eager`: the larger of host
                 and GPU time per call), the eager counterpart of `us`, so the dispatch bar can be checked
                 in both modes from one run. On a "dispatched" row: fa4.attention as a user calls it. On
                 a peer row: the peer called as the runtime calls it (the call its `us` times). On ours:
@@ -48,7 +48,7 @@ One row per (shape, variant):
     max_err     the largest over rounds (every round validates)
     config      knob values (ours only), lookup: "exact" | "nearest" | "default" (tuned row: how the
                 database answered), db_key (the entry used), max_err, error (why a row failed; a bench
-                file is committed and shared, so no absolute path: `fa4tune.outcomes.portable_note`)
+                file is committed and shared, so no absolute path: `fa4tune.workers.outcomes.portable_note`)
 
     dispatch    {shape: {"eager" | "graph": {"backend", "ratio", "reason"}}}: the implementation
                 fastest-backend dispatch picks from this run's times (`dispatched`); the "dispatched"
@@ -70,10 +70,10 @@ from fa4.files import atomic_write
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api, kernel_fingerprint, utc_now, versions
 from fa4tune.progress import Progress
-from fa4tune.shapes import shape_key
-from fa4tune.outcomes import MISSING, portable_note
-from fa4tune.timing import TimingSettings
-from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.inputs.shapes import shape_key
+from fa4tune.workers.outcomes import MISSING, portable_note
+from fa4tune.workers.timing import TimingSettings
+from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
 
 BENCH_SCHEMA = 1
 CSV_FIELDS = ("shape", "variant", "outcome", "us", "eager_us", "backend", "tflops", "speedup_of_tuned",
@@ -234,7 +234,7 @@ def _lowest(per_round: list[dict]) -> dict:
     """One row from a row's rounds: the round with the lowest median (its us, tflops, backend), every
     round's us in `us_rounds`, the lowest eager time over rounds (every round's in `eager_us_rounds`)
     and the largest error. A transient only ever slows a measurement down, so the lowest is the best
-    estimate of what the kernel costs (`fa4tune.retime` records the same). A round that failed wins
+    estimate of what the kernel costs (`fa4tune.searches.retime` records the same). A round that failed wins
     over every success: the row keeps the first failing round's outcome and error."""
     failed = next((r for r in per_round if r.get("outcome") != "ok"), None)
     timed = [r for r in per_round if r.get("us") is not None]

@@ -1,7 +1,7 @@
 """`fa4tune sass`: compile sm100 attention forward kernels for sm_100a on CPU, disassemble, report.
 
 NO BLACKWELL GPU EXISTS HERE: the kernels are compiled on a CPU and never run; the analysis
-(`fa4tune.sass`) reads the generated code, and its throughput estimate is a model.
+(`fa4tune.sm100.sass`) reads the generated code, and its throughput estimate is a model.
 
 Ours is compiled through `fa4.kernels.compiling`; the peer (flash-attn-4's sm100 forward) in a
 child process, built with the arguments its `interface.py` would choose for the problem (see
@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fa4tune.sass import (EXP2_PER_CLOCK, ISSUE_PER_CLOCK, NOT_RUN_NOTE, SMEM_BYTES_PER_CLOCK,
-                          TENSOR_FLOP_PER_CLOCK, summarize)
+from fa4tune.sm100.sass import (EXP2_PER_CLOCK, ISSUE_PER_CLOCK, NOT_RUN_NOTE, SMEM_BYTES_PER_CLOCK,
+                                TENSOR_FLOP_PER_CLOCK, summarize)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ Steps (each a plain function, testable on a SASS text):
    slots of the four sub-partitions and shared memory, against the tensor-core floor.
 
 Compiling the kernels (ours and flash-attn-4's), disassembling them and the command line
-(`fa4tune sass`) live in `fa4tune.sass_build`; this module only reads SASS text.
+(`fa4tune sass`) live in `fa4tune.sm100.sass_build`; this module only reads SASS text.
 """
 
 from __future__ import annotations

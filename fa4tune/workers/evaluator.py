@@ -2,7 +2,7 @@
 times it, and the device facts recorded with every result.
 
 A worker loads its evaluator by "module:attribute" (`load_evaluator`), so tests inject a CPU one
-(tests/test_search_fakes.py); the default is `fa4tune.evaluator:KernelEvaluator`. An evaluator has
+(tests/test_search_fakes.py); the default is `fa4tune.workers.evaluator:KernelEvaluator`. An evaluator has
 `setup() -> device facts`, `compile_key`, `compile`, `compile_report`, `run_trial`, `time_peers`,
 `time_dispatched` (fa4.attention itself, for `fa4tune bench`), `trigger_fault` and `healthy`.
 """
@@ -15,11 +15,11 @@ import os
 import signal
 from typing import Any, Optional
 
-from fa4tune.outcomes import portable_note, short_error
+from fa4tune.workers.outcomes import portable_note, short_error
 
 
 class KernelEvaluator:
-    """Compiles with `fa4.kernels`, validates against SDPA and fp32, times with `fa4tune.timing`."""
+    """Compiles with `fa4.kernels`, validates against SDPA and fp32, times with `fa4tune.workers.timing`."""
 
     def __init__(self, mode: str):
         self.mode = mode  # "gpu": validate and time; "cpu": compile reports only
@@ -77,7 +77,7 @@ class KernelEvaluator:
         import torch
 
         from fa4.reference import compare
-        from fa4tune.timing import time_cuda, tflops
+        from fa4tune.workers.timing import time_cuda, tflops
 
         q, k, v, expected, scale = self._cached_inputs(problem)
         out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
@@ -106,8 +106,8 @@ class KernelEvaluator:
         back-to-back eager call (the bench's eager comparison; a search has no use for it)."""
         import torch
 
-        from fa4tune.peers import peer_available, peer_call
-        from fa4tune.timing import time_cuda, time_eager, tflops
+        from fa4tune.workers.peers import peer_available, peer_call
+        from fa4tune.workers.timing import time_cuda, time_eager, tflops
 
         q, k, v, expected, scale = self._cached_inputs(problem)
         out: dict = {}
@@ -145,7 +145,7 @@ class KernelEvaluator:
 
         import fa4
         from fa4.reference import compare
-        from fa4tune.timing import time_cuda, time_eager, tflops
+        from fa4tune.workers.timing import time_cuda, time_eager, tflops
 
         q, k, v, expected, _ = self._cached_inputs(problem)
         fa4.use_config_db(db_path)  # None: the default layers, as a user's process reads them

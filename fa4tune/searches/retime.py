@@ -21,8 +21,8 @@ from typing import Optional
 
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import utc_now
-from fa4tune.outcomes import OK
-from fa4tune.study import params_key
+from fa4tune.workers.outcomes import OK
+from fa4tune.searches.study import params_key
 
 POLL_S = 1.0
 TOP = 3        # finalists re-timed: the fastest distinct configurations (the default joins them)

@@ -1,4 +1,4 @@
-"""`fa4tune report`: the click command over `report_data` (compute) and `report_draw` (draw).
+"""`fa4tune report`: the click command over `fa4tune.report.data` (compute) and `.draw` (draw).
 
 Kept apart from both so that registering it in `fa4tune.cli` imports only click: optuna and plotly
 load when the command runs, not on every `fa4tune --help`.
@@ -41,9 +41,9 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     error, and so is an output that cannot be written (checked before anything is read)."""
     from fa4.files import atomic_write
     from fa4tune.cli import check_output, write_failed
-    from fa4tune.report_data import collect
-    from fa4tune.report_draw import render_in_chromium, rendered_plot_count, write_report
-    from fa4tune.storage import sqlite_file_of
+    from fa4tune.report.data import collect
+    from fa4tune.report.draw import render_in_chromium, rendered_plot_count, write_report
+    from fa4tune.searches.storage import sqlite_file_of
 
     if screenshot is not None:
         try:

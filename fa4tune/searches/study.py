@@ -2,10 +2,10 @@
 
 Storage (the report reads exactly this)
 ---------------------------------------
-One optuna storage for all studies (`fa4tune.storage`; by default `studies.journal` in the results
+One optuna storage for all studies (`fa4tune.searches.storage`; by default `studies.journal` in the results
 directory, `fa4tune.paths`).
 
-Study name: the shape key, `fa4tune.shapes.shape_key(arch, problem)`, e.g.
+Study name: the shape key, `fa4tune.inputs.shapes.shape_key(arch, problem)`, e.g.
 `sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not causal, `-lse` appended when the
 log-sum-exp is returned). When a study of that name was made with another kernel fingerprint,
 another search space or on another device, its trials do not describe the current kernel: the search continues in
@@ -25,12 +25,12 @@ Study user_attrs:
 
 Trials:
     params: the knob values; optuna CategoricalDistributions whose names are the knob names.
-    user_attrs: outcome (`fa4tune.outcomes`; "interrupted" only on a trial swept after the harness
+    user_attrs: outcome (`fa4tune.workers.outcomes`; "interrupted" only on a trial swept after the harness
       died), us, tflops, compile_s, max_err (vs
       fp32 reference), max_err_sdpa, error (short text), reasons (list, infeasible only), is_default
       (bool), and when they apply: gpu_s, compile_cached, replay_spread, warm_start (the key of the
-      database entry a new study was seeded with, `fa4tune.warm_start`).
-    A repeat (a configuration the study already holds; rare, `fa4tune.sampler`) is a FAIL trial with
+      database entry a new study was seeded with, `fa4tune.searches.warm_start`).
+    A repeat (a configuration the study already holds; rare, `fa4tune.searches.sampler`) is a FAIL trial with
       only user_attr repeat_of (the number of the trial that holds it): no value, no point in a plot,
       not counted. Journals written before carry repeats as COMPLETE/PRUNED trials with the result
       copied and repeat_of set; every reader skips trials with repeat_of.
@@ -50,7 +50,7 @@ Trials:
                                              (same host) or whose heartbeat (system attr
                                              "fa4tune:heartbeat", renewed every 10 s) is older than
                                              60 s is marked FAIL with outcome "interrupted" (see
-                                             `fa4tune.liveness`).
+                                             `fa4tune.searches.liveness`).
 """
 
 from __future__ import annotations
@@ -61,18 +61,18 @@ from typing import Any, Callable, Optional
 
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import versions
-from fa4tune.outcomes import OUTCOMES
+from fa4tune.workers.outcomes import OUTCOMES
 from fa4tune.progress import Progress
-from fa4tune.sampler import params_key, unseen_first  # noqa: F401  (params_key: one definition, used here and by the loop)
-from fa4tune.space import SearchSpace
-from fa4tune.timing import TimingSettings
+from fa4tune.searches.sampler import params_key, unseen_first  # noqa: F401  (params_key: one definition, used here and by the loop)
+from fa4tune.inputs.space import SearchSpace
+from fa4tune.workers.timing import TimingSettings
 
 SAMPLERS = ("tpe", "grid", "random")
 
 
 def make_sampler(name: str, seed: int, space: dict, trials: int):
     """The study's sampler over `space` ({knob: [choices]}); TPE and random are wrapped so that they
-    propose each configuration once (`fa4tune.sampler`)."""
+    propose each configuration once (`fa4tune.searches.sampler`)."""
     import optuna
 
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}

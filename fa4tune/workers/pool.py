@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 from typing import Any, Optional
 
-from fa4tune.worker import worker_main
+from fa4tune.workers.worker import worker_main
 
-DEFAULT_EVALUATOR = "fa4tune.evaluator:KernelEvaluator"
+DEFAULT_EVALUATOR = "fa4tune.workers.evaluator:KernelEvaluator"
 
 
 class PoolError(RuntimeError):

@@ -2,7 +2,7 @@
 
 Why processes: a GPU fault (illegal address, device-side assert) poisons the CUDA context of the
 process it happens in, and a hung kernel never returns. So every trial runs in a worker process; the
-parent (`fa4tune.pool.WorkerPool`) classifies what happened and replaces a worker that died, faulted
+parent (`fa4tune.workers.pool.WorkerPool`) classifies what happened and replaces a worker that died, faulted
 or hung. This module is the worker's side.
 
 How compiled kernels reach the GPU: compilation happens inside the worker. Each worker process is
@@ -11,9 +11,9 @@ bound to one GPU (`CUDA_VISIBLE_DEVICES`) and compiles on its own CPU core; the 
 when a holder dies), so while one worker times, the others compile the next trials. No kernel object
 crosses a process boundary. A worker caches its compiled kernels by `fa4.kernels.compile_key`.
 
-Outcomes of a trial: `fa4tune.outcomes` (a worker reports ok or one of its WORKER_FAILURES; the
+Outcomes of a trial: `fa4tune.workers.outcomes` (a worker reports ok or one of its WORKER_FAILURES; the
 parent decides "infeasible" before any worker sees a trial). What compiles and measures is the
-evaluator (`fa4tune.evaluator`).
+evaluator (`fa4tune.workers.evaluator`).
 
 Test-only fault injection (read here, in the worker, and nowhere else): the environment variable
 `FA4TUNE_INJECT_FAULT` holds rules separated by ";", each `<outcome>@<knob>=<value>[,<knob>=<value>]`
@@ -31,8 +31,8 @@ import time
 import traceback
 from typing import Any, Optional
 
-from fa4tune.evaluator import load_evaluator
-from fa4tune.outcomes import WORKER_FAILURES, short_error
+from fa4tune.workers.evaluator import load_evaluator
+from fa4tune.workers.outcomes import WORKER_FAILURES, short_error
 
 INJECT_ENV = "FA4TUNE_INJECT_FAULT"
 _INJECTABLE = WORKER_FAILURES
@@ -163,7 +163,7 @@ def _problem_and_config(payload):
 
 
 def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     problem, config = _problem_and_config(payload)
     inject = injected_outcome(rules, config.to_dict())
@@ -217,7 +217,7 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
 
 def _run_peers(conn, evaluator, lock_path, task_id, payload):
     from fa4.kernels import AttentionProblem
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     problem = AttentionProblem(**payload["problem"])
     with gpu_lock(lock_path):
@@ -233,7 +233,7 @@ def _run_peers(conn, evaluator, lock_path, task_id, payload):
 
 def _run_dispatched(conn, evaluator, lock_path, task_id, payload):
     from fa4.kernels import AttentionProblem
-    from fa4tune.timing import TimingSettings
+    from fa4tune.workers.timing import TimingSettings
 
     problem = AttentionProblem(**payload["problem"])
     with gpu_lock(lock_path):

@@ -8,7 +8,7 @@ same value. `UnseenFirst` asks its sampler again when a proposal was already tri
 any process sharing the storage, and after a few draws takes an untried configuration at random, so
 a study holds one trial per configuration. Only a race between processes, or a space with nothing
 left, can still produce a repeat; the trial loop records it as a FAIL trial with `repeat_of`, which
-plots no point and teaches the sampler nothing new (`fa4tune.trial_loop`).
+plots no point and teaches the sampler nothing new (`fa4tune.searches.trial_loop`).
 
 The grid sampler is not wrapped: it visits each grid point once by itself.
 """

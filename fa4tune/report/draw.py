@@ -4,7 +4,7 @@ plotly.js is inlined once, so the file opens offline. Per-study views reuse optu
 optimisation history and the parallel coordinates) on the study's successful trials; the cross-study
 views (comparison bars, speedup heatmaps, failures, knob importance) are drawn here from plain data.
 Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the committed
-screenshot, `results/report.png`). The command `fa4tune report` is `fa4tune.report.report_command`.
+screenshot, `results/report.png`). The command `fa4tune report` is `fa4tune.report.command.report_command`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from plotly.subplots import make_subplots
 
 from fa4 import backends
 
-from .outcomes import ALL_OUTCOMES
-from .report_data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, ReportData, ShapeRow, StudyInfo,
-                          baselines, describe_timing, impls)
+from fa4tune.workers.outcomes import ALL_OUTCOMES
+from fa4tune.report.data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, ReportData, ShapeRow,
+                                 StudyInfo, baselines, describe_timing, impls)
 
 # the rows of ours and fa4.attention's own; every peer brings its colour and title (`fa4.backends`)
 OWN_COLORS = {"tuned": "#1f77b4", "default": "#aec7e8", DISPATCHED: "#ff7f0e"}

@@ -96,7 +96,7 @@ def format_table(rows: list) -> str:
 
 def committed_stats_path() -> Path:
     """The reviewed measurement in the source tree (results/sm100_rescale_stats.json)."""
-    return Path(__file__).resolve().parents[1] / "results" / "sm100_rescale_stats.json"
+    return Path(__file__).resolve().parents[2] / "results" / "sm100_rescale_stats.json"
 
 
 def _saved_summary() -> str:

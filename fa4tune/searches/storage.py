@@ -1,7 +1,7 @@
 """The optuna storage of the searches: opening it to write (the search) or only to read (the report).
 
 One storage holds every study: by default an optuna `JournalStorage` over a `JournalFileBackend` (one
-JSON line per operation; `fa4tune.journal` locks the journal file itself with `flock` and repairs a torn
+JSON line per operation; `fa4tune.searches.journal` locks the journal file itself with `flock` and repairs a torn
 line first), `studies.journal` in the results directory (`fa4tune.paths`). A URL (`sqlite:///...`,
 `postgresql://...`) selects an `RDBStorage` instead.
 
@@ -9,7 +9,7 @@ Writing never destroys a file that is not a journal: `open_storage` refuses an S
 document, other text or binary data given as a journal path (`StorageError`, naming what the file looks
 like and the option that fits, e.g. `sqlite:///s.db`) and leaves it byte-identical; an absent or empty
 file is a new journal. A symbolic link to a journal that needs repair is refused too (see
-`fa4tune.journal`).
+`fa4tune.searches.journal`).
 
 Reading must not write: `open_for_reading` opens an SQLite file read-only and only when it already holds
 optuna's tables (optuna's `RDBStorage` would otherwise create them in whatever file it is given); an
@@ -33,7 +33,7 @@ from typing import Callable
 
 import optuna
 
-from fa4tune.journal import JournalError, JournalFlock, NotAJournalError, repair_journal
+from fa4tune.searches.journal import JournalError, JournalFlock, NotAJournalError, repair_journal
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # files that sit in a results folder but are never a storage
@@ -61,7 +61,7 @@ def open_storage(spec: str | os.PathLike | None = None,
                  say: Callable[[str], None] | None = None) -> optuna.storages.BaseStorage:
     """The storage a search writes: a journal file path (default: the results directory's) or an RDB
     URL. The journal's folder is created; a journal damaged by a killed writer is repaired first
-    (`fa4tune.journal`), and `say` (default: a warning) is told what was done. A file that is not an
+    (`fa4tune.searches.journal`), and `say` (default: a warning) is told what was done. A file that is not an
     optuna journal (an SQLite database, a JSON document, other text or binary data), or a symbolic link
     to a journal that needs repair, raises StorageError and is left byte-identical."""
     from fa4tune.paths import storage_path

@@ -4,7 +4,7 @@
 runtime ships what it needs of them as `fa4/data/host_overhead.json` (`fa4.dispatch`). Refresh the
 shipped table after a new overhead run:
 
-    python -m fa4tune.host_overhead results/h200/overhead_*.json > fa4/data/host_overhead.json
+    python -m fa4tune.benchmark.host_overhead results/h200/overhead_*.json > fa4/data/host_overhead.json
 
 Per implementation, the median over every row that measures it in every given file (the host's
 figures move by up to 50 % within a run; the median of several rows and runs resists one slow row):

@@ -2,7 +2,7 @@
 tell optuna what happened.
 
 Each configuration asked for is, in order:
-- a repeat of one already in this study (the sampler avoids them, `fa4tune.sampler`; a race between
+- a repeat of one already in this study (the sampler avoids them, `fa4tune.searches.sampler`; a race between
   processes or an exhausted space can still yield one): recorded as a FAIL trial with `repeat_of`,
   neither measured nor counted;
 - rejected by the kernel's feasibility model: recorded as "infeasible" with its reasons;
@@ -18,7 +18,7 @@ study's, counted from the storage (`refresh`); a feasible trial goes to a worker
 trials and the claimed lower-numbered trials in flight leave it a place (`within_budget`), else it is
 recorded `over_budget`; a configuration held by a lower-numbered trial of any process is a repeat
 (`held_by_earlier`). A process whose budget is met only with other processes' trials in flight waits
-for them, sweeping those of processes that died (`fa4tune.liveness`), so a killed process's share
+for them, sweeping those of processes that died (`fa4tune.searches.liveness`), so a killed process's share
 is run by the others.
 
 The loop's state lives in one object (`TrialLoop`), its steps are methods; a crash of the loop marks
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from fa4.kernels import AttentionProblem, Config, DeviceDescription
-from fa4tune import liveness
+from fa4tune.searches import liveness
 from fa4tune.environment import utc_now
-from fa4tune.outcomes import INFEASIBLE, INTERRUPTED, OK
+from fa4tune.workers.outcomes import INFEASIBLE, INTERRUPTED, OK
 from fa4tune.progress import Progress
-from fa4tune.study import best_ok_trial, finish_trial, outcome_counts, params_key
-from fa4tune.outcomes import short_error
-from fa4tune.pool import WorkerPool
+from fa4tune.searches.study import best_ok_trial, finish_trial, outcome_counts, params_key
+from fa4tune.workers.outcomes import short_error
+from fa4tune.workers.pool import WorkerPool
 
 # a sampler that proposes only configurations already seen this many times in a row has converged
 MAX_CONSECUTIVE_REPEATS = 200

@@ -21,7 +21,7 @@ every later run:
   the lock's own descriptor excludes every other process (and optuna's appends, made under it, never
   touch the lock). `flock` needs a local file system or NFSv4; searches on several hosts share a
   PostgreSQL storage instead (docs/search-at-scale.md). Every writer of a journal must use the same lock:
-  fa4tune opens journals only through `fa4tune.storage.open_storage`.
+  fa4tune opens journals only through `fa4tune.searches.storage.open_storage`.
 
 What is a journal (`scan_journal`): an empty file, or lines each of which is a complete operation (a
 JSON object with "op_code", ending in a newline) or damage of the only shapes a killed writer leaves:

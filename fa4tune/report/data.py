@@ -4,12 +4,12 @@ Three inputs, each optional: the optuna storage of the searches, the best-config
 (`best_configs.json`) and the bench results (`bench.json`), by default all in one results folder. A
 missing or unreadable input becomes a line in `ReportData.missing` and an empty section, and a malformed
 study, database entry or bench row is skipped with such a line: never an exception, since a report of
-what exists is more useful than no report. Inputs are only read (`fa4tune.storage.open_for_reading`;
+what exists is more useful than no report. Inputs are only read (`fa4tune.searches.storage.open_for_reading`;
 an `sqlite:///` URL naming no file is not opened, since opening it would create the file).
 
 A report is committed and shared, so it names no machine's paths: inputs as `shown` prints them, and
 every note (a missing input, a failed implementation's or a peer's error, why importance was not
-computed) through `fa4tune.outcomes.portable_note`, since an error's message names the files of the
+computed) through `fa4tune.workers.outcomes.portable_note`, since an error's message names the files of the
 machine it ran on.
 
 `report_draw` turns a `ReportData` into figures and one HTML file. Everything that decides a number
@@ -29,8 +29,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import optuna
 
 from fa4 import backends
-from fa4tune.outcomes import ALL_OUTCOMES as OUTCOMES, portable_note
-from fa4tune.storage import find_storages, open_for_reading
+from fa4tune.workers.outcomes import ALL_OUTCOMES as OUTCOMES, portable_note
+from fa4tune.searches.storage import find_storages, open_for_reading
 
 DISPATCHED = "dispatched"  # `fa4.attention` itself, as `fa4tune bench` times it
 DISPATCH_MODES = ("graph", "eager")  # as `fa4.dispatch.MODES` names them
@@ -54,7 +54,7 @@ def baselines() -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------------------------
-# inputs (the storage is only read: `fa4tune.storage.open_for_reading` creates nothing)
+# inputs (the storage is only read: `fa4tune.searches.storage.open_for_reading` creates nothing)
 # ------------------------------------------------------------------------------------------------
 
 def shown(path: str | Path) -> str:
@@ -326,7 +326,7 @@ def knob_importance(study: optuna.Study, knob_names: Sequence[str],
 def summarize_study(study: optuna.Study, fingerprints: Mapping[str, str | None] | None = None,
                     min_importance_trials: int = 8) -> StudyInfo:
     """What the report shows of one study; ValueError (see `MALFORMED`) when its attributes are not what
-    the search writes (`fa4tune.study`)."""
+    the search writes (`fa4tune.searches.study`)."""
     attrs = study.user_attrs
     arch = str(attrs.get("arch") or "unknown")
     problem = checked_problem(attrs["problem"]) if attrs.get("problem") is not None else {}
@@ -463,7 +463,7 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
             entry["kv_expanded"] = True  # timed on K and V expanded to the query heads: not what runs
         eager = _finite(rec.get("eager_us"))
         if eager is not None and "us" in entry:
-            entry["eager_us"] = eager  # wall time per back-to-back eager call (fa4tune.bench_runner)
+            entry["eager_us"] = eager  # wall time per back-to-back eager call (fa4tune.benchmark.runner)
         if impl == DISPATCHED and "us" in entry:
             entry.update(_dispatched_extras(rec, run))
         row.impls[impl] = entry
@@ -973,7 +973,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
 
 
 def _portable_notes(data: ReportData, results_dir: Path) -> None:
-    """Every note of the report without an absolute path (`fa4tune.outcomes.portable_note`; paths
+    """Every note of the report without an absolute path (`fa4tune.workers.outcomes.portable_note`; paths
     below `results_dir` become `<results>/...`): the missing inputs, the warnings, each failed
     implementation's error, each study's peer errors and importance note."""
     def note(text: Any) -> str:

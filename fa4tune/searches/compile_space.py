@@ -33,10 +33,10 @@ from typing import Optional
 from fa4.config_text import display_label
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api
-from fa4tune.outcomes import OK
+from fa4tune.workers.outcomes import OK
 from fa4tune.progress import Progress
-from fa4tune.space import SearchSpace
-from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.inputs.space import SearchSpace
+from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
 
 EXIT_OK = 0
 EXIT_COMPILE_PROBLEMS = 1

@@ -7,30 +7,30 @@ the set, each fed problems from a shared queue, largest first, by its own thread
 study has serial parts (the default first, the sampler's start-up, the re-time of its finalists, the
 record), so splitting one study over two GPUs gained little (1.24x for the H200 grid, 14 problems x 40
 trials, 251.9 s on one GPU, 203.3 s on two); studies side by side keep both GPUs busy.
-A new study warm-starts from the entries recorded when it begins (`fa4tune.warm_start`), so side by
-side it may miss a neighbour of the set that a sequential run would have recorded before it.
+A new study warm-starts from the entries recorded when it begins (`fa4tune.searches.warm_start`), so
+side by side it may miss a neighbour of the set that a sequential run would have recorded before it.
 
 Threads share the storage (optuna's `JournalStorage` serialises its methods with a lock, `RDBStorage`
-opens a session per thread; `fa4tune.journal.JournalFlock` adds a thread lock before its `flock`), the
-database writes (`fa4.files.exclusive_file_lock` opens the database file on every call, and `flock`
+opens a session per thread; `fa4tune.searches.journal.JournalFlock` adds a thread lock before its
+`flock`), the database writes (`fa4.files.exclusive_file_lock` opens the database file on every call, and `flock`
 locks belong to the open file, so two threads exclude each other as two processes do) and the `Progress`
 (a lock, and each thread's study kept apart).
 
-Where each step lives:
-    fa4tune.api          the entry points (`fa4tune search`, `fa4tune.search(...)`): GPUs, settings
-    fa4tune.shapes       the study name of a problem (shape key)
-    fa4tune.shape_sets   the problems of a shapes file or a model preset
-    fa4tune.storage      the optuna storage (open to write, open to read)
-    fa4tune.journal      the journal file's lock and torn-line repair
-    fa4tune.sampler      the samplers, wrapped to propose each configuration once
-    fa4tune.warm_start   the seeds of a new study from tuned neighbours
-    fa4tune.study        a study's lifecycle and what is stored in it (the storage schema)
-    fa4tune.liveness     owners and heartbeats: which running trials a killed search left behind
-    fa4tune.trial_loop   ask, screen, submit, tell
-    fa4tune.pool         the worker processes (fa4tune.worker) and what they run (fa4tune.evaluator)
-    fa4tune.progress     progress on stderr
-    fa4tune.record       the database write
-    fa4tune.compile_space  the part that needs no GPU (`fa4tune compile-space`, `search --compile-only`)
+Where each step lives (in `fa4tune.searches` unless named in full):
+    fa4tune.api                 the entry points (`fa4tune search`, `fa4tune.search(...)`): GPUs, settings
+    fa4tune.inputs.shapes       the study name of a problem (shape key)
+    fa4tune.inputs.shape_sets   the problems of a shapes file or a model preset
+    storage                     the optuna storage (open to write, open to read)
+    journal                     the journal file's lock and torn-line repair
+    sampler                     the samplers, wrapped to propose each configuration once
+    warm_start                  the seeds of a new study from tuned neighbours
+    study                       a study's lifecycle and what is stored in it (the storage schema)
+    liveness                    owners and heartbeats: which running trials a killed search left behind
+    trial_loop                  ask, screen, submit, tell
+    fa4tune.workers             the worker processes (`pool`, `worker`) and what they run (`evaluator`)
+    fa4tune.progress            progress on stderr
+    record                      the database write
+    compile_space               the part that needs no GPU (`fa4tune compile-space`, `search --compile-only`)
 
 `--trials N` means N distinct configurations that passed the feasibility model and went to a worker
 (whatever their outcome); infeasible ones are recorded too but do not count, nor do repeats and
@@ -58,19 +58,20 @@ from typing import Optional
 
 from fa4.backends import peer_names
 from fa4.kernels import AttentionProblem, DeviceDescription, reference_device
-from fa4tune import liveness
+from fa4tune.searches import liveness
 from fa4tune.environment import kernel_api, kernel_fingerprint
 from fa4tune.progress import Progress
-from fa4tune.record import record_best
-from fa4tune.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP, retime
-from fa4tune.shapes import shape_key
-from fa4tune.space import SearchSpace, load_space
-from fa4tune.storage import open_storage
-from fa4tune.study import SAMPLERS, make_sampler, open_study, search_distributions, summarize, write_study_attrs
-from fa4tune.timing import TimingSettings
-from fa4tune.trial_loop import TrialLoop
-from fa4tune.warm_start import warm_start_configs
-from fa4tune.pool import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.searches.record import record_best
+from fa4tune.searches.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP, retime
+from fa4tune.inputs.shapes import shape_key
+from fa4tune.inputs.space import SearchSpace, load_space
+from fa4tune.searches.storage import open_storage
+from fa4tune.searches.study import (SAMPLERS, make_sampler, open_study, search_distributions, summarize,
+                                    write_study_attrs)
+from fa4tune.workers.timing import TimingSettings
+from fa4tune.searches.trial_loop import TrialLoop
+from fa4tune.searches.warm_start import warm_start_configs
+from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
 
 
 @dataclass
@@ -91,7 +92,7 @@ class SearchSettings:
     db_path: Optional[str] = None              # None: $FA4_CONFIG_DB, else the results directory's
     record_db: bool = True
     space_path: Optional[str] = None
-    warm_start: bool = True                    # seed new studies from tuned neighbours (fa4tune.warm_start)
+    warm_start: bool = True                    # seed new studies from tuned neighbours (searches.warm_start)
     evaluator: str = DEFAULT_EVALUATOR
     kernel_api: str = "fa4.kernels"            # tests inject a CPU model of the kernel API here
     retime_rounds: int = RETIME_ROUNDS         # re-times of each finalist after the loop (0: none)
@@ -204,7 +205,7 @@ def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list
 
 def worker_device(arch: str, facts: dict) -> DeviceDescription:
     """The GPU the pool's workers run on, described from what their setup reported
-    (`fa4tune.evaluator.device_info`): the search judges feasibility and seeds its default for it, as
+    (`fa4tune.workers.evaluator.device_info`): the search judges feasibility and seeds its default for it, as
     the runtime would on that GPU. The family's reference device where the workers reported no
     description of a GPU of this family (CPU workers, stand-in evaluators)."""
     try:
@@ -230,9 +231,9 @@ def study_name_of(arch: str, problem: AttentionProblem, problems: list[Attention
 
 def seed_from_neighbours(study, arch: str, problem: AttentionProblem, device: Optional[str], fingerprint: str,
                          choices: dict, default, db_path: Optional[str], progress: Progress, name: str) -> None:
-    """Enqueue the warm-start configurations of a new study (`fa4tune.warm_start`)."""
+    """Enqueue the warm-start configurations of a new study (`fa4tune.searches.warm_start`)."""
     from fa4.database import BestConfigDB, DatabaseError
-    from fa4tune.record import database_for_writing
+    from fa4tune.searches.record import database_for_writing
 
     try:
         db = BestConfigDB.load(database_for_writing(db_path))
