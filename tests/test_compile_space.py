@@ -222,7 +222,7 @@ def test_write_json_compresses_where_the_name_says_gz(tmp_path):
 
 
 def test_reason_classes_keep_names_and_the_table_shows_numbers():
-    from fa4tune.compile_space import reason_class
+    from fa4tune.searches.compile_space import reason_class
 
     assert reason_class("head dim 96 is not supported (sm90 kernel: 64, 128)") == \
         "head dim N is not supported (sm90 kernel: N N)"
