@@ -26,6 +26,7 @@ import click
 
 from fa4 import backends
 from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
+from fa4tune.paths import check_output, write_failed
 from fa4tune.benchmark.runner import ROUNDS as BENCH_ROUNDS
 from fa4tune.searches.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
 from fa4tune.workers.timing import L2_STATES
@@ -118,38 +119,6 @@ class StrictGroup(click.Group):
         except OSError as exc:
             raise click.ClickException(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror
                                        else str(exc)) from exc
-
-
-def output_problem(path: str | os.PathLike) -> str | None:
-    """Why `path` could not be written as a result file (None: it can): it is a directory or a
-    read-only file, or its folder is not a folder, cannot be created or cannot be written. Nothing is
-    created to find out."""
-    path = os.path.abspath(path)   # (os.path answers False where it cannot look, Path may raise)
-    if os.path.isdir(path):
-        return "is a directory"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return "is read-only"
-    folder = os.path.dirname(path)
-    while not os.path.lexists(folder) and folder != os.path.dirname(folder):
-        folder = os.path.dirname(folder)   # the folders that do not exist yet are created by the write
-    if not os.path.isdir(folder):
-        return f"{folder} is not a directory"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write in {folder}"
-    return None
-
-
-def check_output(path: str | os.PathLike | None, option: str) -> None:
-    """A ClickException naming `option` when its file could not be written (`output_problem`)."""
-    problem = output_problem(path) if path is not None else None
-    if problem:
-        raise click.ClickException(f"cannot write {option} {path}: {problem}")
-
-
-def write_failed(exc: OSError) -> click.ClickException:
-    """A write that failed anyway (disk full, a folder removed meanwhile), as one line."""
-    where = f" {exc.filename}" if exc.filename else ""
-    return click.ClickException(f"cannot write{where}: {exc.strerror or exc}")
 
 
 @click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,6 +18,8 @@ session at one folder, e.g. the repository's `results/` when refreshing the comm
 from __future__ import annotations
 
 import os
+
+import click
 from pathlib import Path
 
 from fa4.database import user_path, user_results_dir
@@ -51,3 +53,37 @@ def bench_path() -> Path:
 
 def report_path() -> Path:
     return results_dir() / REPORT_NAME
+
+
+# ---- checking an output path before a long run writes it (every command with a file option)
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` could not be written as a result file (None: it can): it is a directory or a
+    read-only file, or its folder is not a folder, cannot be created or cannot be written. Nothing is
+    created to find out."""
+    path = os.path.abspath(path)   # (os.path answers False where it cannot look, Path may raise)
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "is read-only"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)   # the folders that do not exist yet are created by the write
+    if not os.path.isdir(folder):
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
+def check_output(path: str | os.PathLike | None, option: str) -> None:
+    """A ClickException naming `option` when its file could not be written (`output_problem`)."""
+    problem = output_problem(path) if path is not None else None
+    if problem:
+        raise click.ClickException(f"cannot write {option} {path}: {problem}")
+
+
+def write_failed(exc: OSError) -> click.ClickException:
+    """A write that failed anyway (disk full, a folder removed meanwhile), as one line."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return click.ClickException(f"cannot write{where}: {exc.strerror or exc}")

@@ -40,7 +40,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     exist, becomes a note in the report; a results folder or a --storage that does not exist is an
     error, and so is an output that cannot be written (checked before anything is read)."""
     from fa4.files import atomic_write
-    from fa4tune.cli import check_output, write_failed
+    from fa4tune.paths import check_output, write_failed
     from fa4tune.report.data import collect
     from fa4tune.report.draw import render_in_chromium, rendered_plot_count, write_report
     from fa4tune.searches.storage import sqlite_file_of

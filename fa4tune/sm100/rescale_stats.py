@@ -147,7 +147,7 @@ def rescale_stats_command(seqlens, thresholds, kinds, masks, heads_q, heads_kv, 
     """sm100, on the CPU emulation of its tile algorithm: how many O rescales each rescale_threshold
     performs and skips on real-looking inputs, and the error against the fp32 reference at each. The
     sm100 kernel has never run on hardware; these are the emulation's counts."""
-    from fa4tune.cli import check_output
+    from fa4tune.paths import check_output
 
     if show:
         click.echo(_saved_summary())

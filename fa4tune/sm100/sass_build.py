@@ -222,7 +222,7 @@ def sass_command_factory():
         Compile-time figures only: no Blackwell GPU exists here and the sm100 kernels never ran."""
         from fa4.kernels import AttentionProblem
         from fa4.kernels.sm100 import default_config
-        from fa4tune.cli import check_output
+        from fa4tune.paths import check_output
 
         check_output(out_path, "--out")   # before the compiles, not after them
         heads_q, heads_kv = (int(x) for x in heads.split("/"))
