@@ -1,11 +1,11 @@
 """The `config=` argument of `fa4.attention`: a `fa4.kernels.Config`, a mapping of knob values over the
-heuristic default, or a label as `Config.label()` prints it, turned into a `Config`; and its text form
-for the custom op, whose schema has no Config type (encoded once per traced call, read back once per
-signature: the runtime caches its decision per signature, config text included)."""
+heuristic default, or a label as `Config.label()` prints it, turned into a `Config`. The custom op,
+whose schema has no Config type, carries it as a label too (`for_op`: the one text form, written once
+per traced call and read back once per signature: the runtime caches its decision per signature,
+config text included)."""
 
 from __future__ import annotations
 
-import ast
 from typing import Any, Mapping
 
 from fa4 import checks, config_text, kernels
@@ -23,19 +23,15 @@ def coerce_config(config: Any, arch: str, problem: AttentionProblem, device: Dev
                 f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
         return config
     if isinstance(config, str):
-        if config.startswith(_PARTIAL + ";"):  # a mapping that crossed the custom op as a string
-            return coerce_config(knobs_from_str(config), arch, problem, device)
-        if config_text.looks_like_label(config):
-            try:
-                values = config_text.parse_label(config)
-            except ValueError as exc:
-                raise InvalidInputError(f"config= {exc}") from exc
-            return coerce_config(values, arch, problem, device)
-        if config.split(";")[0] in kernels.ARCHS and ";" in config:  # a Config that crossed the op
-            return config_from_str(config, arch)
-        raise InvalidInputError(
-            f"config={config!r} is not a configuration label: want name=value pairs as fa4tune and "
-            f"fa4.explain print them, e.g. config='tile_n=80 softmax_overlap=off'")
+        try:
+            values = config_text.parse_label(config)
+        except ValueError as exc:
+            raise InvalidInputError(
+                f"config={config!r} is not a configuration label: want name=value pairs as fa4tune and "
+                f"fa4.explain print them, e.g. config='tile_n=80 softmax_overlap=off' ({exc})") from None
+        if not values:
+            raise InvalidInputError("config='' names no knob: give a label such as 'tile_n=80', or None")
+        config = values
     if isinstance(config, Mapping):
         try:
             return config_text.with_values(kernels.default_config(arch, problem, device), config)
@@ -92,54 +88,22 @@ def check_unused(config: Any, arch: str | None, spec: checks.InputSpec, causal: 
                             "each was asked): " + "; ".join(f"{a}: {why}" for a, why in errors.items()))
 
 
-_PARTIAL = "*"  # arch field of a config string holding knob overrides of the heuristic default
-
-
-def config_to_str(config: Config | Mapping) -> str:
-    """config= as a string (the custom op's schema has no Config type): 'arch;name=repr;...', with
-    arch '*' for a mapping of knob overrides."""
-    if isinstance(config, Config):
-        return ";".join([config.arch] + [f"{n}={v!r}" for n, v in config.items])
-    return ";".join([_PARTIAL] + [f"{n}={v!r}" for n, v in sorted(config.items())])
-
-
-def knobs_from_str(text: str) -> dict:
-    values = {}
-    for part in text.split(";")[1:]:
-        name, _, value = part.partition("=")
-        try:
-            values[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise InvalidInputError(f"config={text!r}: cannot read the value of {name!r} ({value!r}); "
-                                    "write the configuration as a label, e.g. 'tile_n=80'") from None
-    return values
-
-
-def config_from_str(text: str, arch: str) -> Config:
-    try:
-        config = Config.from_dict(text.split(";")[0], knobs_from_str(text))
-    except (ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, InvalidInputError):
-            raise
-        raise InvalidInputError(f"config={text!r}: {exc}") from exc
-    if config.arch != arch:
-        raise InvalidInputError(f"config= is an {config.arch} configuration, but the device runs the {arch} kernel")
-    return config
-
-
 def for_op(config: Any) -> str | None:
-    """config= as the custom op carries it: None, or the text `config_to_str` writes (a label is read
-    here, so a malformed one fails before tracing goes on)."""
-    if isinstance(config, str) and config_text.looks_like_label(config):
+    """config= as the custom op carries it: None, or a label (a Config's full label, a mapping's pairs,
+    a label as given once it reads as one, so a malformed one fails before tracing goes on)."""
+    if config is None:
+        return None
+    if isinstance(config, Config):
+        return config.label()
+    if isinstance(config, str):
         try:
-            config = config_text.parse_label(config)   # crosses the op as a mapping of texts
+            config_text.parse_label(config)  # read here to refuse early; the op reads it again
         except ValueError as exc:
             raise InvalidInputError(f"config= {exc}") from exc
-    if isinstance(config, (Config, Mapping)):
-        return config_to_str(config)
-    if config is not None:
-        raise _wrong_type(config)
-    return None
+        return config
+    if isinstance(config, Mapping):
+        return config_text.label_of(sorted(config.items()))
+    raise _wrong_type(config)
 
 
 def _wrong_type(config: Any) -> InvalidInputError:

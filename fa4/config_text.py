@@ -5,7 +5,8 @@ A label is `name=value` pairs separated by spaces, e.g.
 without their ".0"). `fa4.attention(..., config=<label>)` accepts a complete label (exactly that
 configuration) or some of its pairs (those knobs over the heuristic default), and a mapping's values may
 be written the same way: `config={"softmax_overlap": "off"}`. The text of a value is read back by
-printing every declared choice of the knob and matching, so what prints is what parses.
+printing every declared choice of the knob and matching, so what prints is what parses. It is the one
+text form: the custom op carries `config=` as a label too (`fa4.config_arg.for_op`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from fa4.kernels import Config, knob
+from fa4.kernels import ARCHS, Config, knob, knobs_for
+from fa4.kernels.knobs import label_of  # noqa: F401  (the label of a mapping: re-exported)
 
 
 def parse_label(text: str) -> dict[str, str]:
@@ -27,11 +29,6 @@ def parse_label(text: str) -> dict[str, str]:
             raise ValueError(f"configuration {text!r} names {name} twice")
         values[name] = value
     return values
-
-
-def looks_like_label(text: str) -> bool:
-    """A label, as opposed to the custom op's "arch;name=repr;..." form."""
-    return ";" not in text and "=" in text
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,7 +58,9 @@ def with_values(base: Config, values: Mapping[str, Any]) -> Config:
     """`base` with the given knobs replaced, each value a declared choice or its printed text."""
     unknown = sorted(set(values) - set(base.to_dict()))
     if unknown:
-        raise ValueError(f"unknown knob(s) for {base.arch}: {', '.join(unknown)}")
+        other = [a for a in ARCHS if a != base.arch and set(unknown) <= {k.name for k in knobs_for(a)}]
+        hint = f" (knobs of {' and '.join(other)}: a configuration for another architecture)" if other else ""
+        raise ValueError(f"unknown knob(s) for {base.arch}: {', '.join(unknown)}{hint}")
     return base.replace(**{name: knob_value(base.arch, name, v) for name, v in values.items()})
 
 

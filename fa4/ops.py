@@ -5,7 +5,7 @@ The eager `fa4.attention` does not go through it (dispatch costs microseconds a 
 only while torch.compile traces. The op runs the runtime in graph mode: fastest-backend dispatch judges
 implementations by GPU time there (`fa4.dispatch`), as under CUDA-graph capture. The op always returns a pair: O (B, Sq, Hq, D), contiguous, and LSE
 (B, Hq, Sq) fp32, or an empty (0,) tensor when return_lse is False (an op output cannot be None).
-`config` travels as a string (`fa4.config_arg.config_to_str`): the schema has no Config type.
+`config` travels as a label (`fa4.config_arg.for_op`): the schema has no Config type.
 
 Defined with the low-level `torch.library.Library` rather than `torch.library.custom_op`: the latter
 wraps every call in Python layers that cost about 3x more per eager call (measured on CPU: ~17 us of

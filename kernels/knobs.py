@@ -208,7 +208,7 @@ class Config:
         return tuple((n, v) for n, v in self.items if knob(self.arch, n).codegen)
 
     def label(self) -> str:
-        return " ".join(f"{n}={_short(v)}" for n, v in self.items)
+        return label_of(self.items)
 
 
 def _in_choices(value: Any, choices: tuple[Scalar, ...]) -> bool:
@@ -227,6 +227,12 @@ def _canonical(value: Any, choices: tuple[Scalar, ...]) -> Scalar:
         if _in_choices(value, (c,)):
             return c
     raise AssertionError("checked before")
+
+
+def label_of(pairs) -> str:
+    """The label text of (name, value) pairs: `name=value` separated by spaces, booleans as on/off,
+    whole floats without ".0" (`Config.label`; the one text form of a configuration)."""
+    return " ".join(f"{n}={_short(v)}" for n, v in pairs)
 
 
 def _short(v: Scalar) -> str:

@@ -61,13 +61,27 @@ def test_what_does_not_parse_is_an_input_error(bad, words):
         fa4.explain(*qkv(), arch="sm90", config=bad)
 
 
-def test_a_label_crosses_the_custom_op_as_a_mapping():
-    # under torch.compile config= travels through the custom op as a string (`_through_op`): the label
-    # goes as a mapping of printed values and comes back as the same configuration
+def test_a_label_crosses_the_custom_op_as_itself():
+    # under torch.compile config= travels through the custom op as a string (`_through_op`): a label,
+    # the one text form, goes as it is and comes back as the same configuration
     config = Config.make("sm90", tile_n=80, softmax_overlap=False)
-    sent = config_arg.config_to_str(config_text.parse_label(config.label()))
+    sent = config_arg.for_op(config.label())
     problem = AttentionProblem(1, 128, 128, 8, 2, 64)
-    assert config_arg.coerce_config(sent, "sm90", problem) == config
+    assert sent == config.label() and config_arg.coerce_config(sent, "sm90", problem) == config
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_knob_value_round_trips_through_its_label(arch):
+    """What any tool prints (`Config.label`) is accepted verbatim by config=, directly and through the
+    custom op, for every declared choice of every knob."""
+    problem = AttentionProblem(1, 128, 128, 8, 2, 64)
+    for k in knobs_for(arch):
+        for choice in k.choices:
+            config = Config.make(arch, **{k.name: choice})
+            label = config.label()
+            assert config_arg.coerce_config(label, arch, problem) == config, label
+            assert config_arg.coerce_config(config_arg.for_op(config), arch, problem) == config, label
+            assert config_arg.coerce_config(config_arg.for_op(dict(config.items)), arch, problem) == config
 
 
 def test_explain_on_cpu_tensors_says_what_it_assumed():

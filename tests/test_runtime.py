@@ -566,11 +566,18 @@ def test_custom_op_opcheck(fake):
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-def test_config_string_round_trip():
+def test_config_crosses_the_custom_op_as_a_label():
+    problem = AttentionProblem(1, 128, 128, 8, 2, 64)
     cfg = Config.make("sm90", tile_n=80, rescale_threshold=4.0, softmax_overlap=False)
-    assert config_arg.config_from_str(config_arg.config_to_str(cfg), "sm90") == cfg
-    assert config_arg.knobs_from_str(config_arg.config_to_str({"tile_n": 80, "pv_operand": "ss"})) == {
-        "tile_n": 80, "pv_operand": "ss"}
+    assert config_arg.for_op(cfg) == cfg.label()
+    assert config_arg.coerce_config(config_arg.for_op(cfg), "sm90", problem) == cfg
+    sent = config_arg.for_op({"tile_n": 80, "pv_operand": "ss"})
+    assert sent == "pv_operand=ss tile_n=80"
+    assert config_arg.coerce_config(sent, "sm90", problem) == kernels.default_config("sm90", problem).replace(
+        tile_n=80, pv_operand="ss")
+    # a Config of another architecture says so on the way back
+    with pytest.raises(InvalidInputError, match="knobs of sm100: a configuration for another architecture"):
+        config_arg.coerce_config(config_arg.for_op(Config.make("sm100")), "sm90", problem)
 
 
 # --- the SDPA fallback itself ------------------------------------------------------------------------

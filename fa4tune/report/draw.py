@@ -25,6 +25,7 @@ import plotly.offline
 from plotly.subplots import make_subplots
 
 from fa4 import backends
+from fa4.config_text import label_of
 
 from fa4tune.workers.outcomes import ALL_OUTCOMES
 from fa4tune.report.data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, ReportData, ShapeRow,
@@ -238,7 +239,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "")
 
 
 def _config_label(config: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items())
+    # the label every tool prints and config= accepts (booleans as on/off)
+    return label_of(config.items())
 
 
 def _state_badge(state: str) -> str:
