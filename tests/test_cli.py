@@ -441,7 +441,7 @@ def test_a_command_that_fails_on_a_file_ends_with_one_line(monkeypatch):
                     "Permission denied")
 
 
-@pytest.mark.parametrize("command", [["sass", "--out"], ["rescale-stats", "--output"]])
+@pytest.mark.parametrize("command", [["sass", "--out"], ["rescale-stats", "--out"]])
 def test_commands_of_other_modules_refuse_an_output_they_cannot_write_first(command, not_a_folder, monkeypatch):
     from fa4tune.sm100 import rescale_stats, sass_build
 

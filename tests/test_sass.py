@@ -205,3 +205,27 @@ def test_the_peers_hardware_query_answers_from_the_device_description(monkeypatc
     answer_hardware_info_from(B200)
     info = cutlass_utils.HardwareInfo()
     assert info.get_device_multiprocessor_count() == 148 and info.get_max_active_clusters(2) == 74
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm missing (pip install nvidia-cuda-nvdisasm)")
+def test_sass_without_flash_attn_4_runs_ours_and_says_so(monkeypatch, tmp_path):
+    """`fa4tune sass` on a machine without the [peer] extra: ours only, with a note, not a traceback."""
+    pytest.importorskip("cutlass")
+    import importlib.util
+    import json
+
+    from click.testing import CliRunner
+
+    from fa4tune import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sass_build.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flash_attn" else real(name, *a))
+    out = tmp_path / "sass.json"
+    result = CliRunner().invoke(cli.main, ["sass", "--no-causal", "--seqlen", "256", "--heads", "4",
+                                           "--heads-kv", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "flash-attn-4 is not installed" in result.stderr
+    saved = json.loads(out.read_text())
+    assert len(saved["results"]) == 1
+    assert "--no-causal" in saved["command"] and "--heads 4 --heads-kv 2" in saved["command"]

@@ -341,8 +341,8 @@ def test_cli_writes_sorted_json(tmp_path):
 
     output = tmp_path / "stats.json"
     result = CliRunner().invoke(rescale_stats.rescale_stats_command, [
-        "--seqlen", "256", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "64",
-        "--mask", "causal", "--output", str(output)])
+        "--seqlen", "256", "--heads", "4", "--heads-kv", "2", "--head-dim", "64",
+        "--causal", "--out", str(output)])
     assert result.exit_code == 0, result.output
     text = output.read_text()
     saved = json.loads(text)
@@ -350,8 +350,8 @@ def test_cli_writes_sorted_json(tmp_path):
     assert saved["command"] == (
         "fa4tune rescale-stats --seqlen 256 "
         + "".join(f"--threshold {t:g} " for t in THRESHOLDS)
-        + "--kind normal --kind peaked --mask causal --heads-q 4 --heads-kv 2 --head-dim 64 "
-        f"--dtype fp16 --output {output}")
+        + "--kind normal --kind peaked --causal --heads 4 --heads-kv 2 --head-dim 64 "
+        f"--dtype fp16 --out {output}")
     assert sorted({r["threshold"] for r in saved["rows"]}) == sorted(THRESHOLDS)
     assert len(saved["rows"]) == len(THRESHOLDS) * len(rescale_stats.INPUT_KINDS)
     for row in saved["rows"]:

@@ -104,20 +104,22 @@ def _saved_summary() -> str:
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
-        return f"No saved measurement at {path} yet: run `fa4tune rescale-stats --output {path}`."
+        return f"No saved measurement at {path} yet: run `fa4tune rescale-stats --out {path}`."
     summary = [f"Saved measurement ({path.name}, made by: {saved.get('command', '?')}):"]
     summary += ["  " + line for line in format_table(saved["rows"]).splitlines()]
     return "\n".join(summary)
 
 
 def _command_line(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim, dtype, output):
+    # the options of every fa4tune command: --heads/--heads-kv, --causal/--no-causal/--both, --out
     """The command that reproduces a measurement, every option spelled out."""
     words = ["fa4tune rescale-stats"]
     words += [f"--seqlen {s}" for s in seqlens] + [f"--threshold {t:g}" for t in thresholds]
-    words += [f"--kind {k}" for k in kinds] + [f"--mask {m}" for m in masks]
-    words += [f"--heads-q {heads_q} --heads-kv {heads_kv} --head-dim {head_dim} --dtype {dtype}"]
+    words += [f"--kind {k}" for k in kinds]
+    words += [{("full",): "--no-causal", ("causal",): "--causal"}.get(tuple(masks), "--both")]
+    words += [f"--heads {heads_q} --heads-kv {heads_kv} --head-dim {head_dim} --dtype {dtype}"]
     if output is not None:
-        words.append(f"--output {output}")
+        words.append(f"--out {output}")
     return " ".join(words)
 
 
@@ -130,19 +132,20 @@ def _command_line(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim
               help="rescale_threshold values (repeatable; default: the whole sm100 space).")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(list(INPUT_KINDS)),
               default=tuple(INPUT_KINDS), show_default=True)
-@click.option("--mask", "masks", multiple=True, type=click.Choice(["full", "causal"]),
-              default=("full", "causal"), show_default=True)
-@click.option("--heads-q", default=32, show_default=True)
+@click.option("--causal", "mask", flag_value="causal", help="causal only")
+@click.option("--no-causal", "mask", flag_value="full", help="non-causal only")
+@click.option("--both", "mask", flag_value="both", default=True, help="both (default)")
+@click.option("--heads", "heads_q", default=32, show_default=True, help="query heads")
 @click.option("--heads-kv", default=8, show_default=True)
 @click.option("--head-dim", default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the JSON (sorted keys) here, e.g. results/sm100_rescale_stats.json.")
 @click.option("--show", is_flag=True, help="Print the committed measurement "
               "(results/sm100_rescale_stats.json) and measure nothing.")
-def rescale_stats_command(seqlens, thresholds, kinds, masks, heads_q, heads_kv, head_dim, dtype, fmt,
+def rescale_stats_command(seqlens, thresholds, kinds, mask, heads_q, heads_kv, head_dim, dtype, fmt,
                           output, show):
     """sm100, on the CPU emulation of its tile algorithm: how many O rescales each rescale_threshold
     performs and skips on real-looking inputs, and the error against the fp32 reference at each. The
@@ -152,7 +155,8 @@ def rescale_stats_command(seqlens, thresholds, kinds, masks, heads_q, heads_kv, 
     if show:
         click.echo(_saved_summary())
         return
-    check_output(output, "--output")   # before the measurement, not after it
+    masks = {"causal": ("causal",), "full": ("full",)}.get(mask, ("full", "causal"))
+    check_output(output, "--out")   # before the measurement, not after it
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     base = Config.make("sm100")
     rows = measure_rescales(kinds, seqlens, thresholds, [m == "causal" for m in masks],

@@ -10,6 +10,8 @@ child process, built with the arguments its `interface.py` would choose for the 
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import os
 import shutil
@@ -203,10 +205,12 @@ def sass_command_factory():
     import click
 
     @click.command("sass", context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("--mask", "masks", multiple=True, type=click.Choice(["full", "causal"]),
-                  default=("full", "causal"), show_default=True)
+    @click.option("--causal", "mask", flag_value="causal", help="causal only")
+    @click.option("--no-causal", "mask", flag_value="full", help="non-causal only")
+    @click.option("--both", "mask", flag_value="both", default=True, help="both (default)")
     @click.option("--seqlen", type=click.IntRange(min=1), default=1024, show_default=True)
-    @click.option("--heads", default="32/8", show_default=True, help="query/KV heads")
+    @click.option("--heads", type=click.IntRange(min=1), default=32, show_default=True, help="query heads")
+    @click.option("--heads-kv", type=click.IntRange(min=1), default=8, show_default=True, help="KV heads")
     @click.option("--head-dim", type=click.Choice(["64", "128"]), default="128", show_default=True)
     @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
     @click.option("--set", "overrides", multiple=True, metavar="KNOB=VALUE",
@@ -216,7 +220,7 @@ def sass_command_factory():
     @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
     @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="also write the JSON (sorted keys) here, e.g. results/sass/base.json")
-    def sass_command(masks, seqlen, heads, head_dim, dtype, overrides, peer, fmt, out_path):
+    def sass_command(mask, seqlen, heads, heads_kv, head_dim, dtype, overrides, peer, fmt, out_path):
         """Compile ours (and flash-attn-4) for sm_100a on CPU, disassemble, count per warp role.
 
         Compile-time figures only: no Blackwell GPU exists here and the sm100 kernels never ran."""
@@ -225,7 +229,12 @@ def sass_command_factory():
         from fa4tune.paths import check_output
 
         check_output(out_path, "--out")   # before the compiles, not after them
-        heads_q, heads_kv = (int(x) for x in heads.split("/"))
+        heads_q = heads
+        if peer and importlib.util.find_spec("flash_attn") is None:
+            click.echo("fa4tune sass: flash-attn-4 is not installed (pip install -e '.[peer]'): ours only",
+                       err=True)
+            peer = False
+        masks = {"causal": ("causal",), "full": ("full",)}.get(mask, ("full", "causal"))
         results = []
         for mask in masks:
             problem = AttentionProblem(1, seqlen, seqlen, heads_q, heads_kv, int(head_dim), dtype,
@@ -239,8 +248,9 @@ def sass_command_factory():
                 click.echo(f"fa4tune sass: {problem.label()}: flash-attn-4", err=True)
                 results.append(analyze("flash-attn-4", problem))
         command = "fa4tune sass " + " ".join(
-            [f"--mask {m}" for m in masks] + [f"--seqlen {seqlen} --heads {heads} --head-dim {head_dim} "
-                                              f"--dtype {dtype}"] + [f"--set {o}" for o in overrides]
+            [{"causal": "--causal", "full": "--no-causal"}.get(mask, "--both")]
+            + [f"--seqlen {seqlen} --heads {heads} --heads-kv {heads_kv} --head-dim {head_dim} --dtype {dtype}"]
+            + [f"--set {o}" for o in overrides]
             + ([] if peer else ["--no-peer"]) + ([f"--out {out_path}"] if out_path else []))
         payload = {"command": command, "note": NOT_RUN_NOTE, "rates": {
             "tensor_flop_per_clock": TENSOR_FLOP_PER_CLOCK, "exp2_per_clock": EXP2_PER_CLOCK,
