@@ -89,6 +89,7 @@ class Progress:
         self._bar = None
         self._bar_rows = 0           # studies with a row on the bar that did not end yet
         self._last = 0.0
+        self._count_started: dict[str, tuple[float, int]] = {}  # what -> (first call's time, done)
         self._local = threading.local()
         # the shape set, for the estimates of time left
         self._set_size = 1
@@ -115,12 +116,18 @@ class Progress:
                 print(text, file=self.stream, flush=True)
 
     def count(self, done: int, total: int, what: str) -> None:
-        """"what: done/total", at most every few seconds (always the last one)."""
+        """"what: done/total, ~ETA left", at most every few seconds (always the last one); the ETA
+        from the rate since this count's first call."""
         with self._lock:
             now = time.monotonic()
+            started, done_then = self._count_started.setdefault(what, (now, done))
             if done == total or now - self._last >= self.every_s:
                 self._last = now
-                self.message(f"{what}: {done}/{total}")
+                eta = ""
+                if done_then < done < total and now > started:
+                    left = (now - started) / (done - done_then) * (total - done)
+                    eta = f", ~{format_duration(left)} left"
+                self.message(f"{what}: {done}/{total}{eta}")
 
     def start_set(self, names: list[str], lanes: int = 1) -> None:
         """A search of several studies begins, `lanes` of them at a time: name them."""

@@ -227,3 +227,20 @@ def test_reason_classes_keep_names_and_the_table_shows_numbers():
     assert reason_class("head dim 96 is not supported (sm90 kernel: 64, 128)") == \
         "head dim N is not supported (sm90 kernel: N N)"
     assert reason_class("shared memory 254976 B > 232448 B per block") == "shared memory N B > N B per block"
+
+
+def test_counts_show_an_eta_from_the_rate(monkeypatch):
+    import io
+
+    from fa4tune import progress as progress_module
+
+    clock = iter([100.0, 110.0, 130.0])
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
+    stream = io.StringIO()
+    p = progress_module.Progress(stream=stream)
+    p.every_s = 0.0
+    p.count(1, 10, "compiled")   # the first call: no rate yet
+    p.count(2, 10, "compiled")   # 1 item in 10 s: 8 left, ~80 s
+    p.count(10, 10, "compiled")
+    lines = stream.getvalue().splitlines()
+    assert lines == ["compiled: 1/10", "compiled: 2/10, ~1m20s left", "compiled: 10/10"]

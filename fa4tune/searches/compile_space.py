@@ -34,7 +34,7 @@ from fa4.config_text import display_label
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.environment import kernel_api
 from fa4tune.workers.outcomes import OK
-from fa4tune.progress import Progress
+from fa4tune.progress import Progress, format_duration
 from fa4tune.inputs.space import SearchSpace
 from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
 
@@ -65,6 +65,10 @@ def check_report(arch: str, model_smem: Optional[int], entry: dict, kernels=None
         problems.append(f"shared memory {report.get('smem_bytes')} B compiled vs {model_smem} B modelled")
     return problems
 
+
+# mean seconds per configuration per process, from the committed whole-space shards of sm100
+# (results/compile_space/sm100-shard-*: 2.67 s mean, 2.31 s median over 12,609 compiles)
+SECONDS_PER_COMPILE = 2.7
 
 def reason_class(reason: str) -> str:
     """Group reasons that differ only in numbers ("needs 240000 B" ~ "needs 250000 B"); digits that are
@@ -153,6 +157,11 @@ def run(arch: str, problems: list[AttentionProblem], space: SearchSpace, limit: 
     compiled: list[list] = [[] for _ in plans]  # (position in the plan, entry)
     total = sum(len(p.picked) for p in plans)
     if total:
+        # the estimate first: a whole space is hours (1-4 s per configuration per core, measured)
+        workers = max(1, min(processes, total))
+        progress.message(f"compile-space: {total} configuration(s) to compile on {workers} process(es): about "
+                         f"{format_duration(total * SECONDS_PER_COMPILE / workers)} at ~{SECONDS_PER_COMPILE:g} s "
+                         f"each{'' if limit else ' (no --limit: the whole space)'}")
         with WorkerPool(max(1, min(processes, total)), [None], evaluator=evaluator, mode="cpu",
                         arch=arch, compile_timeout_s=compile_timeout_s) as pool:
             tasks = {}
