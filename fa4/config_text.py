@@ -23,7 +23,7 @@ def parse_label(text: str) -> dict[str, str]:
     values: dict[str, str] = {}
     for part in text.split():
         name, eq, value = part.partition("=")
-        if not eq or not name or not value:
+        if not eq or not name.isidentifier() or not value:
             raise ValueError(f"cannot read {part!r} of configuration {text!r}: want name=value pairs")
         if name in values:
             raise ValueError(f"configuration {text!r} names {name} twice")
