@@ -285,6 +285,39 @@ def _table(title: str, columns: list[str], rows: list[list]) -> None:
     Console(file=sys.stdout).print(table)
 
 
+def _compile_space_tables(results: list[dict], stream=None) -> None:
+    """Per problem: the feasibility census by reason, and what compiled (fits the terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from fa4.kernels import AttentionProblem
+
+    console = Console(file=stream or sys.stdout)
+    for r in results:
+        label = AttentionProblem(**r["problem"]).label()
+        why = Table(title=f"{label}: {r['feasible']} of {r['space_size']} feasible; rejected before compiling, "
+                          "by reason")
+        why.add_column("reason (the first of its kind, with its numbers)")
+        why.add_column("configurations", justify="right")
+        examples = r.get("infeasible_examples") or {}
+        for reason, n in r["infeasible_reasons"].items():
+            why.add_row(examples.get(reason, reason), str(n))
+        console.print(why)
+        table = Table(title=f"{label}: compiled for {r['arch']} ({len(r['compiled'])})")
+        for column in ("configuration", "registers", "spills (st/ld)", "smem B", "model B", "seconds", "problems"):
+            table.add_column(column)
+        for entry in sorted(r["compiled"], key=lambda e: bool(e["problems"])):
+            report = entry.get("report") if isinstance(entry.get("report"), dict) else {}
+            config = ("default " if entry["is_default"] else "") + _label(r["arch"], entry["config"])
+            spills = (f"{report.get('spill_stores', '-')}/{report.get('spill_loads', '-')}"
+                      if "spill_stores" in report else str(report.get("spills", "-")))
+            table.add_row(config, str(report.get("registers", "-")), spills, str(report.get("smem_bytes", "-")),
+                          str(entry["model_smem_bytes"]),
+                          str(report.get("compile_seconds", entry.get("compile_s", "-"))),
+                          "; ".join(entry["problems"]) or "ok")
+        console.print(table)
+
+
 def _fmt(x, digits=2):
     return None if x is None else f"{x:.{digits}f}"
 
@@ -327,7 +360,7 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
     if fmt == "json":
         click.echo(json.dumps(results, indent=1, sort_keys=True))
     else:
-        compile_space.print_tables(results)
+        _compile_space_tables(results)
     for line in compile_space.summary_lines(results):
         click.echo(line, err=True)
     sys.exit(compile_space.exit_status(results))
