@@ -42,6 +42,34 @@ def _readable_journal(path: str, scratch: str) -> str:
     return plain
 
 
+def search_curves(journals: list[str]) -> None:
+    """How many configurations a search needs: per study, the place (in the order timed) of the first
+    configuration within 1 % of the study's best; the distribution over the studies (`--curves`)."""
+    import statistics
+
+    import optuna
+
+    from fa4tune.searches.storage import open_for_reading
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    places, default_near = [], 0
+    with tempfile.TemporaryDirectory() as scratch:
+        for path in journals:
+            storage = open_for_reading(_readable_journal(path, scratch))
+            for summary in optuna.get_all_study_summaries(storage):
+                trials = sorted((t for t in optuna.load_study(study_name=summary.study_name, storage=storage).trials
+                                 if t.state.name == "COMPLETE" and t.user_attrs.get("us")), key=lambda t: t.number)
+                times = [t.user_attrs["us"] for t in trials]
+                best = min(times)
+                places.append(next(i for i, us in enumerate(times) if us <= best * 1.01) + 1)
+                default_near += any(t.user_attrs.get("is_default") and t.user_attrs["us"] <= best * 1.01
+                                    for t in trials)
+    places.sort()
+    print(f"{len(places)} studies: first configuration within 1 % of the study's best at place median "
+          f"{statistics.median(places):g}; within 10: {sum(p <= 10 for p in places)}, within 20: "
+          f"{sum(p <= 20 for p in places)}, latest {max(places)}; the default within 1 %: {default_near}")
+
+
 def timed_configurations(journals: list[str]) -> dict[str, dict[str, float]]:
     """{study name: {configuration label: GPU us}} over every completed trial of every journal (the
     lowest time where a configuration was timed twice)."""
@@ -100,11 +128,18 @@ def judge(shapes_file: str, journals: list[str], near: float | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes-file", required=True)
+    parser.add_argument("--shapes-file")
+    parser.add_argument("--curves", action="store_true",
+                        help="instead: how many configurations the searches needed (for `search --effort`)")
     parser.add_argument("--journal", action="append", required=True, help="optuna journal (.gz read too)")
     parser.add_argument("--near", type=float, default=None,
                         help="also list the configurations within this fraction of each shape's best")
     args = parser.parse_args(argv)
+    if args.curves:
+        search_curves(args.journal)
+        return 0
+    if not args.shapes_file:
+        parser.error("--shapes-file is needed (or --curves)")
     return judge(args.shapes_file, args.journal, args.near)
 
 

@@ -29,6 +29,7 @@ from fa4tune.api import DEFAULT_PROBLEM, describe_problems, detect_gpus
 from fa4tune.paths import check_output, write_failed
 from fa4tune.benchmark.runner import ROUNDS as BENCH_ROUNDS
 from fa4tune.searches.retime import ROUNDS as RETIME_ROUNDS, TOP as RETIME_TOP
+from fa4tune.searches.runner import EFFORTS
 from fa4tune.workers.timing import L2_STATES
 
 # the shape options' defaults: the API's default problem (one definition)
@@ -399,10 +400,13 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @shape_options
 @shape_set_options
 @arch_option
-@click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--effort", type=click.Choice(list(EFFORTS)), default=None,
+              help="a preset of --trials: " + "; ".join(f"{name} {n}" for name, n in EFFORTS.items())
+                   + " (from the searches' own curves: docs/tuning.md) [default: default]")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
               help="configurations per study that pass the feasibility model (infeasible ones are "
                    "recorded but not counted); a re-run resumes up to this many. With --compile-only: "
-                   "how many feasible configurations to compile per problem")
+                   "how many feasible configurations to compile per problem [default: --effort's]")
 @click.option("--sampler", type=click.Choice(["tpe", "grid", "random"]), default="tpe", show_default=True)
 @click.option("--timeout", type=float, default=None, help="wall-clock budget per study, seconds")
 @click.option("--trial-timeout", type=float, default=20.0, show_default=True,
@@ -433,7 +437,7 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
 def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
-           trials, sampler,
+           effort, trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
            space_path, l2, peers, warm_start, retime_rounds, compile_only):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
@@ -441,6 +445,9 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     from fa4tune.inputs.space import SpaceError
     from fa4tune.workers.pool import PoolError
 
+    if effort is not None and trials is not None:
+        raise click.UsageError(f"--effort {effort} sets --trials {EFFORTS[effort]}: give one or the other")
+    trials = trials or EFFORTS[effort or "default"]
     problems = (problems_from_set(shapes_file, model, mask)
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
     if compile_only:

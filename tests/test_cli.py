@@ -455,3 +455,24 @@ def test_tables_fit_the_terminal(tmp_path):
     record(_entry("old", 2048), db)
     table = invoke("best", "--db", str(db), env={"COLUMNS": "80"}).stdout
     assert max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_effort_presets_set_the_trials_and_refuse_a_second_count(monkeypatch):
+    from fa4tune.searches.runner import EFFORTS
+
+    seen = {}
+
+    def fake_run(problems, **kw):
+        seen["trials"] = kw["trials"]
+        return []
+
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [{"name": "NVIDIA H200"}])
+    monkeypatch.setattr("fa4tune.api.run_search_set", fake_run)
+    for effort, expected in (("quick", 10), (None, EFFORTS["default"]), ("full", 100)):
+        args = ["search", "--causal", "--no-db"] + (["--effort", effort] if effort else [])
+        invoke(*args)
+        assert seen["trials"] == expected
+    invoke("search", "--causal", "--no-db", "--trials", "7")
+    assert seen["trials"] == 7
+    refused = CliRunner().invoke(cli.main, ["search", "--effort", "quick", "--trials", "7"])
+    assert refused.exit_code == 2 and "give one or the other" in refused.output
