@@ -9,18 +9,8 @@ PART=${1:?usage: bench_heldout.sh 1|2}
 OUT=${OUT:-/tmp/fa4-heldout-$PART}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 - "$PART" "$OUT/heldout_$PART.toml" <<'PY'
-import sys, tomllib
-part, out = int(sys.argv[1]), sys.argv[2]
-problems = tomllib.load(open("results/wide/heldout.toml", "rb"))["problem"]
-chosen = problems[:12] if part == 1 else problems[12:]
-with open(out, "w") as f:
-    for p in chosen:
-        f.write("[[problem]]\n" + "".join(
-            f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v).replace(chr(39), chr(34))}\n"
-            for k, v in p.items()) + "\n")
-print(f"held-out part {part}: {len(chosen)} problems")
-PY
+python3 benchmarks/shapes_subset.py results/wide/heldout.toml "$OUT/heldout_$PART.toml" \
+    $([ "$PART" = 1 ] && echo --stop 12 || echo --start 12)
 start=$(date +%s)
 timeout "${BENCH_SECONDS:-540}" python3 -m fa4tune.cli bench --shapes-file "$OUT/heldout_$PART.toml" \
     --db results/best_configs.json --out "$OUT/heldout_$PART.json" --jobs 12 2>&1 \

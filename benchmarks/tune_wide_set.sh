@@ -10,18 +10,8 @@ HALF=${1:?usage: tune_wide_set.sh a|b}
 OUT=${OUT:-/tmp/fa4-wide-$HALF}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 - "$HALF" "$OUT/train_$HALF.toml" <<'PY'
-import sys, tomllib
-half, out = sys.argv[1], sys.argv[2]
-problems = tomllib.load(open("results/wide/train.toml", "rb"))["problem"]
-chosen = problems[0::2] if half == "a" else problems[1::2]
-with open(out, "w") as f:
-    for p in chosen:
-        f.write("[[problem]]\n" + "".join(
-            f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v).replace(chr(39), chr(34))}\n"
-            for k, v in p.items()) + "\n")
-print(f"half {half}: {len(chosen)} problems")
-PY
+python3 benchmarks/shapes_subset.py results/wide/train.toml "$OUT/train_$HALF.toml" --step 2 \
+    --start "$([ "$HALF" = a ] && echo 0 || echo 1)"
 JOURNAL="$OUT/wide_$HALF.journal"
 [ -n "${RESUME_JOURNAL:-}" ] && cp "$RESUME_JOURNAL" "$JOURNAL"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/toolchain_$HALF.txt"
