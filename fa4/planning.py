@@ -164,9 +164,12 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
     expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
     if backend == dispatch.OURS:
         expl.forced_backend = backend
+    measured_here = expl.source == "exact" and expl.entry.backend_us
+    if not measured_here and expl.source not in ("nearest", "default"):  # forced, or an entry without times
+        return
     excluded = _excluded_peers(expl, problem)
     host = dispatch.host_us(expl.device_name or "")
-    if expl.source == "exact" and expl.entry.backend_us:
+    if measured_here:
         measured = dict(expl.entry.backend_us)
         candidates = {name: us for name, us in measured.items() if name not in excluded}
         for mode in dispatch.MODES:
@@ -180,7 +183,7 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
             if unfiltered is not None and unfiltered.backend != choice.backend:
                 expl.notes.append(f"{mode}: {_backends.title(unfiltered.backend)} measured fastest "
                                   f"({unfiltered.reason}) but cannot run here: {excluded[unfiltered.backend]}")
-    elif expl.source in ("nearest", "default"):
+    else:
         db = state.database()
         entries = [] if db is None else prediction.region(
             db.current_entries(state.fingerprint(expl.arch), STATE.db_broken), expl.arch,
@@ -192,8 +195,6 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
             expl.predictions.append(guess)
             if backend == AUTO:
                 expl.runs[mode] = guess.backend
-    else:
-        return
     if not host and (expl.backends or expl.predictions):
         expl.notes.append(f"no host time per call was measured on {expl.device_name}: eager calls are "
                           "judged by GPU time alone")
