@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from typing import Iterator
 
 from fa4.kernels import Config, default_config
 from fa4tune.inputs.shape_sets import load_shapes_file
@@ -42,28 +43,36 @@ def _readable_journal(path: str, scratch: str) -> str:
     return plain
 
 
-def search_curves(journals: list[str]) -> None:
-    """How many configurations a search needs: per study, the place (in the order timed) of the first
-    configuration within 1 % of the study's best; the distribution over the studies (`--curves`)."""
-    import statistics
-
+def timed_trials(journals: list[str]) -> Iterator[tuple[str, list]]:
+    """(study name, its completed trials that carry a time, in the order they were timed) for every
+    study of every journal."""
     import optuna
 
     from fa4tune.searches.storage import open_for_reading
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    places, default_near = [], 0
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     with tempfile.TemporaryDirectory() as scratch:
         for path in journals:
             storage = open_for_reading(_readable_journal(path, scratch))
             for summary in optuna.get_all_study_summaries(storage):
-                trials = sorted((t for t in optuna.load_study(study_name=summary.study_name, storage=storage).trials
-                                 if t.state.name == "COMPLETE" and t.user_attrs.get("us")), key=lambda t: t.number)
-                times = [t.user_attrs["us"] for t in trials]
-                best = min(times)
-                places.append(next(i for i, us in enumerate(times) if us <= best * 1.01) + 1)
-                default_near += any(t.user_attrs.get("is_default") and t.user_attrs["us"] <= best * 1.01
-                                    for t in trials)
+                trials = optuna.load_study(study_name=summary.study_name, storage=storage).trials
+                yield summary.study_name, sorted(
+                    (t for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("us") is not None),
+                    key=lambda t: t.number)
+
+
+def search_curves(journals: list[str]) -> None:
+    """How many configurations a search needs: per study, the place (in the order timed) of the first
+    configuration within 1 % of the study's best; the distribution over the studies (`--curves`)."""
+    import statistics
+
+    places, default_near = [], 0
+    for _, trials in timed_trials(journals):
+        times = [t.user_attrs["us"] for t in trials]
+        best = min(times)
+        places.append(next(i for i, us in enumerate(times) if us <= best * 1.01) + 1)
+        default_near += any(t.user_attrs.get("is_default") and t.user_attrs["us"] <= best * 1.01 for t in trials)
     places.sort()
     print(f"{len(places)} studies: first configuration within 1 % of the study's best at place median "
           f"{statistics.median(places):g}; within 10: {sum(p <= 10 for p in places)}, within 20: "
@@ -73,25 +82,12 @@ def search_curves(journals: list[str]) -> None:
 def timed_configurations(journals: list[str]) -> dict[str, dict[str, float]]:
     """{study name: {configuration label: GPU us}} over every completed trial of every journal (the
     lowest time where a configuration was timed twice)."""
-    import optuna
-
-    from fa4tune.searches.storage import open_for_reading
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     times: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        for path in journals:
-            storage = open_for_reading(_readable_journal(path, scratch))
-            for summary in optuna.get_all_study_summaries(storage):
-                study = optuna.load_study(study_name=summary.study_name, storage=storage)
-                timed = times.setdefault(summary.study_name, {})
-                for trial in study.trials:
-                    us = trial.user_attrs.get("us")
-                    if trial.state.name != "COMPLETE" or us is None:
-                        continue
-                    label = Config.from_dict(ARCH, trial.params).label()
-                    timed[label] = min(us, timed.get(label, math.inf))
+    for study, trials in timed_trials(journals):
+        timed = times.setdefault(study, {})
+        for trial in trials:
+            label = Config.from_dict(ARCH, trial.params).label()
+            timed[label] = min(trial.user_attrs["us"], timed.get(label, math.inf))
     return times
 
 
