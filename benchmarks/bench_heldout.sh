@@ -13,7 +13,7 @@ python3 benchmarks/shapes_subset.py results/wide/heldout.toml "$OUT/heldout_$PAR
     $([ "$PART" = 1 ] && echo --stop 12 || echo --start 12)
 start=$(date +%s)
 timeout "${BENCH_SECONDS:-540}" python3 -m fa4tune.cli bench --shapes-file "$OUT/heldout_$PART.toml" \
-    --db results/best_configs.json --out "$OUT/heldout_$PART.json" --jobs 12 2>&1 \
+    --db fa4/data/best_configs.json --out "$OUT/heldout_$PART.json" --jobs 12 2>&1 \
     | grep -v -i "userwarning\|exe_args" > "$OUT/heldout_$PART.log"
 echo "bench $PART: exit ${PIPESTATUS[0]} wall $(( $(date +%s) - start )) s" | tee -a "$OUT/heldout_$PART.log"
 tail -n 40 "$OUT/heldout_$PART.log"

@@ -3,7 +3,7 @@
 #   bash benchmarks/h200_kernel_v2.sh check        register sweep (CPU cores), GPU suites, runtime tests
 #   bash benchmarks/h200_kernel_v2.sh tune A|B     re-tune half of the bench grid (30 s a study)
 #   bash benchmarks/h200_kernel_v2.sh bench        one `fa4tune bench` over the whole grid
-# `tune` writes a fresh $OUT/studies.journal (v2 kernel) and updates $OUT/best_configs.json (from results/).
+# `tune` writes a fresh $OUT/studies.journal (v2 kernel) and updates $OUT/best_configs.json (from fa4/data/).
 set -uo pipefail
 OUT=${OUT:-/tmp/fa4-v2-out}
 mkdir -p "$OUT"
@@ -25,7 +25,7 @@ case ${1:-} in
       > "$OUT/gpu_runtime.txt" 2>&1
     tail -n 3 "$OUT/gpu_runtime.txt" ;;
   tune)
-    [ -f "$OUT/best_configs.json" ] || cp results/best_configs.json "$OUT"/
+    [ -f "$OUT/best_configs.json" ] || cp fa4/data/best_configs.json "$OUT"/
     [ -f "$OUT/studies.journal" ] || gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
     if [ "${2:-A}" = A ]; then grid=("${GRID_A[@]}"); else grid=("${GRID_B[@]}"); fi
     start=$(date +%s)

@@ -8,7 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/fa4-mission-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-cp results/best_configs.json "$OUT"/ && gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
+cp fa4/data/best_configs.json "$OUT"/ && gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
 python3 -m fa4tune.cli search --seqlen 1024 --gqa 4 --timeout "${STUDY_TIMEOUT:-170}" \

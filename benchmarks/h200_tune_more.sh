@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/fa4-tune-more-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-cp results/best_configs.json "$OUT"/ && gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
+cp fa4/data/best_configs.json "$OUT"/ && gunzip -c results/studies.journal.gz > "$OUT/studies.journal"
 start=$(date +%s)
 for args in "--seqlen 2048 --head-dim 64" "--seqlen 8192 --dtype bf16"; do
   python3 -m fa4tune.cli search $args --gqa 4 --timeout "${STUDY_TIMEOUT:-50}" \

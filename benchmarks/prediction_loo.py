@@ -8,7 +8,7 @@ prediction's constants are compared with `--voters`, `--confident-distance` and 
 shipped constants are the ones chosen this way on the packaged database (train shapes and the grid),
 never on the held-out shapes.
 
-    python benchmarks/prediction_loo.py --db results/best_configs.json --voters 0 3 5 7
+    python benchmarks/prediction_loo.py --db fa4/data/best_configs.json --voters 0 3 5 7
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def leave_one_out(entries: list, mode: str, host: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default="results/best_configs.json")
+    parser.add_argument("--db", default="fa4/data/best_configs.json")
     parser.add_argument("--voters", type=int, nargs="*", default=[prediction.VOTERS or 0],
                         help="nearest entries that vote when not confident (0: the whole region)")
     parser.add_argument("--confident-distance", type=float, nargs="*", default=[prediction.CONFIDENT_DISTANCE])

@@ -13,8 +13,7 @@ The old sources come from a commit (`--rev`, extracted with `git archive`) or a 
 a copy of `kernels/`); an entry is compared only when the old sources give exactly the fingerprint it
 carries (the same sources and the same DSL toolchain), so nothing is re-stamped on a guess.
 
-    python benchmarks/restamp_unchanged_code.py --rev REV [--db results/best_configs.json]
-    cp results/best_configs.json fa4/data/best_configs.json     # the packaged copy
+    python benchmarks/restamp_unchanged_code.py --rev REV [--db fa4/data/best_configs.json]
 
 Exit status 0; the lines say what was re-stamped, what stays stale and why.
 """
@@ -150,7 +149,7 @@ def main() -> None:
     ap.add_argument("--rev", help="the commit whose kernel sources the stale entries were tuned with")
     ap.add_argument("--old-kernels", help="instead of --rev: a folder with those sources (a copy of kernels/)")
     ap.add_argument("--new-kernels", help="today's sources from a folder instead of the installed fa4.kernels")
-    ap.add_argument("--db", default=str(REPO / "results" / "best_configs.json"))
+    ap.add_argument("--db", default=str(REPO / "fa4" / "data" / "best_configs.json"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--nvdisasm", help=argparse.SUPPRESS)
     args = ap.parse_args()

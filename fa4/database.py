@@ -4,8 +4,8 @@ The harness (`fa4tune search`) writes it; the runtime (`fa4.attention`) reads it
 runtime package, because reading it must not need the harness.
 
 Where, in layers (`default_layers()`), later layers winning per key:
-1. "packaged": shipped as package data (`packaged_path()`, read-only, a copy of the repository's
-   `results/best_configs.json`);
+1. "packaged": shipped as package data (`packaged_path()`, read-only at run time; the repository's
+   one reviewed copy, which GPU runs of the repository update);
 2. "user": the user's own, which `fa4tune search` writes (`default_path()`: `$FA4_CONFIG_DB` when set,
    else `user_path()`, `best_configs.json` in `$FA4TUNE_HOME` or `~/.cache/fa4tune`). It holds only
    what was tuned here.
@@ -269,8 +269,8 @@ class Skipped:
 
 
 def packaged_path() -> Path:
-    """The database shipped with the package (package data, read-only at run time). It is a copy of the
-    repository's reviewed `results/best_configs.json` (docs/search-at-scale.md, "Refresh the packaged database")."""
+    """The database shipped with the package (package data, read-only at run time). In the repository it
+    is the one reviewed copy (docs/search-at-scale.md, "Refresh the packaged database")."""
     return Path(__file__).resolve().parent / "data" / DEFAULT_FILENAME
 
 

@@ -17,7 +17,7 @@ import click
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--results", "results_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="folder holding the inputs [default: the results directory, $FA4TUNE_HOME or "
-                   "~/.cache/fa4tune; the committed report: --results results]")
+                   "~/.cache/fa4tune; the committed report: --results results --db fa4/data/best_configs.json]")
 @click.option("--storage", default=None,
               help="optuna storage: URL (sqlite:///x.db) or SQLite/journal file "
                    "[default: every one found in the results folder, e.g. studies.journal]")

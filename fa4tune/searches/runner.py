@@ -41,7 +41,7 @@ On the H200 test machine (files come back only through $OUT), after
 the bundle's setup, the mission search and its benchmark, writing straight into $OUT so that a run
 cut short still returns its storage (copy the committed files there first to resume and to merge):
 
-    cp results/studies.journal results/best_configs.json $OUT/ 2>/dev/null
+    gunzip -c results/studies.journal.gz > $OUT/studies.journal; cp fa4/data/best_configs.json $OUT/
     python3 -m fa4tune.cli search --seqlen 1024 --gqa 4 --timeout 200 --storage $OUT/studies.journal \
         --db $OUT/best_configs.json --format json > $OUT/search.json 2> $OUT/search.log
     python3 -m fa4tune.cli bench --db $OUT/best_configs.json --out $OUT/bench.json --csv $OUT/bench.csv
