@@ -172,7 +172,7 @@ def _peer_runner(plan: planning.Plan, backend: str):
     try:
         return _backends.runner(backend, plan.causal)
     except Exception as exc:  # ImportError, or a package that fails to initialise
-        why = f"{_backends.title(backend)} cannot be imported: {_backends.short_error(exc)}"
+        why = f"{_backends.title(backend)} cannot be imported: {_backends.first_error_line(exc)}"
         if plan.explanation.forced_backend == backend:
             raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {why}") from exc
         warn_once(f"peer-import:{backend}", f"fa4: {why}; our kernel runs where it was measured fastest")
@@ -316,8 +316,8 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
         title = _backends.title(launch.backend)
         if expl.forced_backend == launch.backend:
             raise UnsupportedInputError(f"backend={launch.backend!r} cannot run these inputs: {title} raised "
-                                        f"{_backends.short_error(exc)}") from exc
-        why = _backends.short_error(exc)
+                                        f"{_backends.first_error_line(exc)}") from exc
+        why = _backends.first_error_line(exc)
         STATE.refused[(launch.backend, expl.problem, plan.return_lse)] = why
         warn_once(f"refused:{launch.backend}:{expl.problem}:{plan.return_lse}",
                    f"fa4: {title}, measured fastest for {expl.problem}, refused the call ({why}); our "

@@ -26,12 +26,12 @@ def kernel_api(name: str = "fa4.kernels"):
 def kernel_fingerprint(arch: str, api: str = "fa4.kernels") -> str:
     """The kernel fingerprint of a family (our sources and the DSL toolchain), or "unavailable (why)"
     when it cannot be imported."""
-    from fa4tune.workers.outcomes import short_error
+    from fa4tune.workers.outcomes import portable_error
 
     try:
         return kernel_api(api).kernel_fingerprint(arch)
     except Exception as exc:  # the family is not importable (yet): say so, do not guess
-        return f"unavailable ({short_error(exc, 80)})"
+        return f"unavailable ({portable_error(exc, 80)})"
 
 
 def utc_now() -> str:

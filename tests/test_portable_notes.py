@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fa4tune.workers.outcomes import portable_note, short_error
+from fa4tune.workers.outcomes import portable_note, portable_error
 
 # a "/" that starts a word and is followed by a path segment: an absolute path left in a note
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~…<>/:-])/[\w.-]+")
@@ -50,8 +50,8 @@ def test_what_is_not_a_path_is_left_alone():
     assert portable_note(text) == text
 
 
-def test_short_error_makes_portable_reasons():
+def test_portable_error_makes_portable_reasons():
     exc = FileNotFoundError(2, "No such file or directory", "/home/x/.cache/fa4tune/kernels/k.so")
-    assert short_error(exc) == "FileNotFoundError: [Errno 2] No such file or directory: '<home>/.cache/fa4tune/kernels/k.so'"
+    assert portable_error(exc) == "FileNotFoundError: [Errno 2] No such file or directory: '<home>/.cache/fa4tune/kernels/k.so'"
     long = RuntimeError("/root/venv/lib/python3.12/site-packages/cutlass/" + "x" * 500 + ".py\nlast line")
-    assert short_error(long).startswith("RuntimeError: <site-packages>/cutlass/x") and len(short_error(long)) <= 400
+    assert portable_error(long).startswith("RuntimeError: <site-packages>/cutlass/x") and len(portable_error(long)) <= 400

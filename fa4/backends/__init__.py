@@ -151,7 +151,7 @@ def import_error(name: str) -> Optional[str]:
     try:
         backend.runner(False)
     except Exception as exc:  # ImportError, or the package failing to initialise
-        return f"{backend.title} not importable: {short_error(exc)}"
+        return f"{backend.title} not importable: {first_error_line(exc)}"
     return None
 
 
@@ -196,7 +196,10 @@ def fix_rows_without_keys(out, lse, rows: int) -> None:
             lse[:, :, :rows] = -math.inf
 
 
-def short_error(exc: BaseException, limit: int = 300) -> str:
+def first_error_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of `exc`, for a message to the user of this process (a warning, an error): its
+    paths stay as they are, they are this machine's. A reason that is recorded and shared is
+    `fa4tune.workers.outcomes.portable_error` instead."""
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()
     line = text[0] if text else type(exc).__name__
     return line[:limit]

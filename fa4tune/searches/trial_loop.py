@@ -39,7 +39,7 @@ from fa4tune.environment import utc_now
 from fa4tune.workers.outcomes import INFEASIBLE, INTERRUPTED, OK
 from fa4tune.progress import Progress
 from fa4tune.searches.study import best_ok_trial, finish_trial, outcome_counts, params_key
-from fa4tune.workers.outcomes import short_error
+from fa4tune.workers.outcomes import portable_error
 from fa4tune.workers.pool import WorkerPool
 
 # a sampler that proposes only configurations already seen this many times in a row has converged
@@ -200,7 +200,7 @@ class TrialLoop:
             reasons = list(self.kernels.feasible(config, self.problem, self.device))
             key = self.kernels.compile_key(config, self.problem, self.device)
         except Exception as exc:  # the kernel's own model failed on this config: a result
-            self.finish(entry, {"outcome": "compile_error", "error": short_error(exc)})
+            self.finish(entry, {"outcome": "compile_error", "error": portable_error(exc)})
             return
         if reasons:
             self.finish(entry, {"outcome": INFEASIBLE, "reasons": reasons, "error": "; ".join(reasons)[:400]})

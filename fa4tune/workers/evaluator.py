@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Any, Optional
 
-from fa4tune.workers.outcomes import portable_note, short_error
+from fa4tune.workers.outcomes import portable_note, portable_error
 
 
 class KernelEvaluator:
@@ -128,7 +128,7 @@ class KernelEvaluator:
                 if eager:  # the same call back to back: what an eager caller of this peer pays per call
                     out[name]["eager_us"] = round(time_eager(call), 3)
             except Exception as exc:  # a peer that cannot run this shape is a result, not a crash
-                out[name] = {"error": short_error(exc)}
+                out[name] = {"error": portable_error(exc)}
                 if not self.healthy():
                     raise
         return out
@@ -178,7 +178,7 @@ class KernelEvaluator:
             except Exception as exc:  # ours forced cannot run here: the dispatched row still holds
                 if not self.healthy():
                     raise
-                result["ours_eager_error"] = short_error(exc)
+                result["ours_eager_error"] = portable_error(exc)
         return result
 
     def trigger_fault(self) -> None:

@@ -16,7 +16,7 @@ report counts them in this order.
 
 A reason is a note that travels: into the journal, a bench file, a report, all of which are committed
 and shared. `portable_note` rewrites the absolute paths in one (a compiler's traceback names files
-under site-packages or a home directory) so that no note carries a machine's layout; `short_error`
+under site-packages or a home directory) so that no note carries a machine's layout; `portable_error`
 applies it to every reason it makes, and the bench and the report apply it again to what they read.
 """
 
@@ -39,9 +39,10 @@ ALL_OUTCOMES = OUTCOMES + (INTERRUPTED,)
 FAILED = tuple(o for o in OUTCOMES if o != OK)
 
 
-def short_error(exc: BaseException | str, limit: int = 400) -> str:
+def portable_error(exc: BaseException | str, limit: int = 400) -> str:
     """The reason recorded with a failed outcome: one line, at most `limit` characters, without an
-    absolute path (`portable_note`)."""
+    absolute path (`portable_note`), since it is committed and shared. (A message to the user of this
+    process keeps its paths: `fa4.backends.first_error_line`.)"""
     text = portable_note(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     if not lines:

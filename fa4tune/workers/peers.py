@@ -41,7 +41,7 @@ def peer_call(name: str, q, k, v, causal: bool, scale: float) -> tuple[Callable[
             call()
             return call, {"kv_expanded": True} if expand else {}
         except RuntimeError as exc:  # the backend refuses these inputs (GQA, mask, dtype)
-            errors.append(backends.short_error(exc))
+            errors.append(backends.first_error_line(exc))
     raise RuntimeError("; ".join(errors))
 
 

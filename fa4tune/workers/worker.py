@@ -32,7 +32,7 @@ import traceback
 from typing import Any, Optional
 
 from fa4tune.workers.evaluator import load_evaluator
-from fa4tune.workers.outcomes import WORKER_FAILURES, short_error
+from fa4tune.workers.outcomes import WORKER_FAILURES, portable_error
 
 INJECT_ENV = "FA4TUNE_INJECT_FAULT"
 _INJECTABLE = WORKER_FAILURES
@@ -125,7 +125,7 @@ def worker_main(conn, spec: dict) -> None:
         evaluator = load_evaluator(spec["evaluator"], spec["mode"])
         info = evaluator.setup()
     except Exception as exc:
-        conn.send(("setup_error", short_error(exc), traceback.format_exc(limit=5)))
+        conn.send(("setup_error", portable_error(exc), traceback.format_exc(limit=5)))
         return
     conn.send(("ready", info))
     compiled: dict = {}
@@ -172,7 +172,7 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
     try:
         key = evaluator.compile_key(config, problem)
     except Exception as exc:
-        return {"outcome": "compile_error", "error": short_error(exc)}, False
+        return {"outcome": "compile_error", "error": portable_error(exc)}, False
     kernel = compiled.get(key)
     if kernel is None:
         try:
@@ -180,7 +180,7 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
                 raise InjectedFault("injected compile error")
             kernel = evaluator.compile(config, problem)
         except Exception as exc:
-            kernel = _CompileFailure(short_error(exc))
+            kernel = _CompileFailure(portable_error(exc))
         compiled[key] = kernel
         result["compile_s"] = round(time.perf_counter() - t0, 3)
         result["compile_cached"] = False
@@ -209,7 +209,7 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
             retire = False
         except Exception as exc:
             retire = not evaluator.healthy()
-            result.update(outcome="fault" if retire else "launch_error", error=short_error(exc))
+            result.update(outcome="fault" if retire else "launch_error", error=portable_error(exc))
         result["gpu_s"] = round(time.perf_counter() - t_gpu, 3)
     result.pop("passed", None)
     return result, retire
@@ -228,7 +228,7 @@ def _run_peers(conn, evaluator, lock_path, task_id, payload):
             return {"outcome": "ok", "peers": peers}, False
         except Exception as exc:
             retire = not evaluator.healthy()
-            return {"outcome": "fault" if retire else "launch_error", "error": short_error(exc)}, retire
+            return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
 
 
 def _run_dispatched(conn, evaluator, lock_path, task_id, payload):
@@ -243,7 +243,7 @@ def _run_dispatched(conn, evaluator, lock_path, task_id, payload):
                                              payload.get("db_path")), False
         except Exception as exc:
             retire = not evaluator.healthy()
-            return {"outcome": "fault" if retire else "launch_error", "error": short_error(exc)}, retire
+            return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
 
 
 def _run_report(evaluator, payload):
@@ -254,7 +254,7 @@ def _run_report(evaluator, payload):
         result = {"outcome": "ok", "report": report, "compile_s": round(time.perf_counter() - t0, 3)}
         if isinstance(report, dict):
             if report.get("ok") is False:  # a family may report a failed compile instead of raising
-                result.update(outcome="compile_error", error=short_error(str(report.get("error", "failed"))))
+                result.update(outcome="compile_error", error=portable_error(str(report.get("error", "failed"))))
             # what the feasibility model should have rejected: the compiler's own verdict
             warnings = []
             if report.get("spill_stores") or report.get("spill_loads") or report.get("spills"):
@@ -265,5 +265,5 @@ def _run_report(evaluator, payload):
                 result["warnings"] = warnings
         return result
     except Exception as exc:
-        return {"outcome": "compile_error", "error": short_error(exc),
+        return {"outcome": "compile_error", "error": portable_error(exc),
                 "compile_s": round(time.perf_counter() - t0, 3)}
