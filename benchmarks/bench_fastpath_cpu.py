@@ -39,24 +39,19 @@ def main(argv=None) -> int:
 
     import torch
     import tvm_ffi
-    from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
-    from cutlass.cutlass_dsl.tvm_ffi_provider import TVMFFIJitCompiledFunctionWithKwargs
 
     import fa4
     from fa4 import checks, database, kernels, runtime, state
     from fa4.kernels import Config
     from fa4.kernels.compiling import CompiledAttention
+    from fa4.kernels.dsl_internals import stand_in_compiled_function
 
     nop = tvm_ffi.get_global_func("testing.nop")
     names = ["mQ", "mK", "mV", "mO", "mLSE", "softmax_scale"]
 
     def stand_in_compiled():
-        """A DSL compiled-function object around `nop`, built without compiling (no __init__)."""
-        fn = object.__new__(TVMFFIJitCompiledFunctionWithKwargs)
-        fn._tvm_ffi_function = nop
-        fn._kwargs_wrapper = make_kwargs_wrapper(nop, arg_names=names)
-        fn.execution_args = types.SimpleNamespace(has_pointer_address_arg_specs=False)
-        return fn
+        """A DSL compiled-function object around `nop`, built without compiling."""
+        return stand_in_compiled_function(nop, names)
 
     class StandInFamily(types.SimpleNamespace):
         def can_implement(self, problem):

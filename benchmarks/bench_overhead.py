@@ -44,6 +44,7 @@ import sys
 import time
 
 from fa4 import backends
+from fa4.kernels.dsl_internals import tvm_ffi_function_of
 from fa4tune.benchmark.host_overhead import direct_row, through_row
 
 
@@ -86,19 +87,6 @@ def graph_gpu_us(fn) -> float:
     from fa4tune.workers.timing import TimingSettings, time_cuda
 
     return time_cuda(fn, TimingSettings(l2="warm")).us
-
-def _raw_tvm_ffi_function(dsl_fn):
-    """The plain tvm_ffi.Function behind a DSL compiled function, called with no Python in between."""
-    import types
-
-    import tvm_ffi
-
-    if isinstance(dsl_fn, tvm_ffi.Function):  # TVMFFIJitCompiledFunction (Python __call__ subclass)
-        return types.MethodType(tvm_ffi.Function.__call__, dsl_fn)
-    target = getattr(dsl_fn, "_tvm_ffi_function", None)  # TVMFFIJitCompiledFunctionWithKwargs
-    if not isinstance(target, tvm_ffi.Function):
-        raise TypeError(f"no tvm_ffi.Function inside {type(dsl_fn).__name__}")
-    return target
 
 
 _CPP_LAUNCHER = r"""
@@ -246,17 +234,17 @@ def main(argv=None) -> int:
             lambda: runtime._checked_call(q, k, v, causal, None, False, None, "error", False, "auto", None),
             "full signature key and pointer checks, as every call went before the kernel path")
         if shipped is launch.run:
-            rows.append({"name": "direct launcher", "error": "not taken: fa4.dsl_internals.direct_launcher "
+            rows.append({"name": "direct launcher", "error": "not taken: fa4.kernels.dsl_internals.direct_launcher "
                          "refused this compiled function (the fast path calls the checked run)"})
         add("compiled kernel .run only (preallocated O)",
             lambda: (launch.run(q, k, v, out_buf, None, scale), out_buf)[1],
             "CompiledAttention.run: its checks, the DSL's __call__ and keyword wrapper, TVM-FFI")
-        dsl_fn = getattr(launch.compiled, "_fn", None)
+        dsl_fn = launch.compiled.compiled  # CompiledAttention's DSL function
         add("DSL compiled function __call__ (prealloc O)",
             lambda: (dsl_fn(q, k, v, out_buf, None, scale), out_buf)[1],
             f"{type(dsl_fn).__name__}.__call__: no CompiledAttention checks")
         try:
-            raw = _raw_tvm_ffi_function(dsl_fn)
+            raw = tvm_ffi_function_of(dsl_fn)
         except Exception as exc:
             rows.append({"name": "raw tvm_ffi.Function.__call__, lse None", "error": f"{type(exc).__name__}: {exc}"[:300]})
         else:
@@ -284,7 +272,7 @@ def main(argv=None) -> int:
     try:  # the same with an LSE tensor: another compiled kernel (return_lse=True)
         fa4.attention(q, k, v, causal=causal, return_lse=True)
         launch_lse = state.STATE.last[1]
-        raw_lse = _raw_tvm_ffi_function(getattr(launch_lse.compiled, "_fn", None))
+        raw_lse = tvm_ffi_function_of(launch_lse.compiled.compiled)
         lse_buf = torch.empty((b, hq, s), device="cuda", dtype=torch.float32)
         out_lse = torch.empty_like(q)
         scale_lse = launch_lse.default_scale
@@ -312,7 +300,7 @@ def main(argv=None) -> int:
         o_t = torch.empty_like(q)
         for with_lse, fn in trivial.items():
             lse_arg = lse_t if with_lse else None
-            raw_t = _raw_tvm_ffi_function(fn)
+            raw_t = tvm_ffi_function_of(fn)
             what = "5 tensors" if with_lse else "4 tensors + None"
             add_host(f"trivial CuTe kernel, raw TVM-FFI, {what}",
                      lambda raw_t=raw_t, lse_arg=lse_arg: raw_t(q, k, v, o_t, lse_arg, 0.5),

@@ -9,7 +9,7 @@ Three paths, one decision procedure (`fa4.planning.plan`), over the process-wide
   batch, and the kernel fingerprint), and store a `_Launch` for the signature.
 - Kernel path, every later call of a kernel signature: a short key (Q's and K's shapes, the three
   tensors' strides, Q's dtype and device, the flags) finds the `_Launch`, O (and LSE) are allocated and
-  the compiled kernel's TVM-FFI function is called directly (`fa4.dsl_internals.direct_launcher`, the
+  the compiled kernel's TVM-FFI function is called directly (`fa4.kernels.dsl_internals.direct_launcher`, the
   one place that reads the DSL's private objects). What the short key
   leaves out is checked by that function itself, in C, on every call: each tensor's dtype, rank, device
   (one for all) and 16-byte data alignment, V's extents against K's, batch against Q's, the head dim and
@@ -37,11 +37,11 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import backends as _backends, checks, dispatch, fallback as _fallback, planning
-from fa4 import compile_cache, config_arg, dsl_internals, kernels, record_shapes
+from fa4 import compile_cache, config_arg, kernels, record_shapes
 from fa4.arch import arch_of_capability
 from fa4.checks import Fa4Error, UnsupportedInputError
 from fa4.explanation import Explanation
-from fa4.kernels import AttentionProblem, Config, DeviceDescription
+from fa4.kernels import AttentionProblem, Config, DeviceDescription, dsl_internals
 from fa4.state import STATE, database, forget_signatures, warn_once
 
 # Signatures kept in the fast-path table; past this the table starts over (dynamic shapes can create
@@ -80,7 +80,7 @@ class _Launch:
                  restride, causal, compiled=None, backend=dispatch.OURS, rows_without_keys=0):
         self.kind = kind
         self.run = run            # the compiled kernel's checked `run`, or a peer's runner
-        self.fast_run = run       # what the fast path calls; see fa4.dsl_internals.direct_launcher
+        self.fast_run = run       # what the fast path calls; see fa4.kernels.dsl_internals.direct_launcher
         self.compiled = compiled
         self.default_scale = default_scale
         self.out_like_q = out_like_q

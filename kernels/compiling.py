@@ -1,7 +1,7 @@
 """Compiling a family's kernel: what every family shares, in one place.
 
-- the DSL target architecture (`target_arch`, from `family.DSL_TARGET`; the one wrapper around the
-  DSL's private target cache),
+- the DSL target architecture (`target_arch`, from `family.DSL_TARGET`; the DSL's private target
+  cache is switched in `dsl_internals.py`),
 - the fake arguments a kernel is traced with (symbolic batch, lengths, heads and strides, so one
   compile serves every such problem),
 - the compile options, the launchable wrapper, and one compile-report schema (`REPORT_KEYS`).
@@ -14,7 +14,6 @@ model. Nothing here caches: the one cache of compiled kernels, in-process over d
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -23,6 +22,7 @@ import time
 from typing import Optional
 
 from .device import DeviceDescription, from_torch
+from .dsl_internals import dsl_target
 from .family import DSL_TARGET, KernelFamily, family
 from .knobs import Config
 from .problem import AttentionProblem
@@ -35,33 +35,11 @@ REPORT_KEYS = (
 )
 
 
-@contextlib.contextmanager
 def target_arch(arch: str):
     """Trace and compile for the DSL target of family `arch` ("sm90" -> sm_90a, "sm100" -> sm_100a)
-    on any machine, then restore the previous target.
-
-    The DSL checks arch-specific atoms (wgmma, tcgen05, TMA) against its target at trace time. It
-    reads CUTE_DSL_ARCH once and caches it in the DSL singleton's environment manager (a private
-    attribute, `envar._arch`: the only way to change the target of a process that has compiled
-    already), so setting the variable alone works only for the first compile of a process: one that
-    first compiled for sm_100a would keep tracing for sm_100a. Both are set here and both restored;
-    tests/test_sm100_compile.py fails loudly when a DSL upgrade moves the attribute.
-    """
-    from cutlass.cutlass_dsl import BaseDSL
-    target = DSL_TARGET[arch]
-    envar = BaseDSL._get_dsl().envar
-    previous_env = os.environ.get("CUTE_DSL_ARCH")
-    previous_cached = envar._arch
-    os.environ["CUTE_DSL_ARCH"] = target
-    envar.arch = target
-    try:
-        yield
-    finally:
-        envar.arch = previous_cached
-        if previous_env is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = previous_env
+    on any machine, then restore the previous target (a context manager). The DSL caches its target
+    in a private attribute; `dsl_internals.dsl_target` is the one place that switches it."""
+    return dsl_target(DSL_TARGET[arch])
 
 
 def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):

@@ -34,7 +34,7 @@ os.environ["FA4TUNE_DISK_CACHE"] = "0"
 def _compile_reports_as_the_harness_makes_them():
     """CPU compile reports here are made as fa4tune's evaluator makes them: without source locations,
     which cost half a report's time and change nothing in it (tests/test_compile_report_locations.py)."""
-    from fa4.dsl_internals import without_source_locations
+    from fa4.kernels.dsl_internals import without_source_locations
 
     with without_source_locations():
         yield

@@ -83,7 +83,7 @@ def test_store_then_load_gives_the_kernels_function(tmp_path, jit_function):
 def test_a_loaded_kernel_gets_the_direct_launch(tmp_path, jit_function):
     """A kernel from the disk cache is called straight into TVM-FFI by the eager fast path, as a freshly
     compiled one is (on the H200 a cached kernel once fell back to the checked run: +5 us a call)."""
-    from fa4 import dsl_internals
+    from fa4.kernels import dsl_internals
     from fa4.kernels import compiling, sm90
 
     compile_cache.store(_key(), jit_function, tmp_path)

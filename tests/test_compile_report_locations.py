@@ -1,4 +1,4 @@
-"""Compile reports without source locations (fa4.dsl_internals.without_source_locations): the hook
+"""Compile reports without source locations (fa4.kernels.dsl_internals.without_source_locations): the hook
 still reaches the DSL, and the report it gives is the one a compile with source locations gives.
 
 tests/conftest.py makes every test's compile reports this way, as fa4tune's evaluator does; this
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4.dsl_internals import without_source_locations
+from fa4.kernels.dsl_internals import without_source_locations
 from fa4.kernels import AttentionProblem, Config, sm90
 
 PROBLEM = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True)

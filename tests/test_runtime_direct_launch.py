@@ -1,4 +1,4 @@
-"""The fast path's direct TVM-FFI launcher (fa4.dsl_internals.direct_launcher), on CPU.
+"""The fast path's direct TVM-FFI launcher (fa4.kernels.dsl_internals.direct_launcher), on CPU.
 
 The stand-in compiled function is the DSL's own `TVMFFIJitCompiledFunctionWithKwargs` (the class DSL
 4.8 returns for our kernels), built around a TVM-FFI function whose body is Python: it computes SDPA
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fa4
-from fa4 import checks, database, dsl_internals, fallback, kernels, state
+from fa4 import checks, database, fallback, kernels, state
+from fa4.kernels import dsl_internals
 from fa4.kernels import AttentionProblem, Config
 from fa4.kernels.device import H200
 
@@ -51,10 +52,8 @@ def ffi_kernel(causal, calls, dtype=torch.float16):
 
 
 def dsl_function(target, wrapper=None, pointer_args=False):
-    fn = object.__new__(provider.TVMFFIJitCompiledFunctionWithKwargs)
-    fn._tvm_ffi_function = target
-    fn._kwargs_wrapper = wrapper or kwargs_wrapper.make_kwargs_wrapper(target, arg_names=NAMES)
-    fn.execution_args = types.SimpleNamespace(has_pointer_address_arg_specs=pointer_args)
+    fn = dsl_internals.stand_in_compiled_function(target, NAMES, wrapper, pointer_args)
+    assert type(fn) is provider.TVMFFIJitCompiledFunctionWithKwargs   # the DSL's own class
     return fn
 
 
@@ -259,13 +258,19 @@ def test_a_scale_the_checked_path_refuses_is_refused_on_the_kernel_path(family, 
 
 
 def test_the_dsl_internals_are_read_in_one_module():
-    """Only fa4/dsl_internals.py reads the DSL's private objects, so a DSL upgrade has one place to
-    check (and test_real_sm90_compile_is_accepted fails when it stops recognising them)."""
+    """Only kernels/dsl_internals.py (`fa4.kernels.dsl_internals`) reads or replaces the DSL's private
+    objects, in every package and script of the repository, so a DSL upgrade has one place to check
+    (and test_real_sm90_compile_is_accepted fails when it stops recognising them). Tests may: they
+    are what fails loudly on an upgrade."""
     import re
     from pathlib import Path
 
-    private = re.compile(r"_kwargs_wrapper|_tvm_ffi_function|execution_args|\bimport dis\b")
-    package = Path(dsl_internals.__file__).parent
-    offenders = [p.name for p in sorted(package.glob("*.py"))
-                 if p.name != "dsl_internals.py" and private.search(p.read_text())]
+    private = re.compile(r"_kwargs_wrapper|_tvm_ffi_function|execution_args|\bimport dis\b|\benvar\b|_get_dsl"
+                         r"|HardwareInfo\s*=|_set_enable_frame_filtering|\._fn\b")
+    repo = Path(__file__).resolve().parents[1]
+    home = Path(dsl_internals.__file__).resolve()
+    assert home == repo / "kernels" / "dsl_internals.py"
+    offenders = [str(p.relative_to(repo)) for folder in ("kernels", "fa4", "fa4tune", "benchmarks")
+                 for p in sorted((repo / folder).rglob("*.py"))
+                 if p.resolve() != home and private.search(p.read_text())]
     assert offenders == []

@@ -192,14 +192,14 @@ def test_two_cta_is_a_cluster_pair_in_the_sass():
 
 def test_the_peers_hardware_query_answers_from_the_device_description(monkeypatch):
     """flash-attn-4's persistent scheduler asks the DSL's HardwareInfo for the SM count while tracing;
-    `fa4tune sass` answers from the B200's description (`fa4.dsl_internals`). A DSL whose class loses
+    `fa4tune sass` answers from the B200's description (`fa4.kernels.dsl_internals`). A DSL whose class loses
     either method fails here, not in a peer compile that silently traces for another grid."""
     cutlass_utils = pytest.importorskip("cutlass.utils")
     real = cutlass_utils.HardwareInfo
     for name in ("get_device_multiprocessor_count", "get_max_active_clusters"):
         assert callable(getattr(real, name, None)), name
     monkeypatch.setattr(cutlass_utils, "HardwareInfo", real)   # restored after the test
-    from fa4.dsl_internals import answer_hardware_info_from
+    from fa4.kernels.dsl_internals import answer_hardware_info_from
     from fa4.kernels.device import B200
 
     answer_hardware_info_from(B200)

@@ -91,7 +91,7 @@ import cutlass, cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 # the static persistent scheduler asks the driver for the SM count at trace time; there is no driver
 # here, so the B200's description answers
-from fa4.dsl_internals import answer_hardware_info_from
+from fa4.kernels.dsl_internals import answer_hardware_info_from
 from fa4.kernels.device import B200
 answer_hardware_info_from(B200)
 from flash_attn.cute.flash_fwd_sm100 import FlashAttentionForwardSm100

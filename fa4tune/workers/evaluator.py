@@ -50,7 +50,7 @@ class KernelEvaluator:
         return compile_attention(config, problem)
 
     def compile_report(self, config, problem) -> dict:
-        from fa4.dsl_internals import without_source_locations
+        from fa4.kernels.dsl_internals import without_source_locations
         from fa4.kernels import compile_report
 
         # a report needs ptxas's remarks, not where in our Python each op was built (half its time)

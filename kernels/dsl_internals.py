@@ -1,4 +1,18 @@
-"""The one place that relies on the CuTe DSL's private objects.
+"""The one place that relies on the CuTe DSL's private objects (`fa4.kernels.dsl_internals`).
+
+It lives with the kernels, the lowest layer, so that the kernels' own compile step (`compiling.py`),
+the runtime (`fa4`) and the harness (`fa4tune`) all reach the DSL's internals through it; nothing
+else names them (`tests/test_runtime_direct_launch.py::test_the_dsl_internals_are_read_in_one_module`).
+It is not part of the kernel fingerprint: it changes how the DSL is asked, not the code it generates
+(the target each family compiles for is `archs.py`'s).
+
+0. The DSL's compile target, switched per compile (`dsl_target`).
+   Why: the DSL checks arch-specific atoms (wgmma, tcgen05, TMA) against its target at trace time.
+   It reads CUTE_DSL_ARCH once and caches it in the DSL singleton's environment manager
+   (`BaseDSL._get_dsl().envar`, private attribute `_arch`), so setting the variable alone works only
+   for the first compile of a process: one that first compiled for sm_100a would keep tracing for
+   sm_100a. Both are set and both restored. `tests/test_families.py::
+   test_the_dsl_target_cache_is_where_target_arch_expects_it` fails loudly when an upgrade moves it.
 
 1. The eager fast path's direct launcher (`direct_launcher`).
    Why: an eager call of our kernel would otherwise pass three Python frames of the DSL (its compiled
@@ -18,7 +32,7 @@
    report's time (sm100 default configuration on CPU: 4.7-5.2 s with, 2.5-2.8 s without; the same
    registers, spills, shared memory and PTX markers). What it replaces: `cutlass.base_dsl.dsl.
    _set_enable_frame_filtering`, which the DSL calls at the start of each compile. If it is gone the
-   compile runs as before (slower, never wrong); `tests/test_compile_report_speed.py` fails loudly.
+   compile runs as before (slower, never wrong); `tests/test_compile_report_locations.py` fails loudly.
 
 3. The DSL's hardware query answered from a device description (`answer_hardware_info_from`).
    Why: flash-attn-4's static persistent scheduler asks `cutlass.utils.HardwareInfo` (the CUDA driver)
@@ -32,7 +46,28 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
+
+
+@contextmanager
+def dsl_target(target: str):
+    """Trace and compile for the DSL target `target` ("sm_90a", "sm_100a") inside this block, then
+    restore the previous one (environment variable and the DSL's cached copy)."""
+    from cutlass.cutlass_dsl import BaseDSL
+    envar = BaseDSL._get_dsl().envar
+    previous_env = os.environ.get("CUTE_DSL_ARCH")
+    previous_cached = envar._arch
+    os.environ["CUTE_DSL_ARCH"] = target
+    envar.arch = target
+    try:
+        yield
+    finally:
+        envar.arch = previous_cached
+        if previous_env is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous_env
 
 
 def direct_launcher(compiled):
@@ -79,6 +114,40 @@ def direct_launcher(compiled):
         return plain
     import types
     return types.MethodType(tvm_ffi.Function.__call__, target)
+
+
+def tvm_ffi_function_of(dsl_function):
+    """The `tvm_ffi.Function` a DSL compiled function calls, as a callable with no Python in between
+    (`benchmarks/bench_overhead.py` times it beside the direct launcher); raises TypeError when this
+    DSL's object holds none where DSL 4.8 keeps it."""
+    import types
+
+    import tvm_ffi
+
+    if isinstance(dsl_function, tvm_ffi.Function):  # TVMFFIJitCompiledFunction (Python __call__ subclass)
+        return types.MethodType(tvm_ffi.Function.__call__, dsl_function)
+    target = getattr(dsl_function, "_tvm_ffi_function", None)  # TVMFFIJitCompiledFunctionWithKwargs
+    if not isinstance(target, tvm_ffi.Function):
+        raise TypeError(f"no tvm_ffi.Function inside {type(dsl_function).__name__}")
+    return target
+
+
+def stand_in_compiled_function(function, arg_names, wrapper=None, pointer_args: bool = False):
+    """A DSL compiled-function object (`TVMFFIJitCompiledFunctionWithKwargs`, as DSL 4.8 returns for our
+    signature) around the `tvm_ffi.Function` `function`, built without compiling: the layout
+    `direct_launcher` reads, for the tests and the CPU benchmark of the fast path
+    (`benchmarks/bench_fastpath_cpu.py`). `wrapper`: the keyword wrapper (default: the one tvm_ffi
+    generates for `arg_names`); `pointer_args`: whether it claims pointer-address arguments."""
+    import types
+
+    from cutlass.cutlass_dsl.tvm_ffi_provider import TVMFFIJitCompiledFunctionWithKwargs
+    from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
+
+    fn = object.__new__(TVMFFIJitCompiledFunctionWithKwargs)
+    fn._tvm_ffi_function = function
+    fn._kwargs_wrapper = wrapper or make_kwargs_wrapper(function, arg_names=list(arg_names))
+    fn.execution_args = types.SimpleNamespace(has_pointer_address_arg_specs=pointer_args)
+    return fn
 
 
 def forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
