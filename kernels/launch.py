@@ -1,5 +1,8 @@
-"""CUDA's launch limits, judged one way for every family: each family's `launch_reasons` gives its tile
-counts and its scheduler's grid, and `grid_reasons` holds them to the device's grid limits.
+"""The launch, judged one way for every family: the tile counts a kernel builds its scheduler from
+(`tile_counts`, given how many rows a task holds), the grid that scheduler launches (`scheduler_grid`)
+and CUDA's limits on it (`grid_reasons`). Each family's `tile_counts`, `launch_grid` and
+`launch_reasons` say only what is its own: rows per task, its scheduler class and the device facts it
+is compiled with.
 
 Not part of any fingerprint: it judges configurations, it does not change what they compile to.
 """
@@ -10,6 +13,7 @@ from typing import Callable
 
 from .device import DeviceDescription
 from .knobs import Config, knob
+from .problem import AttentionProblem
 
 # The kernels number their tiles with 32-bit integers (a 1-D grid's block index, the task index of a
 # persistent CTA): a launch can address at most this many.
@@ -18,6 +22,27 @@ TILE_INDEX_LIMIT = 2**31 - 1
 # while twice the tiles fit the device's smallest grid limit, no grid can exceed one, and the
 # scheduler (and with it the DSL) is not consulted.
 MAX_CTAS_PER_TILE = 2
+
+
+def tile_counts(problem: AttentionProblem, rows_per_task: int, pack_gqa: bool) -> tuple[int, int, int]:
+    """(m blocks, task heads, batch) of `problem` in tasks of `rows_per_task` rows: the counts a kernel's
+    `__call__` builds its tile scheduler from. With GQA packing a KV head's query heads are folded into
+    the rows, so heads are KV heads. Empty dimensions count as 1: a bound, never below the real grid."""
+    rows, heads = problem.seqlen_q, problem.heads_q
+    if pack_gqa:
+        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
+    return -(-max(rows, 1) // rows_per_task), max(heads, 1), max(problem.batch, 1)
+
+
+def scheduler_grid(scheduler, kind: str, tile_counts: tuple[int, int, int], problem: AttentionProblem,
+                   *compiled_in) -> tuple[int, int, int]:
+    """The grid (x, y, z) a family's tile scheduler class `scheduler` (written in the DSL) launches with:
+    its `create(kind, m blocks, heads, batch, seqlen_k, head_dim, *compiled_in)`, then `grid_shape()`,
+    on plain integers. `compiled_in`: the family's device facts (and its own extra arguments)."""
+    m_blocks, heads, batch = tile_counts
+    x, y, z = scheduler.create(kind, m_blocks, heads, batch, max(problem.seqlen_k, 1), problem.head_dim,
+                               *compiled_in).grid_shape()
+    return int(x), int(y), int(z)
 
 
 def grid_reasons(config: Config, tile_counts: tuple[int, int, int], device: DeviceDescription,

@@ -181,30 +181,23 @@ def _two_cta_reasons(plan: KernelPlan, problem: AttentionProblem) -> list[str]:
 # the launch: the grid the kernel's scheduler launches, against the device's limits
 
 def tile_counts(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
-    """(m blocks, task heads, batch): the counts the kernel's `__call__` builds its tile scheduler
-    from. A task holds `q_stages` tiles of `tile_m` rows per CTA of its cluster pair (`two_cta`: two
-    CTAs); heads are KV heads when GQA packing folds a KV head's query heads into the rows. Empty
-    dimensions count as 1: a bound, never below the real grid."""
-    rows_per_task = config.tile_m * config.q_stages * (2 if config.two_cta else 1)
-    rows, heads = problem.seqlen_q, problem.heads_q
-    if config.pack_gqa:
-        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
-    return -(-max(rows, 1) // rows_per_task), max(heads, 1), max(problem.batch, 1)
+    """(m blocks, task heads, batch) the kernel's `__call__` builds its tile scheduler from: a task
+    holds `q_stages` tiles of `tile_m` rows per CTA of its cluster pair (`two_cta`: two CTAs)
+    (`launch.tile_counts`)."""
+    return launch.tile_counts(problem, config.tile_m * config.q_stages * (2 if config.two_cta else 1),
+                              config.pack_gqa)
 
 
 def launch_grid(config: Config, problem: AttentionProblem,
                 device: Optional[DeviceDescription] = None) -> tuple[int, int, int]:
-    """The grid (x, y, z) the kernel launches for `problem` on `device`: the kernel's own tile
-    scheduler (`create`, then the `grid_shape()` it launches with) on plain integers. Imports the DSL
-    (the scheduler is written in it)."""
+    """The grid (x, y, z) the kernel launches for `problem` on `device`: its own tile scheduler on plain
+    integers (`launch.scheduler_grid`; imports the DSL)."""
     from .scheduler import TileScheduler
 
     compiled_in = dict(device_key(device or REFERENCE_DEVICE))
-    m_blocks, heads, batch = tile_counts(config, problem)
-    x, y, z = TileScheduler.create(config.scheduler, m_blocks, heads, batch, max(problem.seqlen_k, 1),
-                                   problem.head_dim, compiled_in["num_sms"], compiled_in["lpt_l2_bytes"],
-                                   2 if config.two_cta else 1).grid_shape()
-    return int(x), int(y), int(z)
+    return launch.scheduler_grid(TileScheduler, config.scheduler, tile_counts(config, problem), problem,
+                                 compiled_in["num_sms"], compiled_in["lpt_l2_bytes"],
+                                 2 if config.two_cta else 1)
 
 
 def launch_reasons(config: Config, problem: AttentionProblem,

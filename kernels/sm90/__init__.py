@@ -82,7 +82,7 @@ def estimated_registers(config: Config, problem: AttentionProblem) -> int:
     while the next S arrives (half of S); through shared memory (ss) only a conversion chunk.
 
     Fitted to what ptxas reports over every tile shape, head dim, P operand, overlap and mask
-    (`benchmarks/sm90_register_sweep.py`, table in `register_table.json`; tests/test_sm90_model.py
+    (`benchmarks/sm90_register_sweep.py`, table in `results/sm90_register_table.json`; tests/test_sm90_model.py
     holds the model to it): with three consumer warpgroups (160 registers) 192x128 at D=64 and
     192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill."""
     regs_o = 64 * problem.head_dim // 128
@@ -148,28 +148,20 @@ def resource_reasons(config: Config, problem: AttentionProblem,
 
 
 def tile_counts(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
-    """(m blocks, tile heads, batch): the counts the kernel's `__call__` builds its tile scheduler
-    from. A tile holds `tile_m` rows; heads are KV heads when GQA packing folds a KV head's query
-    heads into the rows. Empty dimensions count as 1: a bound, never below the real grid."""
-    rows, heads = problem.seqlen_q, problem.heads_q
-    if config.pack_gqa:
-        rows, heads = problem.seqlen_q * problem.gqa_ratio, problem.heads_kv
-    return -(-max(rows, 1) // config.tile_m), max(heads, 1), max(problem.batch, 1)
+    """(m blocks, tile heads, batch) the kernel's `__call__` builds its tile scheduler from: a tile
+    holds `tile_m` rows (`launch.tile_counts`)."""
+    return launch.tile_counts(problem, config.tile_m, config.pack_gqa)
 
 
 def launch_grid(config: Config, problem: AttentionProblem,
                 device: Optional[DeviceDescription] = None) -> tuple[int, int, int]:
-    """The grid (x, y, z) the kernel launches for `problem` on `device`: the kernel's own tile
-    scheduler (`create`, then the `grid_shape()` it launches with) on plain integers. Imports the DSL
-    (the scheduler is written in it)."""
+    """The grid (x, y, z) the kernel launches for `problem` on `device`: its own tile scheduler on plain
+    integers (`launch.scheduler_grid`; imports the DSL)."""
     from .scheduler import TileScheduler
 
     compiled_in = dict(device_key(device or REFERENCE_DEVICE))
-    m_blocks, heads, batch = tile_counts(config, problem)
-    x, y, z = TileScheduler.create(config.scheduler, m_blocks, heads, batch, max(problem.seqlen_k, 1),
-                                   problem.head_dim, compiled_in["num_sms"],
-                                   compiled_in["l2_bytes_for_kv"]).grid_shape()
-    return int(x), int(y), int(z)
+    return launch.scheduler_grid(TileScheduler, config.scheduler, tile_counts(config, problem), problem,
+                                 compiled_in["num_sms"], compiled_in["l2_bytes_for_kv"])
 
 
 def launch_reasons(config: Config, problem: AttentionProblem,
