@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The held-out verdict on the H200 (after `source .device/part2/setup.sh`): `fa4tune bench` over part
+# The held-out verdict on the H200 (with the project installed, `pip install -e '.[peer]'`): `fa4tune bench` over part
 # PART (1 or 2: problems 1-12 or 13-24) of results/wide/heldout.toml with the packaged database, which
 # holds no held-out shape, so every ours row is a borrowed (nearest bucket) or default configuration
 # and the dispatched row is what fa4.attention does on a shape nobody tuned. One part fits a 10-minute

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sm90 kernel v2 runs on the H200 (after `source .device/part2/setup.sh`); everything lands in $OUT.
+# The sm90 kernel v2 runs on the H200 (with the project installed, `pip install -e '.[peer]'`); everything lands in $OUT.
 #   bash benchmarks/h200_kernel_v2.sh check        register sweep (CPU cores), GPU suites, runtime tests
 #   bash benchmarks/h200_kernel_v2.sh tune A|B     re-tune half of the bench grid (30 s a study)
 #   bash benchmarks/h200_kernel_v2.sh bench        one `fa4tune bench` over the whole grid

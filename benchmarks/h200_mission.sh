@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The mission run on the H200 (after `source .device/part2/setup.sh`): the mission search (docs/tuning.md) at
+# The mission run on the H200 (with the project installed, `pip install -e '.[peer]'`): the mission search (docs/tuning.md) at
 # B=1, S=1024, Hq=32, Hkv=8, D=128 fp16, both causal modes, then the benchmark of tuned vs default vs
 # peers and the runtime's host overhead. Everything lands in $OUT as it is written, so a run cut short
 # still returns its storage; copy the files into results/ afterwards.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles of our kernel (tuned configuration) beside flash-attn-4, shape by shape, on the
-# H200 (after `source .device/part2/setup.sh`). One CSV per (shape, implementation) (in $OUT/ncu.tgz),
+# H200 (with the project installed, `pip install -e '.[peer]'`). One CSV per (shape, implementation) (in $OUT/ncu.tgz),
 # then one summary table (benchmarks/ncu_summary.py). Nsight locks clocks at base: read cycles and ratios.
 #   bash benchmarks/h200_profile.sh "d64-s2048-full s1024-causal" "ours flash_attn_4"
 set -u

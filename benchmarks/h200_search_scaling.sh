@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Search at scale on the two-GPU H200 machine (after `source .device/part2/setup.sh`), in three steps
+# Search at scale on the two-GPU H200 machine (with the project installed, `pip install -e '.[peer]'`), in three steps
 # that each fit one device call; state stays in $KEEP on the machine between calls, copies go to $OUT.
 #   bash benchmarks/h200_search_scaling.sh one    # the grid, cold, 1 GPU, 12 worker processes
 #   bash benchmarks/h200_search_scaling.sh two    # the same grid and budget, cold, 2 GPUs, 24 processes

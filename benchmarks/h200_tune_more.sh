@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tune the shapes the mission did not (after `source .device/part2/setup.sh`): D=64 S=2048 fp16 and
+# Tune the shapes the mission did not (with the project installed, `pip install -e '.[peer]'`): D=64 S=2048 fp16 and
 # D=128 S=8192 bf16, GQA 4, both causal modes, each study capped at STUDY_TIMEOUT seconds, appending
 # to the journal and database carried from results/; then bench those shapes (tuned vs default vs
 # peers). Everything lands in $OUT as it is written; copy it into results/ afterwards.

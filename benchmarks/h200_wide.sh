@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The second H200 run (after `source .device/part2/setup.sh`): host overhead split by layer, the
+# The second H200 run (with the project installed, `pip install -e '.[peer]'`): host overhead split by layer, the
 # benchmark over more shapes (tuned entries come from the nearest bucket of fa4/data/best_configs.json),
 # and compile-space samples of both families on the machine's 16 cores (no GPU needed for those).
 set -uo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runtime's GPU checks in one run (about 3-6 minutes on the H200, most of it kernel and inductor
 # compiles): the GPU tests of fa4.attention, then the host-overhead benchmark, non-causal and causal.
-# Run from the repository root after `source .device/part2/setup.sh`; results land in $OUT.
+# Run from the repository root with the project installed (`pip install -e '.[peer]'`); results land in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/fa4-runtime-out}
 mkdir -p "$OUT"

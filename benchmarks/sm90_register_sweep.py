@@ -1,8 +1,8 @@
 """Compile the sm90 kernel over the register-relevant knobs, ignoring the register model, and record
 what ptxas reports (registers, spills, serialised wgmma). The feasibility model's register rule is
-fitted to this table (kernels/sm90/register_table.json) and tests/test_sm90_model.py holds it to it.
+fitted to this table (results/sm90_register_table.json) and tests/test_sm90_model.py holds it to it.
 
-    python benchmarks/sm90_register_sweep.py --jobs 15 --out kernels/sm90/register_table.json
+    python benchmarks/sm90_register_sweep.py --jobs 15 --out results/sm90_register_table.json
 
 No GPU is needed (the H200 machine's 16 cores make it a two-minute job; 2 cores take ~30 min).
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tune half of the wide train set on the H200 (after `source .device/part2/setup.sh`), within one
+# Tune half of the wide train set on the H200 (with the project installed, `pip install -e '.[peer]'`), within one
 # 10-minute device call: `bash benchmarks/tune_wide_set.sh a` takes problems 1, 3, 5, ... of
 # results/wide/train.toml, `b` takes 2, 4, 6, ... (the split only keeps a call under the limit).
 # Cold start (no neighbour seeding, so each study's curve is its own), 30 configurations per study,

@@ -51,10 +51,6 @@ def bench_path() -> Path:
     return results_dir() / BENCH_NAME
 
 
-def report_path() -> Path:
-    return results_dir() / REPORT_NAME
-
-
 # ---- checking an output path before a long run writes it (every command with a file option)
 
 def output_problem(path: str | os.PathLike) -> str | None:

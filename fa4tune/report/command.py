@@ -40,7 +40,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     exist, becomes a note in the report; a results folder or a --storage that does not exist is an
     error, and so is an output that cannot be written (checked before anything is read)."""
     from fa4.files import atomic_write
-    from fa4tune.paths import check_output, write_failed
+    from fa4tune.paths import REPORT_NAME, check_output, write_failed
     from fa4tune.report.data import collect
     from fa4tune.report.draw import render_in_chromium, rendered_plot_count, write_report
     from fa4tune.searches.storage import sqlite_file_of
@@ -61,7 +61,7 @@ def report_command(results_dir: Path | None, storage: str | None, database: Path
     storage_file = (sqlite_file_of(storage) if "://" in storage else storage) if storage else None
     if storage_file is not None and not Path(storage_file).exists():
         raise click.ClickException(f"--storage {storage}: no such file")
-    out = out if out is not None else results_dir / "report.html"
+    out = out if out is not None else results_dir / REPORT_NAME
     for path, option in ((out, "--out"), (data_json, "--data-json"), (screenshot, "--screenshot")):
         check_output(path, option)
     click.echo(f"reading {results_dir}/ ...", err=True)  # (only read: nothing is created there)

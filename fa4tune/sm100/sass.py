@@ -34,7 +34,6 @@ TENSOR_FLOP_PER_CLOCK = 8192   # dense fp16/bf16 tcgen05.mma FLOP per clock per 
 #                                148 SMs and ~1.85 GHz)
 EXP2_PER_CLOCK = 16            # MUFU.EX2 results per clock per SM (4 per sub-partition)
 ISSUE_PER_CLOCK = 1            # warp instructions issued per clock per sub-partition
-SUB_PARTITIONS = 4
 SMEM_BYTES_PER_CLOCK = 128     # shared-memory bandwidth per SM
 
 # ------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ online softmax in registers and write O (and LSE) in the epilogue. Consumer warp
 through named barriers so one warpgroup's softmax runs under another's MMAs; with softmax_overlap
 each warpgroup also issues the next block's S = Q K^T before this block's softmax.
 
-Math (design/fa4-sm100.md "Math"): exp2 with scale * log2(e) folded; per row a max basis that moves
+Math (docs/design.md, section 1): exp2 with scale * log2(e) folded; per row a max basis that moves
 only when the new block max exceeds it by more than `rescale_threshold` (log2 units); O and l stay
 on the row's basis and are normalised once, at the end. Causal is bottom-right aligned and split in
 three regions: blocks right of the diagonal are never loaded, blocks on it are masked before the

@@ -12,7 +12,7 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.utils.hopper_helpers as hopper_helpers
 from cutlass.tensor_utils import LayoutEnum
@@ -127,12 +127,3 @@ def store_atom_16b(dtype):
     """stmatrix (four 8x8 matrices per warp) for 16-bit register -> shared-memory stores."""
     return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                dtype)
-
-
-def convert_pairs(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """fp32 -> 16-bit conversion two elements at a time (keeps cvt.rn.*x2 vectorised for any tile)."""
-    src_vec = src.load()
-    dst.store(src_vec.to(dst.element_type))
-
-
-ACC_DTYPE = Float32
