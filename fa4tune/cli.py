@@ -4,7 +4,7 @@ Python API runs), fa4tune.searches.compile_space, fa4tune.report.command and fa4
 Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr (`-q` silences
 progress, `-v` adds a line per item). Options mean the same in every command: the shape options come
 from one decorator, `shape_options`, and `--arch`, `--db`, `--jobs`, `--format` from their own.
-Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else ~/.cache/fa4tune)
+Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else the user cache folder)
 unless an option names a file.
 
 Every command refuses options that contradict each other (`refuse_contradictions`, run by the group
