@@ -19,7 +19,7 @@ again on the way out when nothing was written to it; only a holder killed in bet
 needs read access to the file only, so every user who may replace a file can lock it, and it does not
 depend on any setting (a lock file found through `$FA4TUNE_HOME` would not exclude a writer that has
 another). `filelock`, which locks a separate lock file, can do none of this; it serves what has no file
-of its own to lock (a GPU: `fa4tune.workers.worker.gpu_lock`; a shape being autotuned: `fa4.autotune`).
+of its own to lock (a GPU: `fa4tune.workers.worker.gpu_lock`; a shape being autotuned: `fa4.autotuning`).
 """
 
 from __future__ import annotations
