@@ -67,7 +67,7 @@ from typing import Callable
 import optuna
 from optuna.distributions import FloatDistribution
 
-from fa4 import database, kernels
+from fa4 import database, kernels, places
 from fa4.database import BestConfigDB, DatabaseError, Entry, record
 from fa4.kernels import AttentionProblem
 from fa4tune import cli
@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     root = Path(tempfile.mkdtemp(prefix="fa4-faults-"))
     # the user's own database and journal are never in reach
-    os.environ[database.HOME_ENV_VAR] = str(root / "home")
+    os.environ[places.HOME_ENV_VAR] = str(root / "home")
     os.environ.pop(database.ENV_VAR, None)
     parts = [Counts(title) for title, _ in PARTS]
     try:

@@ -37,7 +37,7 @@ Between the hash and the load, only someone who can write the folder (this user)
 
 On by default (`FA4TUNE_DISK_CACHE=0` turns it off): a kernel loaded from disk has been launched on
 the H200 and matched the compiled one (tests/gpu/test_compile_cache_gpu.py). `FA4TUNE_CACHE_DIR` names the
-folder (default `$XDG_CACHE_HOME/fa4tune/kernels`, else `~/.cache/fa4tune/kernels`), and
+folder (default `kernels` in the user cache folder, `fa4.places`: `~/.cache/fa4tune/kernels` on Linux), and
 `FA4TUNE_CACHE_MAX_MB` its bound (default 2048). `fa4tune cache info|clear` shows or empties it.
 """
 
@@ -77,10 +77,9 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    if os.environ.get("FA4TUNE_CACHE_DIR"):
-        return Path(os.environ["FA4TUNE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fa4tune" / "kernels"
+    from fa4.places import kernel_cache_dir
+
+    return kernel_cache_dir()
 
 
 def max_bytes() -> int:

@@ -7,7 +7,7 @@ Where, in layers (`default_layers()`), later layers winning per key:
 1. "packaged": shipped as package data (`packaged_path()`, read-only at run time; the repository's
    one reviewed copy, which GPU runs of the repository update);
 2. "user": the user's own, which `fa4tune search` writes (`default_path()`: `$FA4_CONFIG_DB` when set,
-   else `user_path()`, `best_configs.json` in `$FA4TUNE_HOME` or `~/.cache/fa4tune`). It holds only
+   else `user_path()`, `best_configs.json` in `$FA4TUNE_HOME` or the user cache folder, `fa4.places`). It holds only
    what was tuned here.
 Per key the latest layer's entry wins, unless it is stale (another kernel fingerprint) and a lower
 layer's is current: a stale tuning never hides a current one. `BestConfigDB.load(path)` reads one file
@@ -92,7 +92,6 @@ from fa4.files import atomic_write, exclusive_file_lock
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # schema 1 lacks backend_us and backend_source, which default to empty
 ENV_VAR = "FA4_CONFIG_DB"
-HOME_ENV_VAR = "FA4TUNE_HOME"
 MAX_DISTANCE_ENV_VAR = "FA4_MAX_BUCKET_DISTANCE"
 DEFAULT_FILENAME = "best_configs.json"
 PACKAGED, USER = "packaged", "user"   # layer names, lowest first
@@ -275,13 +274,11 @@ def packaged_path() -> Path:
 
 
 def user_results_dir() -> Path:
-    """The per-user folder where the harness writes what a run produces: `$FA4TUNE_HOME`, else
-    `$XDG_CACHE_HOME/fa4tune`, else `~/.cache/fa4tune` (never inside the installed package)."""
-    home = os.environ.get(HOME_ENV_VAR)
-    if home:
-        return Path(home).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "fa4tune"
+    """The per-user folder where the harness writes what a run produces (`fa4.places.results_dir`:
+    `$FA4TUNE_HOME`, else the platform's user cache folder; never inside the installed package)."""
+    from fa4.places import results_dir
+
+    return results_dir()
 
 
 def user_path() -> Path:

@@ -8,20 +8,18 @@ the writer holds an `flock` on its temporary file from its creation until after 
 `atomic_write` of the same target removes the ones of the current user that no one holds and that are
 older than `STALE_TEMPORARY_S` (the age covers the moment between creating the file and locking it).
 
-Two locks, both `flock`, which the kernel releases when the holder dies (a killed process never
-leaves one taken):
-- `exclusive_file_lock(path)` locks the file itself and leaves nothing beside it. A lock belongs to
-  the file's inode, and a writer replaces the file by rename (`atomic_write`), which puts a new inode
-  at the path; so once the lock is taken the path is checked to still name the locked inode, and if a
-  writer replaced it meanwhile the lock is taken again on the new one. Every writer holds the lock of
-  the file it replaces until the rename is done, so the holders of a path's lock follow one another.
-  A missing file is created empty to have something to lock (an empty file reads as an empty
-  database) and removed again on the way out when nothing was written to it; only a holder killed in
-  between leaves it. It needs read access to the file only, so every user who may replace a file
-  can lock it, and it does not depend on any setting (a lock file found through `$FA4TUNE_HOME` would
-  not exclude a writer that has another).
-- `exclusive_lock(lock_path)` locks a separate lock file (created if absent), for what has no file
-  of its own to lock (a GPU: `fa4tune.workers.pool`'s per-GPU locks).
+`exclusive_file_lock(path)`, an `flock` the kernel releases when the holder dies (a killed process
+never leaves it taken), locks the file itself and leaves nothing beside it. A lock belongs to the
+file's inode, and a writer replaces the file by rename (`atomic_write`), which puts a new inode at the
+path; so once the lock is taken the path is checked to still name the locked inode, and if a writer
+replaced it meanwhile the lock is taken again on the new one. Every writer holds the lock of the file
+it replaces until the rename is done, so the holders of a path's lock follow one another. A missing
+file is created empty to have something to lock (an empty file reads as an empty database) and removed
+again on the way out when nothing was written to it; only a holder killed in between leaves it. It
+needs read access to the file only, so every user who may replace a file can lock it, and it does not
+depend on any setting (a lock file found through `$FA4TUNE_HOME` would not exclude a writer that has
+another). `filelock`, which locks a separate lock file, can do none of this; it serves what has no file
+of its own to lock (a GPU: `fa4tune.workers.worker.gpu_lock`; a shape being autotuned: `fa4.autotuning`).
 """
 
 from __future__ import annotations
@@ -40,18 +38,6 @@ from typing import Iterator
 RESULT_FILE_MODE = 0o644
 # a temporary file of `atomic_write` no one holds is removed once it is this old (seconds)
 STALE_TEMPORARY_S = 5.0
-
-
-@contextlib.contextmanager
-def exclusive_lock(lock_path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive `fcntl` lock on a lock file (created if absent). The kernel releases it when
-    the holder dies, so a killed process never leaves it taken."""
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -158,15 +158,17 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
 
     backend="ours" runs ours. "auto": among the implementations installed here and able to give this
     call our semantics, an exact database entry's measured times decide (`fa4.dispatch.choose`); without
-    them (a shape nobody tuned: nearest-bucket or default configuration), the times measured at nearby
-    shapes predict the winner (`fa4.prediction`); ours without any measurement, or where it wins or
-    ties. A forced configuration runs ours."""
+    them (a shape nobody tuned, or an entry that timed ours alone), the times measured at nearby shapes
+    predict the winner (`fa4.prediction`); ours without any measurement, or where it wins or ties. A
+    forced configuration runs ours."""
     expl.runs = {mode: dispatch.OURS for mode in dispatch.MODES}
     if backend == dispatch.OURS:
         expl.forced_backend = backend
     measured_here = expl.source == "exact" and expl.entry.backend_us
-    if not measured_here and expl.source not in ("nearest", "default"):  # forced, or an entry without times
+    if expl.source == "forced":
         return
+    # an exact entry without times (autotuned on first use, which times ours only) is judged as a
+    # shape nobody measured: the neighbours predict the implementation
     excluded = _excluded_peers(expl, problem)
     host = dispatch.host_us(expl.device_name or "")
     if measured_here:

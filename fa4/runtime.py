@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import torch
 
 from fa4 import backends as _backends, checks, dispatch, fallback as _fallback, planning
-from fa4 import compile_cache, config_arg, kernels, record_shapes
+from fa4 import autotuning, compile_cache, config_arg, kernels, record_shapes
 from fa4.arch import arch_of_capability
 from fa4.checks import Fa4Error, UnsupportedInputError
 from fa4.explanation import Explanation
@@ -239,6 +239,8 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
         checks.check_grad(q, k, v)
     softmax_scale = checks.softmax_scale_value(softmax_scale)
     plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
+    if autotuning.tune_first(plan, in_graph):   # $FA4_AUTOTUNE / fa4.autotune: a no-op when off
+        plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
     record_shapes.note(plan.spec, causal, return_lse)   # FA4_RECORD_SHAPES; a no-op when unset
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL or (launch.graph is not None and launch.graph.kind == _KERNEL):

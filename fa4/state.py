@@ -44,6 +44,8 @@ class _State:
         self.peers_run: set[tuple] = set()
         self.compiles = 0
         self.slow_calls = 0
+        # shape -> how autotune on first use ended for it in this process (`fa4.autotuning`): once each
+        self.autotuned: dict[str, str] = {}
 
 
 STATE = _State()
@@ -101,6 +103,7 @@ def reset_caches(compiled: bool = False) -> None:
         STATE.fingerprints.clear()
         STATE.warned.clear()
         STATE.refused.clear()
+        STATE.autotuned.clear()
         if compiled:
             STATE.compiled.clear()
             STATE.peers_run.clear()

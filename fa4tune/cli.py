@@ -4,13 +4,15 @@ Python API runs), fa4tune.searches.compile_space, fa4tune.report.command and fa4
 Data goes to stdout (`--format table|json`), progress and the defaults in use to stderr (`-q` silences
 progress, `-v` adds a line per item). Options mean the same in every command: the shape options come
 from one decorator, `shape_options`, and `--arch`, `--db`, `--jobs`, `--format` from their own.
-Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else ~/.cache/fa4tune)
+Run outputs go to the results directory (`fa4tune.paths`: $FA4TUNE_HOME, else the user cache folder)
 unless an option names a file.
 
 Every command refuses options that contradict each other (`refuse_contradictions`, run by the group
 for each command it resolves, whoever defined it): two spellings of one setting (`--causal
 --no-causal`, `--peers --no-peers`), one option given twice with different values, two options that
-exclude each other (`EXCLUSIVE_OPTIONS`). Click alone would keep the last one silently. Every file a
+exclude each other (`EXCLUSIVE_OPTIONS`), an option that does nothing in a command's mode
+(`IGNORED_WITH`: `search --compile-only --peers`) or without another option (`NEEDS`: `compile-space
+--seed` without `--limit`). Click alone would keep the last one, or ignore one, silently. Every file a
 command writes is checked before the work starts (`check_output`: a long run must not end unable to
 write), and a failed write, like any failure on a file, is a one-line error, not a traceback.
 """
@@ -55,7 +57,20 @@ class Verbosity:
 
 # options that exclude each other, in whichever command has both
 EXCLUSIVE_OPTIONS = (("--gqa", "--heads-kv"), ("--shapes-file", "--model"), ("--shapes", "--shapes-file"),
-                     ("--shapes", "--model"), ("--db", "--no-db"))
+                     ("--shapes", "--model"), ("--db", "--no-db"), ("--effort", "--trials"))
+# per command, a mode option and the options it makes do nothing (refused with it, not ignored)
+IGNORED_WITH = {
+    "search": ("--compile-only", ("--sampler", "--timeout", "--trial-timeout", "--storage", "--study", "--workers",
+                                  "--db", "--no-db", "--l2", "--peers", "--no-peers", "--warm-start",
+                                  "--cold-start", "--retime")),
+    "rescale-stats": ("--show", ("--seqlen", "--threshold", "--kind", "--causal", "--no-causal", "--both",
+                                 "--heads", "--heads-kv", "--head-dim", "--dtype", "--format", "--out")),
+}
+# per command, an option that does something only with another one (refused without it)
+NEEDS = {
+    "compile-space": (("--seed", "--limit"),),          # --seed picks the sample --limit takes
+    "report": (("--screenshot-size", "--screenshot"),),
+}
 
 
 def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
@@ -80,6 +95,7 @@ def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
     if any(token in ctx.help_option_names for token in options):
         return   # the help is shown, whatever else was given
     given: dict[str, tuple[str, object]] = {}  # parameter name -> (option string, value), as first given
+    seen: set[str] = set()                      # every option string given
     tokens = iter(options)
     for token in tokens:
         name, eq, attached = token.partition("=") if token.startswith("--") else (token, "", "")
@@ -88,6 +104,7 @@ def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
         if name not in spellings:
             continue   # an argument, or a value click will refuse
         param, takes_value, value = spellings[name]
+        seen.add(name)
         if takes_value:
             value = attached if eq else " ".join(next(tokens, "") for _ in range(param.nargs))
         if param.multiple or param.count:
@@ -96,9 +113,21 @@ def refuse_contradictions(ctx: click.Context, args: list[str]) -> None:
         if first[1] != value:
             raise click.UsageError(f"{said(*first)} and {said(name, value)} contradict each other: give one",
                                    ctx=ctx)
+    def gave(opt: str) -> bool:   # the option itself, not another spelling of its parameter
+        return opt in seen
+
     for pair in EXCLUSIVE_OPTIONS:
         if all(opt in spellings and spellings[opt][0].name in given for opt in pair):
             raise click.UsageError(f"give {pair[0]} or {pair[1]}, not both", ctx=ctx)
+    mode, ignored = IGNORED_WITH.get(ctx.info_name, ("", ()))
+    if gave(mode):
+        useless = [opt for opt in ignored if gave(opt)]
+        if useless:
+            raise click.UsageError(f"{', '.join(useless)} {'does' if len(useless) == 1 else 'do'} nothing with "
+                                   f"{mode}: leave {'it' if len(useless) == 1 else 'them'} out", ctx=ctx)
+    for option, needed in NEEDS.get(ctx.info_name, ()):
+        if gave(option) and not gave(needed):
+            raise click.UsageError(f"{option} does something only with {needed}: give both or neither", ctx=ctx)
 
 
 class StrictGroup(click.Group):
@@ -122,7 +151,7 @@ class StrictGroup(click.Group):
                                        else str(exc)) from exc
 
 
-@click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=StrictGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
 @click.version_option(package_name="fa4tune", prog_name="fa4tune")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr (results and errors only)")
 @click.option("-v", "--verbose", is_flag=True, help="a progress line per item (compiled configuration, bench row)")
@@ -445,8 +474,6 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     from fa4tune.inputs.space import SpaceError
     from fa4tune.workers.pool import PoolError
 
-    if effort is not None and trials is not None:
-        raise click.UsageError(f"--effort {effort} sets --trials {EFFORTS[effort]}: give one or the other")
     trials = trials or EFFORTS[effort or "default"]
     problems = (problems_from_set(shapes_file, model, mask)
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))

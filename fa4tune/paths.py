@@ -1,8 +1,8 @@
 """Where a run's outputs go: a results directory the user chooses, never the installed package.
 
-`results_dir()` is `$FA4TUNE_HOME` when set, else `$XDG_CACHE_HOME/fa4tune`, else `~/.cache/fa4tune`
-(the platformdirs user cache on Linux; the runtime reads the database from there too, so it is defined
-beside the database, `fa4.database.user_results_dir`). Inside it, with the same names and schemas as the repository's
+`results_dir()` is `$FA4TUNE_HOME` when set, else the platform's user cache folder (`fa4.places`, through
+platformdirs: `~/.cache/fa4tune` on Linux; the runtime reads the database from there too, so it is
+defined below the harness). Inside it, with the same names and schemas as the repository's
 committed `results/`:
 
     studies.journal     the optuna storage of every search (`fa4tune search --storage`)

@@ -340,6 +340,24 @@ CONTRADICTIONS = [
     (["db", "merge", "a.json", "-o", "x.json", "-oy.json"], ("-o x.json", "-o y.json")),
     (["report", "--db", "a.json", "--database", "b.json"], ("--db a.json", "--database b.json")),
     (["sass", "--peer", "--no-peer"], ("--peer", "--no-peer")),   # defined in another module: checked too
+    (["search", "--effort", "quick", "--trials", "7"], ("--effort", "--trials")),
+    (["search", "--shapes-file", "x.toml", "--model", "llama-3-8b"], ("--shapes-file", "--model")),
+    (["bench", "--shapes", "s1024", "--model", "llama-3-8b"], ("--shapes", "--model")),
+    (["search", "--heads-kv", "8", "--gqa", "4"], ("--heads-kv", "--gqa")),
+    (["rescale-stats", "--causal", "--both"], ("--causal", "--both")),
+    (["report", "--out", "a.html", "--out", "b.html"], ("--out a.html", "--out b.html")),
+    # a mode that makes other options do nothing (IGNORED_WITH)
+    *[(["search", "--compile-only", *option], (option[0], "--compile-only"))
+      for option in (["--sampler", "random"], ["--timeout", "5"], ["--trial-timeout", "5"], ["--storage", "s.journal"],
+                     ["--study", "x"], ["--workers", "2"], ["--db", "x.json"], ["--no-db"], ["--l2", "flushed"],
+                     ["--peers"], ["--no-peers"], ["--warm-start"], ["--cold-start"], ["--retime", "0"])],
+    *[(["rescale-stats", "--show", *option], (option[0], "--show"))
+      for option in (["--seqlen", "512"], ["--threshold", "8"], ["--kind", "normal"], ["--causal"], ["--no-causal"],
+                     ["--both"], ["--heads", "8"], ["--heads-kv", "8"], ["--head-dim", "64"], ["--dtype", "bf16"],
+                     ["--format", "json"], ["--out", "x.json"])],
+    # an option that does something only with another (NEEDS)
+    (["compile-space", "--seed", "3"], ("--seed", "--limit")),
+    (["report", "--screenshot-size", "800x600"], ("--screenshot-size", "--screenshot")),
 ]
 
 
@@ -352,6 +370,35 @@ def test_contradicting_options_are_refused(args, named, monkeypatch):
     assert result.exit_code == 2, result.output
     error = result.stderr.strip().splitlines()[-1]
     assert all(option in error for option in named), error
+
+
+def test_the_modes_and_needs_allow_what_they_should(monkeypatch):
+    """The rules refuse only what does nothing: --compile-only keeps its own options, --seed with
+    --limit and --screenshot-size with --screenshot pass the check."""
+    from click import Context
+
+    for command, args in ((cli.search, ["--compile-only", "--trials", "4", "--jobs", "2", "--seed", "1",
+                                        "--format", "json", "--space", "s.toml", "--causal"]),
+                          (cli.main.commands["compile-space"], ["--seed", "3", "--limit", "4"]),
+                          (cli.main.commands["report"], ["--screenshot", "a.png", "--screenshot-size", "800x600"]),
+                          (cli.main.commands["rescale-stats"], ["--show"])):
+        cli.refuse_contradictions(Context(command, info_name=command.name), args)
+
+
+def _every_command(group, path=()):
+    yield list(path)
+    for name, command in getattr(group, "commands", {}).items():
+        yield from _every_command(command, path + (name,))
+
+
+@pytest.mark.parametrize("path", list(_every_command(cli.main)), ids=lambda p: " ".join(p) or "fa4tune")
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_every_help_fits_80_columns(path, columns):
+    """In an 80-column terminal and in a wide one (click sizes help by $COLUMNS, at most 80)."""
+    result = CliRunner().invoke(cli.main, path + ["--help"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
 
 
 def test_options_given_twice_alike_and_help_still_work():
@@ -475,4 +522,4 @@ def test_effort_presets_set_the_trials_and_refuse_a_second_count(monkeypatch):
     invoke("search", "--causal", "--no-db", "--trials", "7")
     assert seen["trials"] == 7
     refused = CliRunner().invoke(cli.main, ["search", "--effort", "quick", "--trials", "7"])
-    assert refused.exit_code == 2 and "give one or the other" in refused.output
+    assert refused.exit_code == 2 and "give --effort or --trials, not both" in refused.output

@@ -74,12 +74,9 @@ from fa4tune.searches.warm_start import warm_start_configs
 from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
 
 
-# Configurations per study for `fa4tune search --effort`. From the searches' own curves (the wide set's
-# 48 cold-start studies of 30, results/h200/wide/*.journal.gz): a configuration within 1 % of a study's
-# best came at the 1st (the default) on the median study, within the first 10 on 41 of 48, within 20 on
-# 45. "default" is the length of the grid's searches, which the packaged grid entries came from; "full"
-# the old default, for shapes far from anything tuned.
-EFFORTS = {"quick": 10, "default": 40, "full": 100}
+# `fa4tune search --effort`: configurations per study, declared with the runtime's autotune on first use
+from fa4.autotuning import EFFORTS  # noqa: E402,F401
+
 
 @dataclass
 class SearchSettings:

@@ -122,6 +122,15 @@ class WorkerPool:
                     w.conn.close()
             w.proc = None
 
+    def kill(self) -> None:
+        """Stop every worker now (SIGKILL), whatever it is doing: a caller's deadline has passed."""
+        for w in self._workers:
+            self._kill(w)
+            if w.conn is not None:
+                with contextlib.suppress(Exception):
+                    w.conn.close()
+            w.proc, w.task = None, None
+
     def _spawn(self, w: _Worker) -> None:
         parent_conn, child_conn = self._ctx.Pipe()
         lock_path = None

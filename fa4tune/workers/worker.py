@@ -7,7 +7,7 @@ or hung. This module is the worker's side.
 
 How compiled kernels reach the GPU: compilation happens inside the worker. Each worker process is
 bound to one GPU (`CUDA_VISIBLE_DEVICES`) and compiles on its own CPU core; the GPU part of a trial
-(validation, timing) runs under an exclusive per-GPU file lock (`fcntl.flock`, released by the kernel
+(validation, timing) runs under an exclusive per-GPU file lock (`filelock`: an `flock`, released by the kernel
 when a holder dies), so while one worker times, the others compile the next trials. No kernel object
 crosses a process boundary. A worker caches its compiled kernels by `fa4.kernels.compile_key`.
 
@@ -101,9 +101,9 @@ def gpu_lock(path: Optional[str]):
     if path is None:
         yield
         return
-    from fa4.files import exclusive_lock  # here, not at import: a worker imports torch only once its GPU is chosen
+    from filelock import FileLock  # an flock on a lock file, which the kernel drops when a holder dies
 
-    with exclusive_lock(path):
+    with FileLock(path):
         yield
 
 
