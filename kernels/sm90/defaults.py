@@ -35,19 +35,19 @@ def wide_tiles_at_head_dim_64(config: Config, problem: AttentionProblem) -> Conf
     at B1 S2048 H32/8 full, 55.7 -> 48.6 causal; also where the GQA ratio does not divide 192 (the
     heads then go unpacked: B1 S3000 H28/4 bf16 full 1.26x -> best of its search).
     Causal fp16: 96-key blocks (47.4 -> 44.1 us at B1 S2048 H32/8; 192 x 128 under the causal mask is
-    the one tile where ptxas keeps the K/V stage index out of uniform registers and spends ~50 more
-    instructions per unmasked block converting descriptors; results/h200/variants_d64c.json).
-    Causal bf16: 64-key blocks with 4 of every 32 exps from the FMA polynomial. In bf16, ptxas
-    serialises the wgmma of the 192 x 96 tile ("WG.AR in divergent path"; `fa4tune sass` reports
-    `wgmma_serialized`), 1.47-1.56x slower than the best of its search on the five bf16 D64 causal
-    train shapes of results/wide (B1 S4096/S8192 H32/8, B8 S2048 H32/16, B1 S16384 H16/16,
-    B1 S32768 H8/1); 192 x 64 with the polynomial is within 3 % of each search's best where timed."""
+    the one fp16 tile where ptxas keeps the K/V stage index out of uniform registers and spends ~50
+    more instructions per unmasked block converting descriptors; results/h200/variants_d64c.json).
+    Causal bf16: 128-key blocks, whose unmasked block is the leanest per key (425 SASS instructions
+    for 128 keys; 192 x 96 has its wgmma serialised by ptxas in bf16, "WG.AR in divergent path").
+    On the five bf16 D64 causal train shapes timed beside flash-attn-4
+    (results/h200/wide/d64_causal_variants.json), 192 x 64 with the exp2 polynomial (the rule
+    before) -> this: B1 S4096 H32/8 164.6 -> 152.1 us (flash-attn-4 152.4), B8 S2048 H32/16 398.0 ->
+    368.8 (365.3), B1 S16384 H16/16 1219.6 -> 1088.3 (1093.2), B1 S8192 H32/8 613.7 -> 551.6
+    (554.3), B2 S12000 H16/2 1280.3 -> 1146.6 (1143.6); the polynomial on top costs 2-4 %."""
     if problem.head_dim > 64 or not _fits_192_rows(problem):
         return config
-    if not problem.causal:
+    if not problem.causal or problem.dtype == "bf16":
         return config.replace(tile_m=192)
-    if problem.dtype == "bf16":
-        return config.replace(tile_m=192, tile_n=64, exp2_poly_columns=4)
     return config.replace(tile_m=192, tile_n=96)
 
 
@@ -62,11 +62,16 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
     whose next Q and K/V load under this tile's softmax. Full masks: `static` (B16 S1024 543.3 ->
     492.9; B8 S512 H16 D64 29.9 -> 25.3). Causal: `static` when a head has >= 16 m-blocks (B16 S1024:
     350.1 -> 313.1; `lpt` 342.3), else `lpt` (B8 S512 H16 D64: 24.3 -> 19.2; `static` 25.9, because
-    with few m-blocks a static CTA keeps meeting the same m-block)."""
+    with few m-blocks a static CTA keeps meeting the same m-block); but `static` again when the keys
+    fit one block: every tile then costs the same, longest-first has nothing to order and its
+    head-grouped order costs (B64 S128 H32/8 fp16 69.8 -> 56.2 us, B128 S128 H16/4 bf16 69.4 ->
+    53.9; cuDNN 59.9 and 57.9; results/h200/wide/short_causal_variants.json)."""
     m_blocks, tiles = _tiles(config, problem)
-    if -(-problem.seqlen_k // config.tile_n) > 8 or tiles < 2 * device.sm_count:
+    key_blocks = -(-problem.seqlen_k // config.tile_n)
+    if key_blocks > 8 or tiles < 2 * device.sm_count:
         return config
-    return config.replace(scheduler="lpt" if problem.causal and m_blocks < 16 else "static", q_stages=2)
+    longest_first = problem.causal and m_blocks < 16 and key_blocks > 1
+    return config.replace(scheduler="lpt" if longest_first else "static", q_stages=2)
 
 
 def longest_first_for_causal(config: Config, problem: AttentionProblem) -> Config:
