@@ -73,3 +73,17 @@ def test_warm_start_finds_a_neighbours_optimum_at_once_and_seeds_only_new_studie
     run_search("sm90", [CAUSAL], _settings(tmp_path, trials=4), Progress(quiet=True))
     study = optuna.load_study(study_name=shape_key("sm90", CAUSAL), storage=open_storage(tmp_path / "studies.journal"))
     assert sum(1 for t in study.trials if t.user_attrs.get("warm_start")) == 1
+
+
+def test_a_retune_after_a_kernel_change_starts_from_its_own_stale_winner(tmp_path):
+    """The stale entry of the study's own bucket (tuned before a kernel change) is the first seed;
+    a stale neighbour is still never one."""
+    db = tmp_path / "db.json"
+    record(_entry(CAUSAL, FAST, fingerprint="old"), db)                                   # own bucket, stale
+    record(_entry(replace(CAUSAL, seqlen_q=4096, seqlen_k=4096), Config.make("sm90", tile_n=64),
+                  fingerprint="old"), db)                                                 # stale neighbour
+    record(_entry(replace(CAUSAL, seqlen_q=2048, seqlen_k=2048), NEAR), db)
+    run_search("sm90", [CAUSAL], _settings(tmp_path, trials=4), Progress(quiet=True))
+    study = optuna.load_study(study_name=shape_key("sm90", CAUSAL), storage=open_storage(tmp_path / "studies.journal"))
+    seeds = [t.params for t in study.trials[1:4] if t.user_attrs.get("warm_start")]
+    assert seeds == [FAST.to_dict(), NEAR.to_dict()]

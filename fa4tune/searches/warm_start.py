@@ -5,7 +5,9 @@ nearest entries of the best-config database that share its architecture, dtype a
 `PER_MASK` of its own causal mode, then up to `PER_MASK` of the other mode (the same tiles often win
 both), nearest first: entries of the same device first, then by GQA ratio, then by the log2 distance
 of the sequence-length and work buckets (as the runtime's nearest lookup, `fa4.database`). Stale
-entries (another kernel fingerprint) are not used, nor configurations outside the study's space.
+entries (another kernel fingerprint) are not used, nor configurations outside the study's space; but the
+stale entry of the study's own bucket goes first: after a kernel change, a re-tune starts from the
+configuration that won before (re-timed like any seed, never trusted).
 Each seeded trial carries user_attr `warm_start`: the key of the entry it came from. Seeds are
 evaluated like any trial (screened, counted in `--trials`); with none to be found, a study starts cold.
 """
@@ -33,8 +35,17 @@ def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionP
                        choices: dict[str, list], default: dict) -> list[tuple[dict, str]]:
     """[(knob values, database entry key)] to seed a new study with, nearest first (module docstring).
     `choices` is the study's space ({knob: values}); `default` the configuration seeded anyway."""
+    from fa4.database import entry_key
+
     chosen: list[tuple[dict, str]] = []
     seen = {tuple(sorted(default.items()))}
+    own = db.get(entry_key(arch, device, problem)) if device else None
+    if own is not None and own.is_stale(fingerprint):
+        config = {k: own.config.get(k) for k in choices}
+        key = tuple(sorted(config.items()))
+        if all(config[k] in values for k, values in choices.items()) and key not in seen:
+            seen.add(key)
+            chosen.append((config, own.key))
     for causal in (problem.causal, not problem.causal):
         candidates = [e for e in db.entries
                       if e.arch == arch and e.dtype == problem.dtype and e.head_dim == problem.head_dim
