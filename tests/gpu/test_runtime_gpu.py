@@ -97,7 +97,7 @@ def test_other_seqlens_do_not_recompile(monkeypatch):
     fa4.reset_caches(compiled=True)
     calls = []
     real = kernels.compile_attention
-    monkeypatch.setattr(kernels, "compile_attention", lambda c, p: calls.append(p) or real(c, p))
+    monkeypatch.setattr(kernels, "compile_attention", lambda c, p, d=None: calls.append(p) or real(c, p, d))
     config = kernels.default_config("sm90", kernels.AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", True))
     for seqlen in (512, 777, 1024, 2048, 4000):
         q, k, v = make_qkv(1, seqlen, seqlen, 32, 8, 128, seed=seqlen)
