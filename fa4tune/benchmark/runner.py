@@ -215,7 +215,7 @@ def _task_row(row: dict, result: dict) -> dict:
     """The row a trial or dispatched task's result makes (one round)."""
     extra = {}
     if row["variant"] == DISPATCHED:
-        extra = {"eager_us": result.get("eager_us"), "backend": result.get("backend")}
+        extra = {"eager_us": result.get("eager_us"), "backend": result.get("backend"), "config": result.get("config")}
     return {**row, "outcome": result["outcome"], "us": result.get("us"), "tflops": result.get("tflops"),
             "max_err": result.get("max_err"), "error": result.get("error"), **extra}
 

@@ -161,6 +161,8 @@ class KernelEvaluator:
             result = {name: value for name, value in check.items() if name not in ("passed", "failures")}
             plan = fa4.explain(q, k, v, causal=problem.causal, return_lse=problem.return_lse)
             result["backend"] = dict(plan.runs)
+            # the configuration ours runs here, to compare the dispatched row with the default row
+            result["config"] = plan.config.to_dict() if plan.config is not None else None
             if not check["passed"]:
                 return {**result, "outcome": "mismatch"}
             measured = time_cuda(call, timing)
