@@ -29,7 +29,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper_helpers
 
-from . import REGISTER_SPLIT, layouts as L
+from . import layouts as L
+from .plan import REGISTER_SPLIT
 from ..fast_exp2 import exp2_poly, poly_column
 from .scheduler import TileScheduler
 
