@@ -79,16 +79,13 @@ def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescrip
     """The DSL kernel object of one configuration for `device` (`device_key`: what of it is compiled in)."""
     from .kernel import FlashAttentionSm90
     compiled_in = dict(device_key(device))
+    # every knob but pack_gqa reaches the kernel under its own name: a new knob needs no line here
+    knobs = config.to_dict()
+    pack_gqa = knobs.pop("pack_gqa")
     return FlashAttentionSm90(
         dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
-        return_lse=problem.return_lse,
-        gqa_pack_ratio=problem.gqa_ratio if config.pack_gqa else None,
-        tile_m=config.tile_m, tile_n=config.tile_n, kv_stages=config.kv_stages,
-        q_stages=config.q_stages, rescale_threshold=config.rescale_threshold,
-        scheduler=config.scheduler, pv_operand=config.pv_operand,
-        softmax_overlap=config.softmax_overlap,
-        exp2_poly_columns=config.exp2_poly_columns, num_sms=compiled_in["num_sms"],
-        l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"])
+        return_lse=problem.return_lse, gqa_pack_ratio=problem.gqa_ratio if pack_gqa else None,
+        num_sms=compiled_in["num_sms"], l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"], **knobs)
 
 
 def traced_smem_bytes(kernel) -> int:
