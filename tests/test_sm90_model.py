@@ -145,9 +145,9 @@ def test_sample_compiles_for_sm90a_without_spills(over, prob):
 
 def test_register_rejection_matches_a_real_spill():
     """The other side of the register model: a configuration it rejects for registers (three consumer
-    warpgroups with 192 x 192 tiles at D=64) really spills when compiled anyway."""
+    warpgroups with 192 x 144 tiles and P in registers at D=64) really spills when compiled anyway."""
     problem = AttentionProblem(**dict(D64, causal=True))
-    cfg = Config.make("sm90", tile_m=192, tile_n=192, softmax_overlap=False)
+    cfg = Config.make("sm90", tile_m=192, tile_n=144)
     assert any("registers" in r for r in feasible(cfg, problem))
     report = sm90.compile_report(cfg, problem)
     assert report["ok"], report.get("error")
