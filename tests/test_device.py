@@ -198,7 +198,7 @@ def test_the_tile_counts_are_the_kernels():
                  "TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch",
                  "grid=sched.grid_shape()"):
         assert line in kernel, line
-    assert "gqa_pack_ratio=problem.gqa_ratio if config.pack_gqa else None" in (here / "sm90" / "__init__.py").read_text()
+    assert "gqa_pack_ratio=problem.gqa_ratio if pack_gqa else None" in (here / "sm90" / "__init__.py").read_text()
     sm100 = (here / "sm100" / "kernel.py").read_text()
     for line in ("self.cta_rows = self.q_stages * self.tile_m\n", "rows_per_head = seqlen_q * self.gqa_ratio\n",
                  "task_heads = heads_kv\n", "rows_per_head = seqlen_q\n", "task_heads = heads_q\n",
