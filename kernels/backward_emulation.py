@@ -1,0 +1,78 @@
+"""CPU emulation, in PyTorch, of the tile algorithm the attention backward kernel will run (FA2/FA3
+style): the reference its numerics are held to before any GPU runs it.
+
+What is replayed, because it changes the numbers or the memory a kernel needs:
+
+- A preprocess: D_i = sum_d dO_id * O_id in fp32, per query row.
+- One task per (batch, KV head, key block of `tile_n`): its dK and dV accumulate in fp32 over every
+  query head of the KV head's group and every query block of `tile_m` rows that sees a key of the
+  block. GQA is reduced inside the task: no per-query-head dK/dV copy, no O(S^2) buffer.
+- Per (query block, key block): S = Q K^T in fp32 is recomputed and P = exp2(S * scale * log2 e -
+  LSE * log2 e) comes from the forward's saved LSE (natural log of the scaled scores' sum) (no max, no sum); masked keys (bottom-right
+  causal: key j is visible to query i when j <= i + Sk - Sq) and rows that see no key (LSE = -inf)
+  give P = 0. P rounded to the inputs' 16-bit type feeds dV += P^T dO; dP = dO V^T in fp32;
+  dS = P * (dP - D) in fp32, rounded to 16 bits for dK += dS^T Q * scale and dQ += dS K * scale.
+- dQ accumulates in fp32 across key blocks (what the kernel's atomics, or its ordered deterministic
+  mode, do into an fp32 buffer) and is converted once at the end (the postprocess); dK, dV are
+  converted when their task ends.
+
+Inputs are (B, S, H, D) as `fa4.attention` takes them; LSE is (B, Hq, Sq) fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LOG2_E = math.log2(math.e)
+
+
+def preprocess(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dO * O) in fp32, (B, Hq, Sq)."""
+    return (dout.float() * out.float()).sum(-1).transpose(1, 2)
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+             dout: torch.Tensor, causal: bool, scale: float, tile_m: int = 64,
+             tile_n: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) in the inputs' dtype, computed block by block as the kernel will."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    ratio = heads_q // heads_kv
+    low = q.dtype
+    delta = preprocess(out, dout)
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    scale_log2 = scale * LOG2_E
+    for b in range(batch):
+        for h_kv in range(heads_kv):
+            for j0 in range(0, seqlen_k, tile_n):
+                j1 = min(j0 + tile_n, seqlen_k)
+                kj, vj = k[b, j0:j1, h_kv].float(), v[b, j0:j1, h_kv].float()
+                dk_acc = torch.zeros(kj.shape, dtype=torch.float32)
+                dv_acc = torch.zeros(vj.shape, dtype=torch.float32)
+                # the first query row that sees key j0 (bottom-right causal); earlier blocks are skipped
+                first_row = max(0, j0 - (seqlen_k - seqlen_q)) if causal else 0
+                for h in range(h_kv * ratio, (h_kv + 1) * ratio):
+                    for i0 in range(first_row // tile_m * tile_m, seqlen_q, tile_m):
+                        i1 = min(i0 + tile_m, seqlen_q)
+                        qi, doi = q[b, i0:i1, h].float(), dout[b, i0:i1, h].float()
+                        lse_i, delta_i = lse[b, h, i0:i1], delta[b, h, i0:i1]
+                        s = qi @ kj.T
+                        visible = torch.isfinite(lse_i)[:, None].expand_as(s)
+                        if causal:
+                            rows = torch.arange(i0, i1)[:, None]
+                            cols = torch.arange(j0, j1)[None, :]
+                            visible = visible & (cols <= rows + seqlen_k - seqlen_q)
+                        bias = torch.where(torch.isfinite(lse_i), lse_i, 0.0)[:, None] * LOG2_E
+                        p = torch.where(visible, torch.exp2(s * scale_log2 - bias), 0.0)
+                        dv_acc += p.to(low).float().T @ doi
+                        dp = doi @ vj.T
+                        ds = (p * (dp - delta_i[:, None])).to(low).float()
+                        dk_acc += ds.T @ qi * scale
+                        dq_accum[b, i0:i1, h] += ds @ kj * scale
+                dk[b, j0:j1, h_kv] = dk_acc.to(low)
+                dv[b, j0:j1, h_kv] = dv_acc.to(low)
+    return dq_accum.to(low), dk, dv
