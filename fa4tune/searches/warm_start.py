@@ -39,13 +39,21 @@ def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionP
 
     chosen: list[tuple[dict, str]] = []
     seen = {tuple(sorted(default.items()))}
+
+    def take(entry) -> bool:
+        """Seed the entry's configuration unless it lies outside this study's space (a narrowed
+        --space, or knobs since changed) or is already seeded; whether it was."""
+        config = {k: entry.config.get(k) for k in choices}
+        key = tuple(sorted(config.items()))
+        if any(config[k] not in values for k, values in choices.items()) or key in seen:
+            return False
+        seen.add(key)
+        chosen.append((config, entry.key))
+        return True
+
     own = db.get(entry_key(arch, device, problem)) if device else None
     if own is not None and own.is_stale(fingerprint):
-        config = {k: own.config.get(k) for k in choices}
-        key = tuple(sorted(config.items()))
-        if all(config[k] in values for k, values in choices.items()) and key not in seen:
-            seen.add(key)
-            chosen.append((config, own.key))
+        take(own)
     for causal in (problem.causal, not problem.causal):
         candidates = [e for e in db.entries
                       if e.arch == arch and e.dtype == problem.dtype and e.head_dim == problem.head_dim
@@ -54,15 +62,7 @@ def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionP
                                        _distance(e, problem), e.key))
         taken = 0
         for entry in candidates:
-            config = {k: entry.config.get(k) for k in choices}
-            if any(config[k] not in values for k, values in choices.items()):
-                continue   # outside this study's space (a narrowed --space, or knobs since changed)
-            key = tuple(sorted(config.items()))
-            if key in seen:
-                continue
-            seen.add(key)
-            chosen.append((config, entry.key))
-            taken += 1
+            taken += take(entry)
             if taken == PER_MASK:
                 break
     return chosen
