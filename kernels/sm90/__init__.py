@@ -16,10 +16,8 @@ from ..device import H200, DeviceDescription, scaled_to_l2
 from ..knobs import Config
 from ..problem import AttentionProblem
 from .defaults import default_config  # noqa: F401  (the family's default_config)
-from .feasibility import (  # noqa: F401  (the family's resource model)
-    BUFFER_ALIGN, ELEM_BYTES, REFERENCE_DEVICE, RESERVED_REGISTERS, can_implement, estimated_registers,
-    register_budget, resource_reasons, resources, smem_bytes)
-from .plan import REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F401
+# the family protocol's resource functions; the model itself is feasibility.py
+from .feasibility import REFERENCE_DEVICE, can_implement, resource_reasons, resources, smem_bytes  # noqa: F401
 from .scheduler import L2_BYTES_FOR_KV_ON_H200
 
 ARCH = "sm90"
