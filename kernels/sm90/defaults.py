@@ -38,8 +38,9 @@ def wide_tiles_at_head_dim_64(config: Config, problem: AttentionProblem) -> Conf
     the one fp16 tile where ptxas keeps the K/V stage index out of uniform registers and spends ~50
     more instructions per unmasked block converting descriptors; results/h200/variants_d64c.json).
     Causal bf16: 128-key blocks, whose unmasked block is the leanest per key (425 SASS instructions
-    for 128 keys; 192 x 96 has its wgmma serialised by ptxas in bf16, "WG.AR in divergent path").
-    On the five bf16 D64 causal train shapes timed beside flash-attn-4
+    for 128 keys; 192 x 96 had its value wgmma serialised in bf16 until P was converted one K block
+    at a time, kernel.py `write_p`). On the five bf16 D64 causal train shapes timed beside flash-attn-4
+    before that change
     (results/h200/wide/d64_causal_variants.json), 192 x 64 with the exp2 polynomial (the rule
     before) -> this: B1 S4096 H32/8 164.6 -> 152.1 us (flash-attn-4 152.4), B8 S2048 H32/16 398.0 ->
     368.8 (365.3), B1 S16384 H16/16 1219.6 -> 1088.3 (1093.2), B1 S8192 H32/8 613.7 -> 551.6
