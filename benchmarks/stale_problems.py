@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="sm90")
     args = parser.parse_args(argv)
     stale = BestConfigDB.load(args.db).stale_entries({args.arch: kernel_fingerprint(args.arch)})
-    problems = sorted({AttentionProblem(**e.problem) for e in stale}, key=lambda p: p.to_dict().__repr__())
+    problems = sorted({AttentionProblem(**e.problem) for e in stale}, key=repr)
     with open(args.out, "w") as f:
         f.write("\n".join(problem_table(p) for p in problems))
     print(f"{args.out}: {len(problems)} problems of {len(stale)} stale {args.arch} entries in {args.db}")
