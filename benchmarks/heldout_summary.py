@@ -25,6 +25,12 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
+def _same_configuration(rows: dict[str, dict], fastest: str) -> str | None:
+    """The fastest row's variant when it is ours and ran the configuration the dispatched row ran."""
+    ran, other = rows["dispatched"].get("config"), rows.get(fastest, {}).get("config")
+    return fastest if fastest != "dispatched" and ran and ran == other else None
+
+
 def summarise(paths: list[str], bar: float, dispatch_bar: float, markdown: bool) -> int:
     shapes: dict[str, dict[str, dict]] = {}
     for path in paths:
@@ -52,6 +58,9 @@ def summarise(paths: list[str], bar: float, dispatch_bar: float, markdown: bool)
         if default:
             default_ratios.append(default / peer)
         flag = " <-- past the bar" if d_ratio > bar or f_ratio > dispatch_bar else ""
+        twin = _same_configuration(rows, min(us, key=us.get))
+        if flag and f_ratio > dispatch_bar and twin:
+            flag += f" (the {twin} row ran the same configuration: the two times' spread, not a choice)"
         if flag:
             misses.append(shape)
         cells = [shape, f"{us['dispatched']:.1f} ({ran.get('graph', '?')})",
@@ -59,10 +68,10 @@ def summarise(paths: list[str], bar: float, dispatch_bar: float, markdown: bool)
                  *(f"{us.get(p, math.nan):.1f}" for p in peers),
                  f"{d_ratio:.3f}", f"{default / peer:.3f}" if default else "-", f"{f_ratio:.3f}"]
         print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells) + flag)
-    print(f"\ndispatched ÷ fastest peer: geometric mean {geomean(dispatched_ratios):.3f}, "
+    print(f"\ndispatched ÷ fastest peer: geometric mean {geomean(dispatched_ratios):.4f}, "
           f"worst {max(dispatched_ratios, default=math.nan):.3f} over {len(dispatched_ratios)} shapes "
           f"(bars: each <= {bar}, geometric mean <= 0.97)")
-    print(f"default ÷ fastest peer: geometric mean {geomean(default_ratios):.3f}, "
+    print(f"default ÷ fastest peer: geometric mean {geomean(default_ratios):.4f}, "
           f"worst {max(default_ratios, default=math.nan):.3f}")
     print(f"{len(misses)} shape(s) past a bar{': ' + ', '.join(misses) if misses else ''}")
     return 0

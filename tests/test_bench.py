@@ -190,3 +190,34 @@ def test_bench_notes_carry_no_absolute_path(tmp_path):
     write_bench(doc, out, out_csv)
     for text in (out.read_text(), out_csv.read_text()):
         assert not any(planted in text for planted in ("/root/", "/home/x", "/tmp/build-7", "/usr/lib")), text
+
+
+class _OrderPool:
+    """Records submissions; every task starts at once and finishes on the next poll."""
+
+    def __init__(self):
+        self.submitted: list[str] = []
+        self.pending: list[int] = []
+
+    def submit(self, kind, payload, compile_key=None):
+        self.submitted.append(payload["name"])
+        self.pending.append(len(self.submitted) - 1)
+        return len(self.submitted) - 1
+
+    def busy_tasks(self):
+        return [(task_id, None, None) for task_id in self.pending]
+
+    def poll(self, timeout):
+        done, self.pending = self.pending, []
+        return [(task_id, {"outcome": "ok"}) for task_id in done]
+
+
+def test_odd_rounds_run_in_reverse_order():
+    """No row always follows the same neighbour (the peers before the dispatched row heat the GPU)."""
+    specs = [bench_mod._Task("trial", {"name": name}, {"shape": "s", "variant": name}, None)
+             for name in ("tuned", "default", "peers", "dispatched")]
+    pool = _OrderPool()
+    results = bench_mod._run_rounds(pool, specs, 3, Progress(quiet=True))
+    names = [s.payload["name"] for s in specs]
+    assert pool.submitted == names + names[::-1] + names
+    assert all(len(r) == 3 and all(x == {"outcome": "ok"} for x in r) for r in results)

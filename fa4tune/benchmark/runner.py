@@ -5,8 +5,10 @@ one run, and every configuration of ours is validated before it is timed. This i
 reported everywhere (README, docs/measurements.md, report).
 
 Rounds: every row is timed `rounds` times (`--rounds`, default 2), in interleaved rounds: round r+1 is
-submitted once every task of round r has started, in the same order, so a transient (GPU clocks, power,
-a compile on the host) hits one round of a row, not all of them; a repeat reuses the worker's compiled
+submitted once every task of round r has started, odd rounds in reverse order, so a transient (GPU clocks, power,
+a compile on the host) hits one round of a row, not all of them, and no row always follows the same
+neighbour (in a held-out run with one order, the dispatched row, timed right after the peers, was 2-4 %
+slower than the default row on two shapes where both ran the same configuration); a repeat reuses the worker's compiled
 kernel (`fa4tune.workers.pool` routes a compile key to the worker that holds it). A row's `us` is the lowest of
 its rounds' medians: a transient only ever slows a measurement down, so the lowest is the best
 estimate of the kernel's time (the estimator of the search's re-time step, `fa4tune.searches.retime`). In a
@@ -191,7 +193,9 @@ def _run_rounds(pool: WorkerPool, specs: list[_Task], rounds: int, progress: Pro
 
     def submit(r: int) -> set[int]:
         ids = set()
-        for index, spec in enumerate(specs):
+        order = range(len(specs)) if r % 2 == 0 else reversed(range(len(specs)))
+        for index in order:
+            spec = specs[index]
             task_id = pool.submit(spec.kind, spec.payload, compile_key=spec.compile_key)
             tasks[task_id] = (index, r)
             ids.add(task_id)
