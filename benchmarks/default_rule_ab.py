@@ -1,6 +1,6 @@
 """A/B of the sm90 default rules on the H200: today's `kernels/sm90/defaults.py` against a baseline copy of
 it (an older revision, e.g. `git show REV:kernels/sm90/defaults.py > baseline.py`), shape by shape, with
-flash-attn-4 and cuDNN timed beside them:
+the peers timed beside them:
 
     python benchmarks/default_rule_ab.py --baseline baseline.py \\
         --shapes "b4-s900-hq24-hkv8-d64-bf16-causal b4-s2000-hq16-hkv16-d64-bf16-causal" --out FILE
@@ -17,6 +17,7 @@ import importlib.util
 import json
 import sys
 
+from fa4.backends import peer_names
 from fa4tune.api import DEFAULT_PROBLEM
 from fa4tune.inputs.shapes import parse_shape
 
@@ -34,7 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", required=True, help="a copy of kernels/sm90/defaults.py to compare with")
     ap.add_argument("--shapes", required=True)
-    ap.add_argument("--peers", default="flash_attn_4,sdpa_cudnn")
+    ap.add_argument("--peers", default=",".join(peer_names()), help="comma-separated peer names")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

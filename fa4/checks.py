@@ -2,7 +2,7 @@
 
 Two kinds of problem, two error classes:
 - `InvalidInputError`: the call itself is wrong (wrong rank, shapes that disagree, mixed dtypes, tensors
-  on different devices, a tensor that requires grad, a sequence longer than 2**31 - 1, a softmax_scale
+  on different devices, a sequence longer than 2**31 - 1, a softmax_scale
   that is no positive fp32 number). Always raised, whatever the fallback.
 - `UnsupportedInputError`: a well-formed call our kernels cannot run (CPU tensors, fp32, a GPU without a
   kernel, a head dim no kernel supports, strides or pointers TMA cannot address). Raised by default;
@@ -88,14 +88,6 @@ class InputSpec:
     def has_no_keys(self) -> bool:
         """Every query row sees no key: O = 0 and LSE = -inf, no launch."""
         return self.seqlen_k == 0
-
-
-def check_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        names = [n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
-        raise InvalidInputError(
-            f"fa4.attention is forward only (no backward yet), but {', '.join(names)} requires grad; "
-            "call it under torch.no_grad() / torch.inference_mode(), or pass detached tensors")
 
 
 def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSpec:

@@ -41,6 +41,8 @@ class Explanation:
     # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
     runs: dict = field(default_factory=dict)
     forced_backend: str | None = None  # backend= when it names an implementation
+    # the backward that runs when an input requires grad: (implementation, why) (`fa4.backward.choose`)
+    backward: tuple | None = None
 
     def runs_ours(self, mode: str | None = None) -> bool:
         """Whether our kernel runs (in `mode`, or in any mode)."""
@@ -76,6 +78,8 @@ class Explanation:
             lines.append("  runs: nothing (empty output, no launch)")
         elif self.path == "no_keys":
             lines.append("  runs: nothing (seqlen_k = 0: O = 0 and LSE = -inf, no launch)")
+        if self.backward:
+            lines.append(f"  backward (inputs that require grad): {self.backward[0]} ({self.backward[1]})")
         if self.database:
             lines.append(f"  database: {self.database}")
         lines += [f"  note: {n}" for n in self.notes]

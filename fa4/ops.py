@@ -10,15 +10,19 @@ implementations by GPU time there (`fa4.dispatch`), as under CUDA-graph capture.
 Defined with the low-level `torch.library.Library` rather than `torch.library.custom_op`: the latter
 wraps every call in Python layers that cost about 3x more per eager call (measured on CPU: ~17 us of
 dispatch against ~5 us), and both give torch.compile the same operator and fake implementation.
-Registered for CompositeExplicitAutograd (every device; SDPA fallback on CPU included) without an
-autograd formula: fa4 is forward only, and `fa4.attention` refuses inputs that require grad.
+Registered for CompositeExplicitAutograd (every device; SDPA fallback on CPU included), with a
+registered backward (`torch.library.register_autograd`): the forward saves Q, K, V, O and LSE (so a
+call that needs a gradient asks the op for LSE even when the caller does not) and the backward is the
+op `fa4::attention_backward` (`fa4.backward`), itself opaque to torch.compile, so a compiled training
+step keeps both passes in one graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fa4 import runtime
+from fa4 import backward, runtime
+from fa4.reference import softmax_scale as default_scale
 
 SCHEMA = ("attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, bool return_lse, "
           "str? config, str fallback, bool allow_untested_sm100, str backend=\"auto\") -> (Tensor, Tensor)")
@@ -35,3 +39,45 @@ def _attention_fake(q, k, v, causal, softmax_scale, return_lse, config, fallback
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse_shape = (batch, heads_q, seqlen_q) if return_lse else (0,)
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+BACKWARD_SCHEMA = ("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                   "Tensor? dlse, bool causal, float softmax_scale) -> (Tensor, Tensor, Tensor)")
+_LIB.define(BACKWARD_SCHEMA)
+
+
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal, softmax_scale):
+    return backward.attention_backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse)
+
+
+_LIB.impl("attention_backward", _backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("fa4::attention_backward", lib=_LIB)
+def _attention_backward_fake(dout, q, k, v, out, lse, dlse, causal, softmax_scale):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, return_lse, *_ = inputs
+    out, lse = output
+    if lse.numel() != q.shape[0] * q.shape[2] * q.shape[1]:
+        raise RuntimeError("fa4::attention was called for a gradient without its LSE (return_lse=False); "
+                           "fa4.attention asks for it whenever an input requires grad")
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.softmax_scale = default_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 10
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa4.attention_backward(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("fa4::attention", _backward, setup_context=_setup_context, lib=_LIB)

@@ -209,3 +209,61 @@ def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: flo
     k = torch.randn(shape_kv, generator=gen) * logit_scale
     v = torch.randn(shape_kv, generator=gen)
     return tuple(x.to(device=device, dtype=dtype) for x in (q, k, v))
+
+
+# ------------------------------------------------------------------------------------------------
+# gradients: flash-attn's rule
+
+GRAD_ATOL = 1e-3
+
+
+def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool = False):
+    """Attention written out in `dtype` (autograd-able, O(S^2) memory: tests only); a row that sees no
+    key gives O = 0 (and LSE = -inf)."""
+    import torch
+
+    heads_q = q.shape[2]
+    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))        # (B, H, S, D)
+    k, v = (t.repeat_interleave(heads_q // t.shape[1], dim=1) for t in (k, v))
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        scores = scores.masked_fill(~visible_keys(q.shape[2], k.shape[2], q.device), float("-inf"))
+    has_key = torch.isfinite(scores).any(-1, keepdim=True)
+    filled = scores.masked_fill(~has_key, 0.0)
+    out = (torch.softmax(filled, dim=-1).masked_fill(~has_key, 0.0) @ v).transpose(1, 2)
+    if not return_lse:
+        return out
+    lse = torch.logsumexp(filled, dim=-1, keepdim=True).masked_fill(~has_key, float("-inf")).squeeze(-1)
+    return out, lse
+
+
+def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None) -> list:
+    """[dQ, dK, dV] as fp32 of `plain_attention` in `dtype` by autograd (with `dlse`: the gradient
+    reaching the returned LSE too)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = plain_attention(*leaves, causal, scale, dtype, return_lse=True)
+    loss = (out * dout.to(dtype)).sum()
+    if dlse is not None:
+        loss = loss + (lse.masked_fill(~lse.isfinite(), 0.0) * dlse.to(dtype)).sum()
+    loss.backward()
+    return [t.grad.float() for t in leaves]
+
+
+def check_grads(grads, q, k, v, dout, causal: bool, scale: Optional[float] = None, dlse=None,
+                atol: float = GRAD_ATOL) -> list[str]:
+    """flash-attn's rule for gradients: each of dQ, dK, dV within 2x the error of the same math in the
+    inputs' precision (PyTorch, `plain_attention`) plus `atol`, both against fp32; [] when they pass."""
+    import torch
+
+    scale = softmax_scale(q.shape[-1]) if scale is None else scale
+    reference = attention_grads(q, k, v, dout, causal, scale, torch.float32, dlse)
+    low_precision = attention_grads(q, k, v, dout, causal, scale, q.dtype, dlse)
+    failures = []
+    for name, got, ref, low in zip(("dQ", "dK", "dV"), grads, reference, low_precision):
+        if got.shape != ref.shape or got.dtype != q.dtype:
+            failures.append(f"{name}: {got.dtype} {tuple(got.shape)}, expected {q.dtype} {tuple(ref.shape)}")
+            continue
+        err, low_err = (got.float() - ref).abs().max().item(), (low - ref).abs().max().item()
+        if not err <= 2 * low_err + atol:
+            failures.append(f"{name}: error {err:.3g} > 2 x {low_err:.3g} + {atol}")
+    return failures

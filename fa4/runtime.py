@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import torch
 
-from fa4 import backends as _backends, checks, dispatch, fallback as _fallback, planning
+from fa4 import backends as _backends, backward as _backward, checks, dispatch, fallback as _fallback, planning
 from fa4 import autotuning, compile_cache, config_arg, kernels, record_shapes
 from fa4.arch import arch_of_capability
 from fa4.checks import Fa4Error, UnsupportedInputError
@@ -235,8 +235,6 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
                key, kernel_key=None, in_graph=False):
     """First call of a signature (or one the fast path cannot take): decide, cache, run."""
     STATE.slow_calls += 1
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
-        checks.check_grad(q, k, v)
     softmax_scale = checks.softmax_scale_value(softmax_scale)
     plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
     if autotuning.tune_first(plan, in_graph):   # $FA4_AUTOTUNE / fa4.autotune: a no-op when off
@@ -350,16 +348,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     fallback="sdpa" runs PyTorch SDPA where our kernels cannot run the inputs (with a one-time
     warning); the default raises `UnsupportedInputError`. The Blackwell kernel has never run on
     hardware and is used only with allow_untested_sm100=True (or FA4_ALLOW_UNTESTED_SM100=1).
-    Forward only: inputs that require grad (with grad mode on) raise `InvalidInputError`.
+    Differentiable: with grad mode on and an input that requires grad, the call goes through the
+    custom op `fa4::attention`, whose forward also saves LSE and whose backward is `fa4.backward`'s
+    (flash-attn-4's backward kernels on a GPU they run on, else a blockwise PyTorch backward); a
+    gradient through a returned LSE is supported.
     """
     if torch.compiler.is_compiling():
-        checks.check_grad(q, k, v)
         softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                            allow_untested_sm100, backend)
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            checks.check_grad(q, k, v)
+            softmax_scale = checks.softmax_scale_value(softmax_scale)
+            return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+                               allow_untested_sm100, backend)
         # The short key of the kernel path: what decides the launch and what the compiled function
         # cannot check (strides of size-1 extents, which it skips and the kernel re-strides on the
         # checked path). V's shape, K's and V's dtypes and devices and the data pointers' alignment
@@ -435,9 +437,11 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
                 backend="auto"):
-    """The torch.compile path: the custom op `fa4::attention` (registered by fa4.ops)."""
+    """The custom op `fa4::attention` (registered by fa4.ops): under torch.compile, and for every call
+    that needs a gradient (its backward needs LSE, so the op computes it then)."""
     config = config_arg.for_op(config)
-    out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, return_lse, config, fallback,
+    needs_lse = return_lse or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, needs_lse, config, fallback,
                                        allow_untested_sm100, backend)
     return (out, lse) if return_lse else out
 
@@ -446,7 +450,6 @@ def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                    backend="auto"):
     """The real implementation of the custom op: the checked path in graph mode (torch.compile and
     CUDA graphs judge implementations by GPU time), outputs always a pair, O contiguous."""
-    checks.check_grad(q, k, v)
     result = _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
                            allow_untested_sm100, backend, None, in_graph=True)
     out, lse = result if return_lse else (result, None)
@@ -473,8 +476,6 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     aside: it is checked per call), except the opt-in of a kernel that never ran on hardware (sm100):
     it explains what runs once opted in and notes that `attention` refuses without it.
     """
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
-        checks.check_grad(q, k, v)
     checks.softmax_scale_value(softmax_scale)  # refused here as `attention` refuses it
     assumed = None
     if arch is None and checks.device_reasons(checks.inspect_inputs(q, k, v)):
@@ -491,6 +492,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                                          "once opted in")
     if assumed:
         plan.explanation.notes.insert(0, assumed)
+    if isinstance(q, torch.Tensor):
+        plan.explanation.backward = _backward.choose(q)
     return plan.explanation
 
 

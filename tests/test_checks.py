@@ -151,16 +151,6 @@ def test_misaligned_data_pointer():
     assert checks.pointers_misaligned(q, k, v) is None
 
 
-@pytest.mark.parametrize("which", ["q", "k", "v"])
-def test_requires_grad_is_refused_forward_only(which):
-    q, k, v = qkv()
-    t = {"q": q, "k": k, "v": v}
-    t[which].requires_grad_(True)
-    invalid(rf"forward only.*{which} requires grad", t["q"], t["k"], t["v"], fallback="sdpa")
-    with torch.no_grad():  # no graph is built: fine
-        fa4.attention(t["q"], t["k"], t["v"], fallback="sdpa")
-
-
 def test_cpu_tensors_are_unsupported_by_default():
     with pytest.raises(UnsupportedInputError, match="on cpu; the kernels run on CUDA GPUs only.*fallback='sdpa'"):
         fa4.attention(*qkv())

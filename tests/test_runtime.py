@@ -436,8 +436,8 @@ def test_switching_database_forgets_cached_choices(fake, tmp_path):
 
 def test_explain_refuses_what_attention_refuses(fake):
     q, k, v = qkv()
-    with pytest.raises(InvalidInputError, match="forward only"):
-        fa4.explain(q.requires_grad_(True), k, v)
+    with pytest.raises(InvalidInputError, match="finite"):
+        fa4.explain(q, k, v, softmax_scale=float("nan"))
 
 
 # --- zero lengths ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ than its kernel's at S=1024, which is why eager calls are judged by host time to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -40,6 +41,30 @@ class FlashAttn4:
             return out, (lse if return_lse else None)
 
         return run
+
+    # its backward reads what our forward saves (O; LSE natural log, (B, Hq, Sq) fp32): `fa4.backward`
+    def backward_unsupported(self, q) -> Optional[str]:
+        """Why its backward cannot take a gradient of these inputs' kind (None: it can)."""
+        import torch
+
+        if q.device.type != "cuda":
+            return f"the tensors are on {q.device.type}; {self.title}'s backward runs on CUDA GPUs"
+        major = torch.cuda.get_device_capability(q.device)[0]
+        if major not in (9, 10):
+            return f"{self.title}'s backward does not run on compute capability {major}.x"
+        if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 96, 128):
+            return f"{self.title}'s backward is not used for {q.dtype} at head dim {q.shape[-1]}"
+        return self.unavailable()
+
+    def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float, dlse=None):
+        """(dQ, dK, dV). A row that sees no key has our LSE -inf; its kernels take +inf there (P = 0)."""
+        import torch
+        from flash_attn.cute.interface import _flash_attn_bwd   # the entry point of its autograd
+
+        if causal and q.shape[1] > k.shape[1]:
+            lse = torch.where(lse == -math.inf, math.inf, lse)
+        dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout.contiguous(), lse, scale, causal, dlse=dlse)
+        return dq, dk, dv
 
     def direct_call(self, q, k, v, causal: bool):
         from flash_attn.cute import flash_attn_func

@@ -184,9 +184,6 @@ def test_zero_lengths_on_gpu():
 
 def test_errors_on_gpu():
     q, k, v = make_qkv(1, 128, 128, 8, 2, 128)
-    with pytest.raises(fa4.InvalidInputError, match="forward only"):
-        fa4.attention(q.requires_grad_(True), k, v)
-    q = q.detach()
     flat = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)
     shifted = flat[1:1 + q.numel()].view(q.shape).copy_(q)
     fa4.attention(q, k, v)

@@ -1,0 +1,130 @@
+"""The attention backward: dQ, dK, dV from the forward's saved O and LSE, by the implementation that can run.
+
+`fa4.attention` with inputs that require grad runs its forward through the custom op `fa4::attention`
+(its LSE always computed and saved with O) and the op's registered backward (`fa4.ops`) calls
+`attention_backward`, which picks an implementation (`choose`):
+
+- a peer's backward (`fa4.backends`: a peer with a `backward` method; today flash-attn's CuTe kernels,
+  the `peer` extra, on the GPUs, dtypes and head dims it takes). It reads the same saved tensors our
+  forward writes (O, and LSE in natural log, (B, Hq, Sq) fp32), so it follows any forward
+  implementation (ours, a peer's, SDPA's).
+- "blockwise": this module's PyTorch backward (any device, CPU included): query blocks of all heads
+  at once, the keys each block sees, fp32 throughout, no O(S^2) buffer (a block's scores take at
+  most `BLOCK_BYTES`). Slower than a kernel; the backward that always runs.
+
+Our own backward kernel is not written yet; the tile algorithm it will run is emulated, and its
+numerics tested, in `fa4.kernels.backward_emulation`.
+
+The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
+causal masks; a row that sees no key has LSE -inf and gets zero gradients):
+    D = rowsum(dO * O) - dLSE           (dLSE: the gradient of a returned LSE, else 0)
+    P = exp(scale * Q K^T - LSE),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D)
+    dQ = scale * dS K,  dK = scale * dS^T Q       (dK, dV summed over the query heads of a group)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fa4 import backends
+from fa4.state import warn_once
+
+BLOCKWISE = "blockwise"
+# scores of one query block (fp32; three such tensors live at once: P, dP, dS)
+BLOCK_BYTES = 256 * 2**20
+
+
+def peers_with_backward() -> tuple:
+    """The registered peers (`fa4.backends`) whose backward reads our saved tensors, in registry order."""
+    return tuple(peer for peer in backends.peers() if hasattr(peer, "backward"))
+
+
+def implementations() -> tuple[str, ...]:
+    return tuple(peer.name for peer in peers_with_backward()) + (BLOCKWISE,)
+
+
+def choose(q: torch.Tensor) -> tuple[str, str]:
+    """(implementation, why) for a backward of these inputs' kind: the first peer's backward that can
+    take it, else the blockwise one."""
+    why_not = []
+    for peer in peers_with_backward():
+        reason = peer.backward_unsupported(q)
+        if reason is None:
+            return peer.name, f"{peer.title}'s backward kernels (our own backward kernel is not written yet)"
+        why_not.append(reason)
+    return BLOCKWISE, "; ".join(why_not) or "no peer backward is registered"
+
+
+def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
+                       dlse: Optional[torch.Tensor] = None, implementation: str = "auto"
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) in the inputs' dtypes and shapes (B, S, H, D)."""
+    if implementation == "auto":
+        implementation, _ = choose(q)
+    if implementation == BLOCKWISE:
+        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+    peer = next((p for p in peers_with_backward() if p.name == implementation), None)
+    if peer is None:
+        raise ValueError(f"unknown backward implementation {implementation!r}; known: auto, "
+                         f"{', '.join(implementations())}")
+    try:
+        return peer.backward(dout, q, k, v, out, lse, causal, scale, dlse)
+    except (ImportError, TypeError) as exc:  # its entry point moved: still correct, slower
+        warn_once(f"bwd:{peer.name}:{type(exc).__name__}",
+                  f"fa4: {peer.title}'s backward could not be called ({type(exc).__name__}: {exc}); "
+                  f"the blockwise PyTorch backward runs instead")
+        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+
+
+def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_bytes: int = BLOCK_BYTES):
+    """The module docstring's math in PyTorch, one block of query rows (all batches and heads) at a time."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    ratio = heads_q // heads_kv
+
+    def grouped(t, heads):   # (B, S, H, D) -> (B, Hkv, ratio, S, D) fp32 (ratio 1 for K and V)
+        return t.float().permute(0, 2, 1, 3).reshape(batch, heads_kv, heads // heads_kv, t.shape[1], head_dim)
+
+    qf, dof = grouped(q, heads_q), grouped(dout, heads_q)
+    kf, vf = grouped(k, heads_kv)[:, :, 0], grouped(v, heads_kv)[:, :, 0]   # (B, Hkv, Sk, D)
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2)             # (B, Hq, Sq)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    delta = delta.reshape(batch, heads_kv, ratio, seqlen_q)
+    lse = lse.float().reshape(batch, heads_kv, ratio, seqlen_q)
+    dq = torch.empty_like(qf)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    per_row = max(1, batch * heads_q * seqlen_k * 4 * 3)
+    block = max(1, min(seqlen_q, block_bytes // per_row))
+    offset = seqlen_k - seqlen_q   # bottom-right causal: key j is visible to query i when j <= i + offset
+    for i0 in range(0, seqlen_q, block):
+        i1 = min(i0 + block, seqlen_q)
+        keys = min(seqlen_k, max(0, i1 + offset)) if causal else seqlen_k   # the last row's keys
+        if keys == 0:   # no row of this block sees a key
+            dq[:, :, :, i0:i1] = 0
+            continue
+        qi, doi = qf[:, :, :, i0:i1], dof[:, :, :, i0:i1]
+        kj, vj = kf[:, :, :keys], vf[:, :, :keys]
+        lse_i = lse[:, :, :, i0:i1, None]
+        has_key = torch.isfinite(lse_i)
+        p = torch.exp(torch.einsum("bgrid,bgjd->bgrij", qi, kj) * scale - torch.where(has_key, lse_i, 0.0))
+        visible = has_key
+        if causal:
+            rows = torch.arange(i0, i1, device=q.device)[:, None]
+            cols = torch.arange(keys, device=q.device)[None, :]
+            visible = visible & (cols <= rows + offset)
+        p = torch.where(visible, p, 0.0)
+        dv[:, :, :keys] += torch.einsum("bgrij,bgrid->bgjd", p, doi)
+        ds = p * (torch.einsum("bgrid,bgjd->bgrij", doi, vj) - delta[:, :, :, i0:i1, None])
+        del p
+        dq[:, :, :, i0:i1] = torch.einsum("bgrij,bgjd->bgrid", ds, kj) * scale
+        dk[:, :, :keys] += torch.einsum("bgrij,bgrid->bgjd", ds, qi) * scale
+
+    def ungrouped(t, like):   # (B, Hkv, ratio, S, D) or (B, Hkv, S, D) -> (B, S, H, D) in like's dtype
+        return t.reshape(batch, -1, t.shape[-2], head_dim).permute(0, 2, 1, 3).to(like.dtype).contiguous()
+
+    return ungrouped(dq, q), ungrouped(dk, k), ungrouped(dv, v)

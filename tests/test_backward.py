@@ -1,0 +1,150 @@
+"""`fa4.attention` in a training step, on CPU: gradients through the op's registered backward
+(`fa4.ops`, `fa4.backward`: the blockwise PyTorch backward here) against fp32 autograd with flash-attn's
+rule, over the held-out style of cases; a gradient through LSE; torch.compile without a graph break.
+The GPU implementations (flash-attn-4's backward; ours when it exists) are tested in tests/gpu."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fa4
+from fa4 import backward
+from fa4.reference import check_grads, plain_attention, softmax_scale
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
+    (2, 77, 77, 4, 1, 64, True),       # MQA, odd length
+    (1, 130, 200, 8, 2, 64, True),     # Sq < Sk, GQA 4
+    (1, 200, 130, 5, 1, 64, True),     # Sq > Sk: rows that see no key; GQA 5
+    (1, 96, 161, 8, 1, 128, False),    # full mask, GQA 8
+    (2, 129, 129, 4, 4, 128, False),   # MHA
+    (1, 100, 60, 8, 1, 128, False),    # Sq > Sk full: every row sees a key
+]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_fallback():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*fallback='sdpa'")
+        yield
+
+
+def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0, strided=False):
+    gen = torch.Generator().manual_seed(seed)
+    if strided:  # q, k, v as views into one packed projection (B, S, Hq + 2 Hkv, D), as models make them
+        assert sq == sk
+        packed = torch.randn(batch, sq, hq + 2 * hkv, d, generator=gen).to(dtype)
+        q, k, v = packed.split([hq, hkv, hkv], dim=2)
+    else:
+        q = torch.randn(batch, sq, hq, d, generator=gen).to(dtype)
+        k = torch.randn(batch, sk, hkv, d, generator=gen).to(dtype)
+        v = torch.randn(batch, sk, hkv, d, generator=gen).to(dtype)
+    dout = torch.randn(batch, sq, hq, d, generator=gen).to(dtype)
+    return q, k, v, dout
+
+
+def _fa4_grads(q, k, v, dout, causal, **kwargs):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fa4.attention(*leaves, causal=causal, fallback="sdpa", **kwargs)
+    out.backward(dout)
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-sq{}-sk{}-hq{}-hkv{}-d{}-{}".format(
+    *c[:6], "causal" if c[6] else "full"))
+def test_gradients_match_fp32_autograd(case, dtype):
+    *shape, causal = case
+    q, k, v, dout = _inputs(*shape, DTYPES[dtype], seed=sum(shape))
+    grads = _fa4_grads(q, k, v, dout, causal)
+    failures = check_grads(grads, q, k, v, dout, causal)
+    assert not failures, failures
+
+
+def test_strided_views_and_a_scale():
+    q, k, v, dout = _inputs(2, 96, 96, 8, 2, 64, torch.bfloat16, strided=True)
+    assert not q.is_contiguous()
+    grads = _fa4_grads(q, k, v, dout, True, softmax_scale=0.2)
+    assert not check_grads(grads, q, k, v, dout, True, scale=0.2)
+
+
+def test_rows_that_see_no_key_get_zero_gradient():
+    q, k, v, dout = _inputs(1, 40, 24, 2, 1, 64, torch.float16)
+    dq, dk, dv = _fa4_grads(q, k, v, dout, True)
+    assert (dq[:, :16] == 0).all() and all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def test_gradient_through_the_returned_lse():
+    q, k, v, dout = _inputs(1, 70, 90, 4, 2, 64, torch.bfloat16)
+    dlse = torch.randn(1, 4, 70, generator=torch.Generator().manual_seed(3))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = fa4.attention(*leaves, causal=True, fallback="sdpa", return_lse=True)
+    ((out * dout).sum() + (lse * dlse).sum()).backward()
+    failures = check_grads([t.grad for t in leaves], q, k, v, dout, True, dlse=dlse)
+    assert not failures, failures
+
+
+def test_a_gradient_through_lse_alone():
+    q, k, v, _ = _inputs(1, 33, 33, 2, 1, 64, torch.float16)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    _, lse = fa4.attention(*leaves, fallback="sdpa", return_lse=True)
+    lse.sum().backward()
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    plain_attention(*ref, False, softmax_scale(64), torch.float32, return_lse=True)[1].sum().backward()
+    for got, want in zip((t.grad for t in leaves[:2]), (t.grad for t in ref[:2])):
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-3)
+    assert ref[2].grad is None and (leaves[2].grad == 0).all()   # LSE does not depend on V
+
+
+def test_only_the_inputs_that_require_grad_get_one():
+    q, k, v, dout = _inputs(1, 50, 50, 2, 2, 64, torch.bfloat16)
+    k = k.requires_grad_()
+    fa4.attention(q, k, v, fallback="sdpa").backward(dout)
+    assert k.grad is not None and q.grad is None and v.grad is None
+
+
+def test_no_grad_mode_builds_no_graph():
+    q, k, v, _ = _inputs(1, 20, 20, 2, 2, 64, torch.bfloat16)
+    with torch.no_grad():
+        out = fa4.attention(q.requires_grad_(), k, v, fallback="sdpa")
+    assert out.grad_fn is None
+
+
+def test_blockwise_blocks_agree_with_one_block():
+    """Several query blocks (causal: each trims the keys it cannot see) give one block's answer."""
+    q, k, v, dout = _inputs(2, 90, 70, 6, 2, 64, torch.float16)
+    out, lse = fa4.attention(q, k, v, causal=True, fallback="sdpa", return_lse=True)
+    whole = backward.blockwise_backward(dout, q, k, v, out, lse, True, 0.125)
+    row_bytes = 2 * 6 * 70 * 4 * 3
+    blocked = backward.blockwise_backward(dout, q, k, v, out, lse, True, 0.125, block_bytes=7 * row_bytes)
+    for a, b in zip(whole, blocked):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+
+
+def test_choice_on_cpu_is_the_blockwise_backward():
+    name, why = backward.choose(torch.empty(1, 8, 2, 64))
+    assert name == "blockwise" and "cpu" in why
+    with pytest.raises(ValueError, match="unknown backward implementation"):
+        backward.attention_backward(*(torch.empty(1, 8, 2, 64),) * 5, torch.empty(1, 2, 8), False, 0.1,
+                                    implementation="ours")
+
+
+def test_torch_compile_keeps_the_step_in_one_graph():
+    q, k, v, dout = _inputs(1, 64, 64, 4, 2, 64, torch.bfloat16)
+
+    def step(q, k, v, dout):
+        out = fa4.attention(q, k, v, causal=True, fallback="sdpa")
+        return (out * dout).sum()
+
+    eager = [t.detach().requires_grad_() for t in (q, k, v)]
+    step(*eager, dout).backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves, dout).backward()
+    for got, want in zip(leaves, eager):
+        torch.testing.assert_close(got.grad, want.grad)
