@@ -202,11 +202,13 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
 
 def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: Optional[str] = None,
                   out: Optional[str] = None, csv: Optional[str] = None, jobs: int = 4, l2: str = "warm",
-                  peers: bool = True, rounds: Optional[int] = None, progress=None) -> dict:
+                  peers: bool = True, rounds: Optional[int] = None, backward: bool = False,
+                  progress=None) -> dict:
     """`fa4tune bench` after option parsing: time every variant of every problem `rounds` times
     (interleaved; each row keeps its lowest, `fa4tune.benchmark.runner`), write the bench file (`out`,
     default the results directory's bench.json; `csv` too when given); returns its document.
-    `rounds` None: `fa4tune.benchmark.runner.ROUNDS`."""
+    `rounds` None: `fa4tune.benchmark.runner.ROUNDS`. `backward`: the training pass too (forward +
+    backward and backward alone, the document's `training_rows`)."""
     from fa4tune import paths
     from fa4tune.benchmark import runner as bench_runner
     from fa4.backends import peer_names
@@ -222,7 +224,7 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
                      f"{rounds} round{'s' if rounds != 1 else ''}")
     doc = bench_runner.run_bench(arch, problems, db_path=db, timing=TimingSettings(l2=l2),
                                  peers=peer_names() if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
-                                 progress=progress, rounds=rounds)
+                                 progress=progress, rounds=rounds, backward=backward)
     path = out or paths.bench_path()
     bench_runner.write_bench(doc, path, csv)
     progress.message(f"wrote {path}" + (f" and {csv}" if csv else ""))

@@ -715,9 +715,12 @@ def _cannot_write(target: str, exc: OSError) -> str:
 @click.option("--rounds", type=click.IntRange(min=1), default=BENCH_ROUNDS, show_default=True,
               help="time every row this many times, in interleaved rounds, and keep its lowest median "
                    "(a transient slows one round, not all)")
+@click.option("--backward", is_flag=True, default=False,
+              help="time the training pass too: forward + backward and backward alone, fa4.attention "
+                   "and every peer (gradients validated)")
 def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,
           arch, db_path,
-          out_path, csv_path, fmt, jobs, l2, peers, rounds):
+          out_path, csv_path, fmt, jobs, l2, peers, rounds, backward):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
@@ -744,7 +747,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     check_output(csv_path, "--csv")
     try:
         doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
-                            jobs=jobs, l2=l2, peers=peers, rounds=rounds, progress=_verbosity().progress())
+                            jobs=jobs, l2=l2, peers=peers, rounds=rounds, backward=backward,
+                            progress=_verbosity().progress())
     except NoGpuError as exc:
         click.echo(f"fa4tune bench: {exc}", err=True)
         sys.exit(2)
@@ -801,6 +805,14 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
         judged = [within(d) for d in verdicts.values() if within(d) is not None]
         counts.append(f"{mode} {sum(judged)} of {len(judged)} shapes")
     click.echo(f"fa4.attention within {bar} of the fastest measured in this run: {', '.join(counts)}")
+    if doc.get("training_rows"):
+        _table("training pass: forward + backward and backward alone (GPU us, CUDA-graph replay), the "
+               "backward's peak extra memory, gradients validated against fp32 autograd where it fits",
+               ["shape", "implementation", "outcome", "fwd+bwd us", "bwd us", "bwd extra MiB", "validated",
+                "backward", "error"],
+               [[r["shape"], _impl_title(r["implementation"]) if r["implementation"] != "fa4" else "fa4.attention",
+                 r["outcome"], _fmt(r["fwdbwd_us"]), _fmt(r["bwd_us"]), _fmt(r["bwd_peak_extra_mib"], 1),
+                 r["validated"], r["backward"], r["error"]] for r in doc["training_rows"]])
 
 
 def _dispatch_verdicts(doc: dict) -> dict:

@@ -221,3 +221,24 @@ def test_odd_rounds_run_in_reverse_order():
     names = [s.payload["name"] for s in specs]
     assert pool.submitted == names + names[::-1] + names
     assert all(len(r) == 3 and all(x == {"outcome": "ok"} for x in r) for r in results)
+
+
+def test_backward_adds_training_rows(tmp_path):
+    """--backward: per shape, fa4.attention's and every peer's training pass (the fake: fa4 100/70 us,
+    cuDNN 90/60, FA2 refuses), the lowest backward over rounds; without it, no training rows."""
+    db = tmp_path / "db.json"
+    problem = AttentionProblem(batch=1, seqlen_q=512, seqlen_k=512, heads_q=8, heads_kv=2, head_dim=64,
+                               dtype="bf16", causal=True)
+    doc = run_bench("sm90", [problem], db_path=str(db), peers=("sdpa_cudnn", "sdpa_flash"), processes=2,
+                    evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True), rounds=2,
+                    backward=True)
+    rows = {r["implementation"]: r for r in doc["training_rows"]}
+    assert list(rows) == ["fa4", "sdpa_cudnn", "sdpa_flash"]
+    assert (rows["fa4"]["fwdbwd_us"], rows["fa4"]["bwd_us"], rows["fa4"]["backward"]) == (100.0, 70.0, "blockwise")
+    assert rows["fa4"]["bwd_us_rounds"] == [70.0, 70.0] and rows["fa4"]["validated"] is True
+    assert rows["sdpa_cudnn"]["bwd_us"] == 60.0 and rows["sdpa_cudnn"]["bwd_peak_extra_mib"] == 12.5
+    assert rows["sdpa_flash"]["outcome"] == "launch_error" and "cannot train" in rows["sdpa_flash"]["error"]
+    assert all(r["variant"] != "training" for r in doc["rows"])
+    plain = run_bench("sm90", [problem], db_path=str(db), peers=("sdpa_cudnn",), processes=1,
+                      evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True), rounds=1)
+    assert "training_rows" not in plain

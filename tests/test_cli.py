@@ -527,3 +527,18 @@ def test_effort_presets_set_the_trials_and_refuse_a_second_count(monkeypatch):
     assert seen["trials"] == 7
     refused = CliRunner().invoke(cli.main, ["search", "--effort", "quick", "--trials", "7"])
     assert refused.exit_code == 2 and "give --effort or --trials, not both" in refused.output
+
+
+def test_bench_backward_prints_the_training_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
+    real = bench_mod.run_bench
+    monkeypatch.setattr(bench_mod, "run_bench",
+                        lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes",
+                                                    "processes": 1}))
+    out = tmp_path / "bench.json"
+    result = invoke("bench", "--shapes", "sq512-causal", "--db", str(tmp_path / "db.json"), "--out", str(out),
+                    "--rounds", "1", "--backward")
+    assert result.exit_code == 0, result.stderr
+    assert "training pass" in result.stdout and "fa4.attention" in result.stdout
+    rows = json.loads(out.read_text())["training_rows"]
+    assert {r["implementation"] for r in rows} >= {"fa4", "sdpa_cudnn"}

@@ -52,6 +52,12 @@ One row per (shape, variant):
                 database answered), db_key (the entry used), max_err, error (why a row failed; a bench
                 file is committed and shared, so no absolute path: `fa4tune.workers.outcomes.portable_note`)
 
+    training_rows  with `backward=True` (`fa4tune bench --backward`): per shape and implementation
+                ("fa4": fa4.attention, its forward and the backward `fa4.backward` chooses, and every
+                peer through autograd), {"shape", "problem", "implementation", "outcome", "fwdbwd_us",
+                "bwd_us" (GPU time by CUDA-graph replay, the lowest over rounds; every round's in
+                "bwd_us_rounds"), "bwd_peak_extra_mib", "validated", "backward" (fa4: which
+                backward ran), "kv_expanded", "error"} (`fa4tune.workers.training`)
     dispatch    {shape: {"eager" | "graph": {"backend", "ratio", "reason"}}}: the implementation
                 fastest-backend dispatch picks from this run's times (`dispatched`); the "dispatched"
                 rows show what fa4.attention ran, which follows the database's times
@@ -76,6 +82,7 @@ from fa4tune.inputs.shapes import shape_key
 from fa4tune.workers.outcomes import MISSING, portable_note
 from fa4tune.workers.timing import TimingSettings
 from fa4tune.workers.pool import DEFAULT_EVALUATOR, WorkerPool
+from fa4tune.workers.training import FA4 as TRAINING_FA4
 
 BENCH_SCHEMA = 1
 CSV_FIELDS = ("shape", "variant", "outcome", "us", "eager_us", "backend", "tflops", "speedup_of_tuned",
@@ -98,7 +105,8 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
               timing: TimingSettings = TimingSettings(), peers: Optional[tuple] = None,
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
-              progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = ROUNDS) -> dict:
+              progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = ROUNDS,
+              backward: bool = False) -> dict:
     """Measure every variant of every problem `rounds` times; returns the document described above.
     `peers`: the peers to time (None: every one, `fa4.backends.peer_names()`)."""
     from fa4.database import BestConfigDB, entry_key, max_distance
@@ -151,13 +159,20 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
             if peers:
                 specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
                                              "names": list(peers), "eager": True}, {**base, "variant": "peers"}))
+            if backward:
+                specs.append(_Task("training", {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                                "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"}))
             if time_dispatched:
                 specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
                                                 "db_path": db_path}, {**base, "variant": DISPATCHED}))
         results = _run_rounds(pool, specs, rounds, progress)
     ours_eager: dict[str, list[Optional[float]]] = {}  # shape -> ours' eager us per round, from its dispatched task
+    training_rows: list[dict] = []
     for spec, outs in zip(specs, results):
         row = spec.row
+        if spec.kind == "training":
+            training_rows += [_training_row(row, name, outs) for name in [TRAINING_FA4, *peers]]
+            continue
         if spec.kind == "peers":
             for name in peers:
                 rows.append(_lowest([_peer_row(row, name, result) for result in outs]))
@@ -178,7 +193,8 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
             r["error"] = portable_note(r["error"])
     return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
             "versions": versions(), "kernel_fingerprint": fingerprint,
-            "timing": {**timing.describe(), "rounds": rounds}, "rows": rows, "dispatch": dispatched(rows, device.get("name", ""))}
+            "timing": {**timing.describe(), "rounds": rounds}, "rows": rows, "dispatch": dispatched(rows, device.get("name", "")),
+            **({"training_rows": training_rows} if backward else {})}
 
 
 def _run_rounds(pool: WorkerPool, specs: list[_Task], rounds: int, progress: Progress) -> list[list[dict]]:
@@ -232,6 +248,19 @@ def _peer_row(row: dict, name: str, result: dict) -> dict:
             "outcome": "ok" if ok else "launch_error", "us": data.get("us"), "eager_us": data.get("eager_us"),
             "tflops": data.get("tflops"), "max_err": data.get("max_err"), "error": data.get("error"),
             **({"kv_expanded": True} if data.get("kv_expanded") else {})}
+
+
+def _training_row(row: dict, name: str, per_round: list[dict]) -> dict:
+    """One implementation's training row from a training task's rounds: the round with the lowest
+    backward time, every round's in `bwd_us_rounds`; a round that failed wins, as in `_lowest`."""
+    rounds = [(r.get("training") or {}).get(name) or {"error": r.get("error", "failed")} for r in per_round]
+    failed = next((r for r in rounds if "bwd_us" not in r), None)
+    best = failed or min(rounds, key=lambda r: r["bwd_us"])
+    return {"shape": row["shape"], "problem": row["problem"], "implementation": name,
+            "outcome": "launch_error" if failed else "ok", "bwd_us_rounds": [r.get("bwd_us") for r in rounds],
+            **{key: best.get(key) for key in ("fwdbwd_us", "bwd_us", "bwd_peak_extra_mib", "validated",
+                                             "backward", "kv_expanded", "error")},
+            "fwdbwd_us": None if failed else min(r["fwdbwd_us"] for r in rounds)}
 
 
 def _lowest(per_round: list[dict]) -> dict:

@@ -133,6 +133,14 @@ class KernelEvaluator:
                     raise
         return out
 
+    def time_training(self, problem, timing, names) -> dict:
+        """Forward + backward and backward alone of `fa4.attention` ("fa4") and of the peers named
+        (`fa4tune.workers.training`)."""
+        from fa4tune.workers.training import time_training
+
+        q, k, v, _, _ = self._cached_inputs(problem)
+        return time_training(problem, timing, names, (q, k, v))
+
     def time_dispatched(self, problem, timing, db_path: Optional[str]) -> dict:
         """`fa4.attention` itself on the problem, with the database the bench reads: what it runs per
         mode (`fa4.explain`), its output checked, its GPU time by CUDA-graph replay (graph mode:

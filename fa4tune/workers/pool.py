@@ -1,5 +1,5 @@
 """The parent side of the worker processes: a fixed pool spread over GPUs that runs tasks ("trial",
-"peers", "report") and turns deaths, hangs and faults into results.
+"peers", "training", "report") and turns deaths, hangs and faults into results.
 
 Tasks are dicts in, result dicts (at least "outcome") out: `submit`, then `poll`. A task whose compile
 key a worker already holds goes to that worker, so identical compile keys compile once. A worker that
@@ -292,7 +292,7 @@ class WorkerPool:
             task = w.task
             if task is None:
                 continue
-            gpu_limit = self.peers_timeout_s if task.kind == "peers" else self.trial_timeout_s
+            gpu_limit = self.peers_timeout_s if task.kind in ("peers", "training") else self.trial_timeout_s
             limit = {"compiling": self.compile_timeout_s, "gpu": gpu_limit}.get(task.phase)
             if limit is None or now - task.phase_since <= limit:
                 continue

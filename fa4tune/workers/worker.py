@@ -144,6 +144,8 @@ def worker_main(conn, spec: dict) -> None:
             result, retire = _run_peers(conn, evaluator, lock_path, task_id, payload)
         elif kind == "dispatched":
             result, retire = _run_dispatched(conn, evaluator, lock_path, task_id, payload)
+        elif kind == "training":
+            result, retire = _run_training(conn, evaluator, lock_path, task_id, payload)
         elif kind == "report":
             result, retire = _run_report(evaluator, payload), False
         else:
@@ -226,6 +228,21 @@ def _run_peers(conn, evaluator, lock_path, task_id, payload):
             peers = evaluator.time_peers(problem, TimingSettings.from_dict(payload["timing"]),
                                          payload["names"], eager=payload.get("eager", False))
             return {"outcome": "ok", "peers": peers}, False
+        except Exception as exc:
+            retire = not evaluator.healthy()
+            return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
+
+
+def _run_training(conn, evaluator, lock_path, task_id, payload):
+    from fa4.kernels import AttentionProblem
+    from fa4tune.workers.timing import TimingSettings
+
+    problem = AttentionProblem(**payload["problem"])
+    with gpu_lock(lock_path):
+        conn.send(("phase", task_id, "gpu", {}))
+        try:
+            measured = evaluator.time_training(problem, TimingSettings.from_dict(payload["timing"]), payload["names"])
+            return {"outcome": "ok", "training": measured}, False
         except Exception as exc:
             retire = not evaluator.healthy()
             return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire

@@ -162,3 +162,19 @@ def test_a_training_run_tracks_sdpa():
     print(f"losses ours {ours[0]:.3f} -> {ours[-1]:.4f}, SDPA {sdpa[0]:.3f} -> {sdpa[-1]:.4f}, "
           f"worst relative gap {worst:.4f}")
     assert worst <= LOSS_TOLERANCE, (worst, ours[::10], sdpa[::10])
+
+
+def test_the_bench_times_the_training_pass():
+    """`fa4tune bench --backward`'s measurement (`fa4tune.workers.training`) on one small shape."""
+    from fa4.kernels import AttentionProblem
+    from fa4tune.workers.timing import TimingSettings
+    from fa4tune.workers.training import FA4, time_training
+
+    problem = AttentionProblem(batch=1, seqlen_q=512, seqlen_k=512, heads_q=8, heads_kv=2, head_dim=128,
+                               dtype="bf16", causal=True)
+    q, k, v, _ = _inputs(1, 512, 512, 8, 2, 128, torch.bfloat16)
+    got = time_training(problem, TimingSettings(), [FA4, "sdpa_cudnn"], (q, k, v))
+    ours = got[FA4]
+    assert "error" not in ours, ours
+    assert ours["validated"] and 0 < ours["bwd_us"] < ours["fwdbwd_us"] and ours["bwd_peak_extra_mib"] > 0
+    print(got)
