@@ -1,0 +1,94 @@
+"""attn_implementation="fa4" in a transformers model (CPU: fa4.attention falls back to SDPA there, so
+this holds the plumbing: layouts, scaling, causality, GQA, padding, training, refusals; the GPU test
+runs our kernel)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fa4.transformers_attention as fa4_attn  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    fa4_attn.register()
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*fallback='sdpa'")
+        warnings.filterwarnings("ignore", message=".*padded batch")
+        yield
+
+
+def _llama(implementation: str, seed: int = 0):
+    config = transformers.LlamaConfig(vocab_size=101, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation).eval()
+
+
+def test_logits_match_sdpa():
+    tokens = torch.randint(0, 101, (2, 37), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, sdpa = (_llama(name)(tokens).logits for name in ("fa4", "sdpa"))
+    torch.testing.assert_close(ours, sdpa, rtol=1e-4, atol=1e-4)
+
+
+def test_a_padded_batch_matches_sdpa_on_its_real_tokens():
+    tokens = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, :6] = 0   # left padding
+    with torch.no_grad():
+        ours, sdpa = (_llama(name)(tokens, attention_mask=mask).logits for name in ("fa4", "sdpa"))
+    torch.testing.assert_close(ours[0], sdpa[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours[1, 6:], sdpa[1, 6:], rtol=1e-4, atol=1e-4)
+
+
+def test_generation_with_a_cache_matches_sdpa():
+    prompt = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(3))
+    ours, sdpa = (_llama(name).generate(prompt, max_new_tokens=6, do_sample=False) for name in ("fa4", "sdpa"))
+    assert torch.equal(ours, sdpa)
+
+
+def test_a_training_step_gives_sdpas_gradients():
+    tokens = torch.randint(0, 101, (2, 33), generator=torch.Generator().manual_seed(4))
+    grads = []
+    for name in ("fa4", "sdpa"):
+        model = _llama(name).train()
+        model(tokens, labels=tokens).loss.backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+
+
+def test_what_it_cannot_do_is_refused():
+    q = torch.randn(1, 4, 8, 64)
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match="softcap"):
+        fa4_attn.attention_forward(module, q, q, q, None, softcap=30.0)
+    with pytest.raises(ValueError, match="sliding window narrower"):
+        fa4_attn.attention_forward(module, q, q, q, None, sliding_window=7)
+    fa4_attn.attention_forward(module, q, q, q, None, sliding_window=8)   # as wide as the keys: no-op
+    module.train()
+    with pytest.raises(ValueError, match="dropout"):
+        fa4_attn.attention_forward(module, q, q, q, None, dropout=0.1)
+
+
+def test_the_layers_scaling_and_gqa_reach_the_kernel():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(1, 8, 24, 64, generator=gen), torch.randn(1, 2, 30, 64, generator=gen), \
+        torch.randn(1, 2, 30, 64, generator=gen)
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, weights = fa4_attn.attention_forward(module, q, k, v, None, scaling=0.3)
+    # bottom-right causal over 24 queries and 30 keys, GQA 4, scale 0.3
+    mask = torch.arange(30)[None, :] <= torch.arange(24)[:, None] + 6
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    assert weights is None and out.shape == (1, 24, 8, 64)
+    torch.testing.assert_close(out, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
