@@ -11,9 +11,11 @@
 - "blockwise": this module's PyTorch backward (any device, CPU included): query blocks of all heads
   at once, the keys each block sees, fp32 throughout, no O(S^2) buffer (a block's scores take at
   most `BLOCK_BYTES`). Slower than a kernel; the backward that always runs.
-
-Our own backward kernel is not written yet; the tile algorithm it will run is emulated, and its
-numerics tested, in `fa4.kernels.backward_emulation`.
+- "ours": our sm90 backward kernels (`fa4.kernels.sm90_bwd`: preprocess, main, postprocess; the
+  tile algorithm of `fa4.kernels.backward_emulation`). They compile on CPU for every case but have
+  not run on a GPU yet, so "auto" never picks them: `FA4_BACKWARD=ours` does (and any other name of
+  `implementations()` forces that one). A gradient through a returned LSE goes to the next
+  implementation (ours has no dLSE term yet).
 
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
 causal masks; a row that sees no key has LSE -inf and gets zero gradients):
@@ -32,6 +34,8 @@ from fa4 import backends
 from fa4.state import warn_once
 
 BLOCKWISE = "blockwise"
+OURS = backends.OURS
+ENV_VAR = "FA4_BACKWARD"   # auto (default) or an implementation's name
 # scores of one query block (fp32; three such tensors live at once: P, dP, dS)
 BLOCK_BYTES = 256 * 2**20
 
@@ -42,17 +46,39 @@ def peers_with_backward() -> tuple:
 
 
 def implementations() -> tuple[str, ...]:
-    return tuple(peer.name for peer in peers_with_backward()) + (BLOCKWISE,)
+    return (OURS,) + tuple(peer.name for peer in peers_with_backward()) + (BLOCKWISE,)
+
+
+def ours_unsupported(q: torch.Tensor) -> Optional[str]:
+    """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can)."""
+    if q.device.type != "cuda":
+        return f"our backward kernels run on CUDA GPUs, not {q.device.type}"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major != 9:
+        return f"our backward kernels are sm90's; this GPU is compute capability {major}.{minor}"
+    from fa4.kernels import sm90_bwd
+
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in sm90_bwd.SUPPORTED_HEAD_DIMS:
+        return f"our backward kernels take fp16/bf16 at head dims {sm90_bwd.SUPPORTED_HEAD_DIMS}"
+    return None
 
 
 def choose(q: torch.Tensor) -> tuple[str, str]:
-    """(implementation, why) for a backward of these inputs' kind: the first peer's backward that can
-    take it, else the blockwise one."""
+    """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
+    the first peer's backward that can take it, else the blockwise one."""
+    import os
+
+    forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if forced != "auto":
+        if forced not in implementations():
+            raise ValueError(f"${ENV_VAR}={forced!r} names no backward; known: auto, {', '.join(implementations())}")
+        return forced, f"${ENV_VAR}={forced}"
     why_not = []
     for peer in peers_with_backward():
         reason = peer.backward_unsupported(q)
         if reason is None:
-            return peer.name, f"{peer.title}'s backward kernels (our own backward kernel is not written yet)"
+            return peer.name, (f"{peer.title}'s backward kernels (ours compile but have not run on a GPU yet: "
+                               f"${ENV_VAR}={OURS} runs them)")
         why_not.append(reason)
     return BLOCKWISE, "; ".join(why_not) or "no peer backward is registered"
 
@@ -66,6 +92,15 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         implementation, _ = choose(q)
     if implementation == BLOCKWISE:
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+    if implementation == OURS:
+        why = ours_unsupported(q) or ("a gradient through the returned LSE" if dlse is not None else None)
+        if why is None:
+            return ours_backward(dout, q, k, v, out, lse, causal, scale)
+        warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
+                                     f"{choose_without_ours(q)} runs instead")
+        implementation = choose_without_ours(q)
+        if implementation == BLOCKWISE:
+            return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
     peer = next((p for p in peers_with_backward() if p.name == implementation), None)
     if peer is None:
         raise ValueError(f"unknown backward implementation {implementation!r}; known: auto, "
@@ -77,6 +112,33 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                   f"fa4: {peer.title}'s backward could not be called ({type(exc).__name__}: {exc}); "
                   f"the blockwise PyTorch backward runs instead")
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+
+
+def choose_without_ours(q: torch.Tensor) -> str:
+    peer = next((p for p in peers_with_backward() if p.backward_unsupported(q) is None), None)
+    return peer.name if peer is not None else BLOCKWISE
+
+
+# compiled backward kernels by (dtype, head dim, causal, device index): one compile serves every
+# batch, length and head count
+_COMPILED: dict = {}
+
+
+def ours_backward(dout, q, k, v, out, lse, causal, scale):
+    """Our sm90 backward kernels on the saved tensors (compiled on first use of a kind)."""
+    from fa4.kernels import AttentionProblem, sm90_bwd
+
+    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
+    key = (dtype, q.shape[-1], causal, q.device.index)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        problem = AttentionProblem(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
+                                   heads_kv=k.shape[2], head_dim=q.shape[-1], dtype=dtype, causal=causal)
+        with torch.cuda.device(q.device):
+            compiled = _COMPILED[key] = sm90_bwd.compile_backward(sm90_bwd.default_params(q.shape[-1]), problem)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale)
+    return dq, dk, dv
 
 
 def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_bytes: int = BLOCK_BYTES):

@@ -125,12 +125,31 @@ def test_blockwise_blocks_agree_with_one_block():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
 
 
-def test_choice_on_cpu_is_the_blockwise_backward():
+def test_choice_on_cpu_is_the_blockwise_backward(monkeypatch):
+    monkeypatch.delenv(backward.ENV_VAR, raising=False)
     name, why = backward.choose(torch.empty(1, 8, 2, 64))
     assert name == "blockwise" and "cpu" in why
     with pytest.raises(ValueError, match="unknown backward implementation"):
         backward.attention_backward(*(torch.empty(1, 8, 2, 64),) * 5, torch.empty(1, 2, 8), False, 0.1,
-                                    implementation="ours")
+                                    implementation="nonsense")
+
+
+def test_the_environment_names_the_backward(monkeypatch):
+    q = torch.empty(1, 8, 2, 64)
+    monkeypatch.setenv(backward.ENV_VAR, "ours")
+    assert backward.choose(q) == ("ours", "$FA4_BACKWARD=ours")
+    monkeypatch.setenv(backward.ENV_VAR, "fastest")
+    with pytest.raises(ValueError, match="FA4_BACKWARD='fastest' names no backward; known: auto, ours"):
+        backward.choose(q)
+
+
+def test_ours_forced_where_it_cannot_run_says_so_and_runs_the_next(monkeypatch):
+    """Ours on CPU: a warning names why, and the blockwise backward gives the gradients."""
+    monkeypatch.setenv(backward.ENV_VAR, "ours")
+    q, k, v, dout = _inputs(1, 40, 40, 4, 2, 64, torch.bfloat16)
+    with pytest.warns(UserWarning, match="our backward kernels cannot take this gradient .*run on CUDA GPUs"):
+        grads = _fa4_grads(q, k, v, dout, True)
+    assert not check_grads(grads, q, k, v, dout, True)
 
 
 def test_torch_compile_keeps_the_step_in_one_graph():

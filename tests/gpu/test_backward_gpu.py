@@ -52,11 +52,15 @@ def test_gradients_match_fp32_autograd(case, dtype):
 
 @pytest.mark.parametrize("implementation", backward.implementations())
 def test_each_backward_implementation(implementation, monkeypatch):
-    if implementation != backward.BLOCKWISE:
-        peer = next(p for p in backward.peers_with_backward() if p.name == implementation)
-        why_not = peer.backward_unsupported(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16))
-        if why_not:
-            pytest.skip(why_not)
+    probe = torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)
+    if implementation == backward.OURS:
+        why_not = backward.ours_unsupported(probe)
+    elif implementation != backward.BLOCKWISE:
+        why_not = next(p for p in backward.peers_with_backward() if p.name == implementation).backward_unsupported(probe)
+    else:
+        why_not = None
+    if why_not:
+        pytest.skip(why_not)
     monkeypatch.setattr(backward, "choose", lambda q: (implementation, "forced by the test"))
     q, k, v, dout = _inputs(1, 400, 600, 8, 2, 128, torch.bfloat16, seed=5)
     failures = check_grads(_grads(q, k, v, dout, True), q, k, v, dout, True)
