@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -32,11 +33,21 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 # setmaxnreg split (producer warpgroup, each of the two MMA warpgroups): 128 * (24 + 2 * 240) <= 64K
 REGISTER_SPLIT = (24, 240)
 MMA_WARPGROUPS = 2
-# fp32 accumulators the MMA warpgroups hold at once (S, dP, dK, dV) must leave room for addresses,
-# LSE/D, the 16-bit P and dS and the dQ accumulator under the 240 registers a thread gets
+# fp32 accumulator registers per MMA thread, under the 240 a thread gets: S and dP together (live
+# through the elementwise part beside dK, dV and the wgmma descriptors: 128 x 128 tiles, 128 of
+# them, spill 16-34 registers at head dim 64, measured), and all four (S, dP, dK, dV) together
+SCORE_REGISTER_LIMIT = 64
 ACCUMULATOR_REGISTER_LIMIT = 192
 SMEM_LIMIT_BYTES = 227 * 1024
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
+# what the main kernel's sm_90a PTX holds when it is built as designed
+PTX_MARKERS = {
+    "wgmma": re.compile(r"wgmma\.mma_async"),
+    "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
+    "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),
+    "setmaxnreg": re.compile(r"setmaxnreg"),
+    "stmatrix": re.compile(r"stmatrix"),
+}
 
 
 @dataclass(frozen=True)
@@ -60,13 +71,19 @@ class BackwardParams:
 
 
 def default_params(head_dim: int) -> BackwardParams:
-    """flash-attn's sm90 backward tiles: 128 x 128 at head dim 64, 64 x 128 at 128."""
-    return BackwardParams(tile_m=128 if head_dim <= 64 else 64, tile_n=128, q_stages=2)
+    """64 x 128 at both head dims (flash-attn takes 128 x 128 at head dim 64; this kernel's S and
+    dP at 128 x 128 exceed `SCORE_REGISTER_LIMIT`)."""
+    return BackwardParams(tile_m=64, tile_n=128, q_stages=2)
+
+
+def score_registers(params: BackwardParams) -> int:
+    """fp32 registers per MMA thread for S and dP (tile_m x tile_n each)."""
+    return 2 * params.tile_m * params.tile_n // (128 * MMA_WARPGROUPS)
 
 
 def accumulator_registers(params: BackwardParams, head_dim: int) -> int:
     """fp32 registers per MMA thread for S, dP (tile_m x tile_n) and dK, dV (tile_n x D)."""
-    return (2 * params.tile_m * params.tile_n + 2 * params.tile_n * head_dim) // (128 * MMA_WARPGROUPS)
+    return score_registers(params) + 2 * params.tile_n * head_dim // (128 * MMA_WARPGROUPS)
 
 
 def smem_bytes(params: BackwardParams, head_dim: int) -> int:
@@ -89,6 +106,9 @@ def reasons(params: BackwardParams, problem: AttentionProblem) -> list[str]:
         out.append(f"head_dim={problem.head_dim} is not one of {SUPPORTED_HEAD_DIMS}")
     if out:
         return out
+    if score_registers(params) > SCORE_REGISTER_LIMIT:
+        out.append(f"{params.label()}: S and dP hold {score_registers(params)} fp32 registers per "
+                   f"thread > {SCORE_REGISTER_LIMIT}")
     regs = accumulator_registers(params, problem.head_dim)
     if regs > ACCUMULATOR_REGISTER_LIMIT:
         out.append(f"{params.label()} at head dim {problem.head_dim} holds {regs} fp32 accumulator "
@@ -217,7 +237,8 @@ def compile_report(params: BackwardParams, problem: AttentionProblem,
                    device: Optional[DeviceDescription] = None, only: Optional[tuple] = None) -> dict:
     """Compile the three kernels for sm_90a with fake tensors (a CPU is enough): {kernel name:
     {registers, spill_stores, spill_loads, stack_frame, wgmma_serialized, ptxas_warnings, smem_bytes,
-    compile_seconds}}. `only`: a subset of ("preprocess", "main", "postprocess")."""
+    compile_seconds, ptx_markers}}. `registers` is ptxas's count for the whole kernel (168: 64K over
+    384 threads); the MMA warpgroups run under setmaxnreg's 240 (`REGISTER_SPLIT`). `only`: a subset of ("preprocess", "main", "postprocess")."""
     reports = {}
     for name in only or KERNELS:
         with tempfile.TemporaryDirectory(prefix="fa4-sm90-bwd-") as tmp:
@@ -227,8 +248,10 @@ def compile_report(params: BackwardParams, problem: AttentionProblem,
                 options=f"--keep-ptx --dump-dir {tmp} remarks{{ptx}} --remark-output {remarks_path}",
             ).values()
             remarks = open(remarks_path).read() if os.path.exists(remarks_path) else ""
+            ptx = getattr(compiled, "__ptx__", "") or ""
         parsed = compiling.parse_remarks(remarks)
         parsed.pop("remarks_excerpt")
         reports[name] = {**parsed, "smem_bytes": int(getattr(kernel, "smem_bytes", 0)),
-                         "compile_seconds": round(seconds, 2)}
+                         "compile_seconds": round(seconds, 2),
+                         "ptx_markers": {marker: bool(rx.search(ptx)) for marker, rx in PTX_MARKERS.items()}}
     return reports

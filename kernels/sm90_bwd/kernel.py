@@ -339,7 +339,9 @@ class FlashAttentionBackwardSm90:
         acc_dV.fill(0.0)
 
         # (row, col) of this thread's S and dQ fragment elements
-        tScS = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        ident_S = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = L.acc_rows_cols(thr_sdp.partition_C(ident_S))
+        t0ScS = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(ident_S))  # compile-time
         tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, d)))
         pds_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype), tiled_mma_sdp).get_slice(tidx)
         tPsP = pds_store.partition_D(sP)
@@ -357,13 +359,13 @@ class FlashAttentionBackwardSm90:
                         tdVrdOt[None, None, None, q_state.index], tdKrdSt,
                         tdKrQt[None, None, None, q_state.index], tdQrdS, tdQrKt)
             if m_block < m_mask_end:
-                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, tdQcdQ,
+                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
                                 pds_store, tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
                                 tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state,
                                 scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
                                 batch_idx, masked=True)
             else:
-                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, tdQcdQ,
+                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
                                 pds_store, tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
                                 tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state,
                                 scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
@@ -373,7 +375,7 @@ class FlashAttentionBackwardSm90:
                       tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
 
     @cute.jit
-    def block_step(self, operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, tdQcdQ, pds_store,
+    def block_step(self, operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
                    tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
                    tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32, seqlen_q: Int32,
                    seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32, batch_idx: Int32,
@@ -394,7 +396,7 @@ class FlashAttentionBackwardSm90:
         L.wgmma(tiled_mma_sdp, acc_S, tSrQ, tSrK, zero_init=True, wait_pending=-1)
         L.wgmma(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, zero_init=True, wait_pending=0)
         if const_expr(masked):
-            self.apply_mask(acc_S, tScS, m_block, n_block, seqlen_q, seqlen_k)
+            self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k)
         S = L.acc_rows_cols(acc_S)
         dP = L.acc_rows_cols(acc_dP)
         for r in cutlass.range_constexpr(cute.size(S.shape[0])):
@@ -421,32 +423,44 @@ class FlashAttentionBackwardSm90:
         self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
 
     @cute.jit
-    def apply_mask(self, acc_S, tScS, m_block: Int32, n_block: Int32, seqlen_q: Int32,
+    def apply_mask(self, acc_S, tScS, t0ScS, m_block: Int32, n_block: Int32, seqlen_q: Int32,
                    seqlen_k: Int32):
-        """Scores of invisible keys -> -inf: keys >= Sk and, under causal, key j > query i + Sk - Sq."""
+        """Scores of invisible keys -> -inf: keys >= Sk and, under causal, key j > query i + Sk - Sq.
+
+        A fragment element's column is this thread's first column plus thread 0's column of the
+        same element (a compile-time constant), so each compare is against an immediate; comparing
+        per-element thread columns would keep one register per element live across the block loop."""
         S = L.acc_rows_cols(acc_S)
-        col_base = n_block * self.tile_n
+        col_base = n_block * self.tile_n + tScS[0, 0][1]
         for r in cutlass.range_constexpr(cute.size(S.shape[0])):
-            limit = seqlen_k - col_base  # local columns < limit are visible
+            limit = seqlen_k - col_base  # element c is visible when its thread-0 column < limit
             if const_expr(self.causal):
                 row = m_block * self.tile_m + tScS[r, 0][0]
                 limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q - col_base)
             for c in cutlass.range_constexpr(cute.size(S.shape[1])):
-                if tScS[r, c][1] >= limit:
+                if t0ScS[r, c][1] >= limit:
                     S[r, c] = -Float32.inf
 
     @cute.jit
     def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block: Int32, head: Int32,
                       batch_idx: Int32, seqlen_q: Int32):
-        """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq)."""
+        """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq).
+
+        Addressed per row: one pointer per fragment row, the columns as compile-time offsets from
+        it (the head dim is contiguous), so the loop keeps two pointers live, not one per element
+        (per-element offsets hoisted out of the block loop spill at 128 x 128)."""
         gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, self.head_dim),
                               (m_block, 0))
-        tdQgdQ = thr_dq.partition_C(gdQ)
+        dQ = L.acc_rows_cols(acc_dQ)
+        gdQ_rows = L.acc_rows_cols(thr_dq.partition_C(gdQ))
+        cdQ_rows = L.acc_rows_cols(tdQcdQ)
         row_limit = seqlen_q - m_block * self.tile_m
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            if tdQcdQ[i][0] < row_limit:
-                ptr = tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout)
-                cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        for r in cutlass.range_constexpr(cute.size(dQ.shape[0])):
+            if cdQ_rows[r, 0][0] < row_limit:
+                g_row = gdQ_rows[r, None]
+                for c in cutlass.range_constexpr(cute.size(dQ.shape[1])):
+                    ptr = g_row.iterator + cute.crd2idx(c, g_row.layout)
+                    cute.arch.red(ptr, dQ[r, c], op="add", dtype="f32", sem="relaxed", scope="gpu")
 
     # ---- epilogue ------------------------------------------------------------------------------
     @cute.jit
