@@ -87,7 +87,6 @@ class FlashAttentionBackwardSm90:
         self.sdp_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)   # S, dP: tile_m x tile_n
         self.dkv_atoms = (2, 1, 1) if tile_n == 128 else (1, 2, 1)   # dK, dV: tile_n x D
         self.dq_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)    # dQ: tile_m x D
-        self.rows_per_thread = 2  # an m64 wgmma accumulator gives each thread rows r and r + 8
 
     # ------------------------------------------------------------------------------------------
     # shared memory and MMAs
@@ -383,9 +382,10 @@ class FlashAttentionBackwardSm90:
         """One (query block, key block) of one query head: the module docstring's five products."""
         tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt = operands
         # this thread's rows' LSE2 and D (the workspaces are padded to whole query blocks)
-        lse2 = cute.make_rmem_tensor(self.rows_per_thread, Float32)
-        delta = cute.make_rmem_tensor(self.rows_per_thread, Float32)
-        for r in cutlass.range_constexpr(self.rows_per_thread):
+        rows = cute.size(tScS.shape[0])  # 2: an m64 wgmma gives each thread rows r and r + 8
+        lse2 = cute.make_rmem_tensor(rows, Float32)
+        delta = cute.make_rmem_tensor(rows, Float32)
+        for r in cutlass.range_constexpr(rows):
             row = m_block * self.tile_m + tScS[r, 0][0]
             lse2[r] = mLSE2[row, head, batch_idx]
             delta[r] = mDelta[row, head, batch_idx]
