@@ -1,0 +1,114 @@
+"""The backward's two small kernels around the main one (CuTe DSL; imported only when compiling).
+
+- `Preprocess`: per query row, D = sum_d dO * O in fp32, and the row's LSE in log2 units for the
+  main kernel's exp2. Both go to (B, Hq, Sq_padded) fp32 workspaces whose rows are padded to a
+  multiple of the main kernel's tile_m, so the main kernel reads them without bounds checks: a padding
+  row, and a row that sees no key (LSE = -inf), gets LSE2 = +inf (so P = exp2(S * scale_log2 -
+  LSE2) = 0 without a branch) and D = 0.
+- `Postprocess`: dQ = dQ_accum * softmax_scale in the inputs' dtype. The scale is applied here, once
+  per element, rather than to every key block's dS K product before its atomics (the same value up to
+  fp32 rounding of the sum).
+
+Both: one thread per 8 contiguous elements of a row (one 16-byte load of 16-bit data), `D / 8` threads
+per row reduce with shuffles; a CTA of 128 threads covers `128 * 8 / D` rows of one (head, batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from ..sm90 import layouts as L
+
+LOG2_E = math.log2(math.e)
+THREADS = 128
+ELEMS_PER_THREAD = 8  # 16 bytes of 16-bit data
+
+
+def rows_per_cta(head_dim: int) -> int:
+    return THREADS * ELEMS_PER_THREAD // head_dim
+
+
+class Preprocess:
+    """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
+
+    def __init__(self, *, dtype: str, head_dim: int):
+        self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
+        self.head_dim = head_dim
+        self.threads_per_row = head_dim // ELEMS_PER_THREAD
+        self.rows = rows_per_cta(head_dim)
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+                 mDelta: cute.Tensor, stream: cuda.CUstream):
+        """O, dO (B, Sq, Hq, D); LSE (B, Hq, Sq) fp32; LSE2, Delta (B, Hq, Sq_padded) fp32 (written)."""
+        if const_expr(mO.element_type != self.dtype or mdO.element_type != self.dtype):
+            raise TypeError("O and dO must have the kernel's dtype")
+        mO, mdO = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mO, mdO)]  # (Sq, D, Hq, B)
+        mLSE, mLSE2, mDelta = [L.permute_modes(t, [2, 1, 0]) for t in (mLSE, mLSE2, mDelta)]
+        padded_rows = mLSE2.shape[0]
+        grid = ((padded_rows + self.rows - 1) // self.rows, mO.shape[2], mO.shape[3])
+        self.kernel(mO, mdO, mLSE, mLSE2, mDelta).launch(grid=grid, block=[THREADS, 1, 1],
+                                                         stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+               mDelta: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, head, batch = cute.arch.block_idx()
+        row = bx * self.rows + tidx // self.threads_per_row
+        chunk = tidx % self.threads_per_row
+        seqlen_q = mO.shape[0]
+        dot = Float32(0.0)
+        if row < seqlen_q:
+            o = cute.local_tile(mO[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
+            do = cute.local_tile(mdO[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
+            prod = o.load().to(Float32) * do.load().to(Float32)
+            dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
+            dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=1 << i)
+        if chunk == 0 and row < mLSE2.shape[0]:
+            lse2 = Float32.inf
+            if row < seqlen_q:
+                lse = mLSE[row, head, batch]
+                if lse != -Float32.inf:
+                    lse2 = lse * Float32(LOG2_E)
+            mLSE2[row, head, batch] = lse2
+            mDelta[row, head, batch] = dot
+
+
+class Postprocess:
+    """dQ = dQ_accum * softmax_scale, converted to the inputs' dtype."""
+
+    def __init__(self, *, dtype: str, head_dim: int):
+        self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
+        self.head_dim = head_dim
+        self.threads_per_row = head_dim // ELEMS_PER_THREAD
+        self.rows = rows_per_cta(head_dim)
+
+    @cute.jit
+    def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
+                 stream: cuda.CUstream):
+        """dQ_accum (B, Sq, Hq, D) fp32; dQ (B, Sq, Hq, D) in the kernel's dtype (written)."""
+        if const_expr(mdQ.element_type != self.dtype):
+            raise TypeError("dQ must have the kernel's dtype")
+        mdQaccum, mdQ = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mdQaccum, mdQ)]
+        grid = ((mdQ.shape[0] + self.rows - 1) // self.rows, mdQ.shape[2], mdQ.shape[3])
+        self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[THREADS, 1, 1],
+                                                         stream=stream)
+
+    @cute.kernel
+    def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, head, batch = cute.arch.block_idx()
+        row = bx * self.rows + tidx // self.threads_per_row
+        chunk = tidx % self.threads_per_row
+        if row < mdQ.shape[0]:
+            acc = cute.local_tile(mdQaccum[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
+            out = cute.local_tile(mdQ[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
+            out.store((acc.load() * softmax_scale).to(self.dtype))
