@@ -30,6 +30,7 @@ import optuna
 
 from fa4 import backends
 from fa4tune.workers.outcomes import ALL_OUTCOMES as OUTCOMES, portable_note
+from fa4tune.workers.training import FA4 as TRAINING_FA4  # fa4.attention's training row
 from fa4tune.searches.storage import find_storages, open_for_reading
 
 DISPATCHED = "dispatched"  # `fa4.attention` itself, as `fa4tune bench` times it
@@ -449,8 +450,8 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
             if notes is not None:
                 notes.append(f"bench row {rec.get('shape', '?')} {impl}: skipped ({exc})")
             continue
-        arch = str(_first(rec, "arch", default=run.get("arch")) or "unknown")
-        dev = device_name(_first(rec, "device", default=run.get("device")))
+        arch = str(_first(rec, "arch", default=data.get("arch")) or "unknown")
+        dev = device_name(_first(rec, "device", default=data.get("device")))
         key = (arch, dev, problem_key(problem))
         row = rows.setdefault(key, ShapeRow(arch, dev, problem, problem_label(problem), "bench", {}))
         status = str(_first(rec, "outcome", "status", default="ok"))
@@ -593,6 +594,93 @@ def dispatch_rows(rows: Sequence[ShapeRow]) -> list[DispatchRow]:
                                eager_fastest, eager_fastest_us,
                                eager_us / eager_fastest_us if eager_us is not None and eager_fastest_us else None))
     return out
+
+
+@dataclass
+class TrainingRow:
+    """One implementation's training pass on one shape (`fa4tune bench --backward`): "fa4" is
+    fa4.attention (its forward and the backward `fa4.backward` chose), the others are peers through
+    autograd. A ratio is this row's time ÷ the fastest peer's in the same pass and shape (below 1:
+    faster than every peer), None where either time is missing."""
+
+    arch: str
+    device: str
+    problem: dict
+    label: str
+    implementation: str
+    outcome: str
+    fwdbwd_us: float | None          # forward + backward, GPU time by CUDA-graph replay
+    bwd_us: float | None             # the backward alone, the lowest over rounds
+    bwd_us_rounds: list
+    peak_extra_mib: float | None     # the most one backward call allocated beyond what was live
+    validated: bool | None           # gradients checked against fp32 autograd (False: the reference did not fit)
+    backward: str | None             # fa4 only: the backward implementation that ran
+    kv_expanded: bool                # a peer that refuses GQA, run on K and V expanded inside the timed call
+    error: str | None
+    fastest_peer: dict[str, str] = field(default_factory=dict)  # pass ("fwdbwd", "bwd") -> the fastest peer
+    fwdbwd_ratio: float | None = None
+    bwd_ratio: float | None = None
+
+
+def training_order(name: str) -> int:
+    """Where an implementation's training row stands: fa4.attention first, then the peers as registered."""
+    order = (TRAINING_FA4,) + backends.peer_names()
+    return order.index(name) if name in order else len(order)
+
+
+def training_rows(data: Any, notes: list[str] | None = None) -> list[TrainingRow]:
+    """The training rows of a bench document, one per shape x implementation, with each row's ratio to
+    the fastest peer of its shape in each pass. A document without "training_rows" (a bench run without
+    --backward, or an older file) gives none; a malformed record is skipped with a line in `notes`.
+
+    Peers timed on expanded K and V count among the peers: the expansion is inside their timed call,
+    so their time is what a caller of that peer pays (the forward bench, which times them on K and V
+    expanded beforehand, leaves them out instead)."""
+    records = data.get("training_rows") if isinstance(data, Mapping) else None
+    if not isinstance(records, list):
+        return []
+    rows: list[TrainingRow] = []
+    for index, rec in enumerate(records):
+        try:
+            if not isinstance(rec, Mapping):
+                raise ValueError(f"a {type(rec).__name__}, not a mapping")
+            problem = checked_problem(rec.get("problem"))
+            name = str(rec["implementation"])
+            error = rec.get("error")
+            rounds = rec.get("bwd_us_rounds")
+            rows.append(TrainingRow(
+                arch=str(_first(rec, "arch", default=data.get("arch")) or "unknown"),
+                device=device_name(_first(rec, "device", default=data.get("device"))),
+                problem=problem, label=problem_label(problem), implementation=name,
+                outcome=str(rec.get("outcome") or "ok"),
+                fwdbwd_us=_finite(rec.get("fwdbwd_us")), bwd_us=_finite(rec.get("bwd_us")),
+                bwd_us_rounds=[_finite(x) for x in rounds] if isinstance(rounds, list) else [],
+                peak_extra_mib=(float(rec["bwd_peak_extra_mib"])
+                                if isinstance(rec.get("bwd_peak_extra_mib"), (int, float)) else None),
+                validated=rec["validated"] if isinstance(rec.get("validated"), bool) else None,
+                backward=str(rec["backward"]) if rec.get("backward") else None,
+                kv_expanded=bool(rec.get("kv_expanded")), error=str(error) if error else None))
+        except MALFORMED as exc:
+            if notes is not None:
+                shape = rec.get("shape", index) if isinstance(rec, Mapping) else index
+                notes.append(f"bench training row {shape}: skipped ({type(exc).__name__}: {exc})")
+    shapes: dict[tuple, list[TrainingRow]] = {}
+    for row in rows:
+        shapes.setdefault((row.arch, row.device, problem_key(row.problem)), []).append(row)
+    for group in shapes.values():
+        peers = [r for r in group if r.implementation != TRAINING_FA4 and r.outcome == "ok"]
+        fastest = {}
+        for pass_ in ("fwdbwd", "bwd"):
+            times = {r.implementation: getattr(r, f"{pass_}_us") for r in peers
+                     if getattr(r, f"{pass_}_us") is not None}
+            fastest[pass_] = _fastest_of(times)
+        for r in group:
+            r.fastest_peer = {p: name for p, (name, _) in fastest.items() if name}
+            for pass_, (_, us) in fastest.items():
+                mine = getattr(r, f"{pass_}_us")
+                setattr(r, f"{pass_}_ratio", mine / us if mine is not None and us else None)
+    key = {id(r): _row_sort_key(ShapeRow(r.arch, r.device, r.problem, "", "", {})) for r in rows}
+    return sorted(rows, key=lambda r: (key[id(r)], training_order(r.implementation), r.implementation))
 
 
 @dataclass
@@ -765,6 +853,7 @@ class ReportData:
     shape_rows: list[ShapeRow]
     heatmaps: list[Heatmap]
     dispatch: list[DispatchRow]       # fa4.attention's own row per shape, beside the run's fastest
+    training: list[TrainingRow]       # the bench's training pass (--backward), per shape x implementation
     best_configs: list[BestConfigRow]
     timing: list[str]                 # distinct timing descriptions (method, L2 state, ...)
     devices: list[str]
@@ -896,6 +985,8 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
             bench_data = _read_json(bench_path)
             records = bench_records(bench_data)
             sources[f"bench {shown(bench_path)}"] = f"{len(records)} rows" + (
+                f", {len(bench_data['training_rows'])} training rows"
+                if isinstance(bench_data, Mapping) and isinstance(bench_data.get("training_rows"), list) else "") + (
                 f", run {bench_data['date']}" if isinstance(bench_data, Mapping) and bench_data.get("date")
                 else "")
         except (OSError, ValueError) as exc:
@@ -927,6 +1018,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
 
     run = bench_data if isinstance(bench_data, Mapping) else {}
     shape_rows = merge_rows(rows_from_bench(records, run, notes=missing), rows_from_studies(studies))
+    training = training_rows(run, notes=missing)
 
     timing_set = {describe_timing(s.timing) for s in studies}
     if bench_data is not None:
@@ -966,7 +1058,8 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sources=sources, missing=missing, studies=studies,
         superseded=sorted(s.study_name for s in superseded), shape_rows=shape_rows,
-        heatmaps=speedup_heatmaps(shape_rows), dispatch=dispatch_rows(shape_rows), best_configs=best_rows, timing=sorted(timing_set),
+        heatmaps=speedup_heatmaps(shape_rows), dispatch=dispatch_rows(shape_rows), training=training,
+        best_configs=best_rows, timing=sorted(timing_set),
         devices=devices, versions=version_set, warnings=notes, fingerprints=fingerprints)
     _portable_notes(data, results_dir)
     return data
@@ -975,7 +1068,7 @@ def collect(results_dir: str | Path = "results", storage: str | None = None,
 def _portable_notes(data: ReportData, results_dir: Path) -> None:
     """Every note of the report without an absolute path (`fa4tune.workers.outcomes.portable_note`; paths
     below `results_dir` become `<results>/...`): the missing inputs, the warnings, each failed
-    implementation's error, each study's peer errors and importance note."""
+    implementation's error (forward and training pass), each study's peer errors and importance note."""
     def note(text: Any) -> str:
         return portable_note(str(text), results_dir)
 
@@ -986,6 +1079,8 @@ def _portable_notes(data: ReportData, results_dir: Path) -> None:
     data.warnings = [note(line) for line in data.warnings]
     for row in data.shape_rows:
         row.impls = {impl: entry(e) for impl, e in row.impls.items()}
+    for row in data.training:
+        row.error = note(row.error) if row.error else None
     for study in data.studies:
         study.peers = {peer: entry(result) for peer, result in study.peers.items()}
         study.importance_note = note(study.importance_note)

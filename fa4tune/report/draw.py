@@ -2,7 +2,8 @@
 
 plotly.js is inlined once, so the file opens offline. Per-study views reuse optuna.visualization (the
 optimisation history and the parallel coordinates) on the study's successful trials; the cross-study
-views (comparison bars, speedup heatmaps, failures, knob importance) are drawn here from plain data.
+views (comparison bars, the training pass's bars, speedup heatmaps, failures, knob importance) are drawn
+here from plain data.
 Also: `render_in_chromium`, which loads a report in headless Chromium (the browser test and the committed
 screenshot, `results/report.png`). The command `fa4tune report` is `fa4tune.report.command.report_command`.
 """
@@ -28,8 +29,9 @@ from fa4 import backends
 from fa4.config_text import label_of
 
 from fa4tune.workers.outcomes import ALL_OUTCOMES
-from fa4tune.report.data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, ReportData, ShapeRow,
-                                 StudyInfo, baselines, describe_timing, impls)
+from fa4tune.report.data import (DISPATCH_MODES, DISPATCH_TOLERANCE, DISPATCHED, TRAINING_FA4, ReportData,
+                                 ShapeRow, StudyInfo, TrainingRow, baselines, describe_timing, impls,
+                                 training_order)
 
 # the rows of ours and fa4.attention's own; every peer brings its colour and title (`fa4.backends`)
 OWN_COLORS = {"tuned": "#1f77b4", "default": "#aec7e8", DISPATCHED: "#ff7f0e"}
@@ -49,6 +51,16 @@ def impl_names() -> dict[str, str]:
 
 def _impl_name(impl: str) -> str:
     return impl_names().get(impl, impl)
+
+
+def _training_name(impl: str) -> str:
+    """A training row's implementation as people read it: fa4.attention's row, else the peer's title."""
+    return "fa4.attention" if impl == TRAINING_FA4 else _impl_name(impl)
+
+
+def _training_color(impl: str) -> str | None:
+    # fa4.attention has the colour of its forward row ("dispatched": fa4.attention itself)
+    return impl_colors().get(DISPATCHED if impl == TRAINING_FA4 else impl)
 
 
 OUTCOME_COLORS = {
@@ -128,6 +140,55 @@ def comparison_figure(rows: Sequence[ShapeRow]) -> go.Figure:
     fig.update_yaxes(title_text="µs", row=1, col=1)
     fig.update_yaxes(title_text="TFLOP/s", row=2, col=1)
     return fig
+
+
+def training_figure(rows: Sequence[TrainingRow]) -> go.Figure:
+    """Per shape: the backward alone (top) and forward + backward (bottom) of every implementation that
+    trained it; labels = its time ÷ the fastest peer's in that pass."""
+    shapes: list[tuple] = []
+    for r in rows:
+        if (r.arch, r.device, r.label) not in shapes:
+            shapes.append((r.arch, r.device, r.label))
+    many = len({(a, d) for a, d, _ in shapes}) > 1
+    names = [f"{label}<br>{arch} {device}" if many else label for arch, device, label in shapes]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("backward alone, µs (lower is better); label: its time ÷ the fastest "
+                                        "peer's", "forward + backward, µs (lower is better)"))
+    implementations = sorted({r.implementation for r in rows}, key=lambda i: (training_order(i), i))
+    for impl in implementations:
+        mine = {(r.arch, r.device, r.label): r for r in rows if r.implementation == impl}
+        if not any(r.bwd_us is not None or r.fwdbwd_us is not None for r in mine.values()):
+            continue
+        common = dict(name=_training_name(impl), marker_color=_training_color(impl), legendgroup=impl,
+                      textposition="outside", cliponaxis=False, **BAR_LABEL)
+        for subplot, pass_ in ((1, "bwd"), (2, "fwdbwd")):
+            us = [getattr(mine[s], f"{pass_}_us") if s in mine else None for s in shapes]
+            ratios = [getattr(mine[s], f"{pass_}_ratio") if s in mine else None for s in shapes]
+            extra = ["".join("<br>" + e for e in _training_notes(mine[s])) if s in mine else "" for s in shapes]
+            fig.add_trace(go.Bar(x=names, y=us, text=[f"{x:.2f}×" if x is not None else "" for x in ratios],
+                                 customdata=extra, showlegend=subplot == 1,
+                                 hovertemplate="%{x}<br>%{y:.2f} µs%{customdata}<extra>" + _training_name(impl)
+                                 + "</extra>", **common), row=subplot, col=1)
+    fig.update_layout(barmode="group", height=700, margin=dict(t=60, b=40),
+                      legend=dict(orientation="h", y=1.08, x=0), uniformtext=dict(minsize=8, mode="hide"))
+    fig.update_yaxes(title_text="µs", row=1, col=1)
+    fig.update_yaxes(title_text="µs", row=2, col=1)
+    return fig
+
+
+def _training_notes(row: TrainingRow) -> list[str]:
+    """What a training bar's hover adds (as HTML): the backward that ran, its peak extra memory, K and V
+    expanded, gradients not checked."""
+    notes = []
+    if row.backward:
+        notes.append(f"backward: {_e(row.backward)}")
+    if row.peak_extra_mib is not None:
+        notes.append(f"peak extra: {row.peak_extra_mib:.1f} MiB")
+    if row.kv_expanded:
+        notes.append("K and V expanded to the query heads (inside the timed call)")
+    if row.validated is False:
+        notes.append("gradients not validated (the fp32 reference does not fit)")
+    return notes
 
 
 def heatmap_figure(data: ReportData) -> go.Figure:
@@ -385,6 +446,41 @@ def _dispatch_section(data: ReportData, page: _Page) -> None:
                      "this run picks"], rows))
 
 
+def _training_section(data: ReportData, page: _Page) -> None:
+    """The bench's training pass (`fa4tune bench --backward`): a figure and a table; nothing for a bench
+    run without it."""
+    if not data.training:
+        return
+    page.add("<h2>Training pass (forward + backward)</h2>")
+    page.add('<p class="caption">From <code>fa4tune bench --backward</code>: per shape, '
+             "<code>fa4.attention</code> (its forward and the backward <code>fa4.backward</code> chose; "
+             "<i>backward</i> names it) and every peer through autograd. <i>fwd+bwd</i>: forward and "
+             "<code>torch.autograd.grad</code> to Q, K and V; <i>bwd</i>: the backward alone on one "
+             "forward's saved tensors, the lowest over rounds; both GPU time by CUDA-graph replay. A ratio is "
+             "that time ÷ the fastest peer's in the same pass (below 1: faster than every peer). "
+             "<i>peak extra</i>: the most memory one backward call allocated beyond what was live before it "
+             "(dQ, dK, dV included). <i>validated</i>: dQ, dK, dV checked against fp32 autograd (no: the "
+             "reference did not fit in memory). A peer that refuses GQA ran on K and V expanded to the query "
+             "heads inside its timed call, so its time includes the expansion.</p>")
+    page.add(page.figure(training_figure(data.training)))
+    many = len({(r.arch, r.device) for r in data.training}) > 1
+    rows = []
+    for r in data.training:
+        shape = _e(r.label) + (f"<br><small>{_e(r.arch)} {_e(r.device)}</small>" if many else "")
+        name = _e(_training_name(r.implementation)) + (
+            "<br><small>K, V expanded</small>" if r.kv_expanded else "")
+        if r.outcome != "ok" or r.bwd_us is None:
+            rows.append([shape, name, f'<i>{_e(r.outcome)}: {_e(r.error or "no time recorded")}</i>',
+                         "", "", "", "", ""])
+            continue
+        ratios = " / ".join(_fmt(x, ".2f") + ("×" if x is not None else "") for x in (r.fwdbwd_ratio, r.bwd_ratio))
+        rows.append([shape, name, _fmt(r.fwdbwd_us), _fmt(r.bwd_us), ratios, _fmt(r.peak_extra_mib, ".1f"),
+                     {True: "yes", False: "no"}.get(r.validated, "–"), _e(r.backward or "–")])
+    page.add(_table(["shape", "implementation", "fwd+bwd µs", "bwd µs",
+                     "ratio to the fastest peer (fwd+bwd / bwd)", "peak extra MiB", "validated", "backward"],
+                    rows))
+
+
 def _fastest_cell(impl: str | None, us: float | None) -> str:
     return _e(_impl_name(impl)) + f" ({_fmt(us)} µs)" if impl else "–"
 
@@ -498,6 +594,7 @@ def render_html(data: ReportData) -> tuple[str, list[str]]:
     _header(data, page)
     _comparison_section(data, page)
     _dispatch_section(data, page)
+    _training_section(data, page)
     _heatmap_section(data, page)
     _failures_section(data, page)
     _importance_section(data, page)
