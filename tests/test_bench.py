@@ -12,7 +12,7 @@ from fa4.database import Entry, record
 from fa4.kernels import AttentionProblem, Config
 from fa4tune.benchmark import runner as bench_mod
 from fa4tune.benchmark.runner import run_bench, write_bench
-from fa4tune.report.data import dispatch_rows, problem_label, rows_from_bench
+from fa4tune.report.data import dispatch_rows, problem_label, rows_from_bench, training_rows
 from fa4tune.searches.runner import Progress
 
 EVALUATOR = "test_search_fakes:FakeEvaluator"
@@ -239,6 +239,11 @@ def test_backward_adds_training_rows(tmp_path):
     assert rows["sdpa_cudnn"]["bwd_us"] == 60.0 and rows["sdpa_cudnn"]["bwd_peak_extra_mib"] == 12.5
     assert rows["sdpa_flash"]["outcome"] == "launch_error" and "cannot train" in rows["sdpa_flash"]["error"]
     assert all(r["variant"] != "training" for r in doc["rows"])
+    # the report reads them as the bench wrote them: fa4.attention 100/90 and 70/60 of cuDNN's times
+    report = {(r.implementation, r.outcome): r for r in training_rows(doc)}
+    assert set(report) == {("fa4", "ok"), ("sdpa_cudnn", "ok"), ("sdpa_flash", "launch_error")}
+    assert report[("fa4", "ok")].bwd_ratio == pytest.approx(70 / 60)
+    assert report[("fa4", "ok")].fwdbwd_ratio == pytest.approx(100 / 90)
     plain = run_bench("sm90", [problem], db_path=str(db), peers=("sdpa_cudnn",), processes=1,
                       evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True), rounds=1)
     assert "training_rows" not in plain

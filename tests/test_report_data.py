@@ -481,3 +481,86 @@ def test_speedup_summary():
     s = summary["flash_attn_4"]
     assert (s["n"], s["wins"], s["min"], s["max"]) == (3, 1, 0.5, 2.0)
     assert s["geomean"] == pytest.approx(1.0)
+
+
+def _training(problem, name, fwdbwd, bwd, **extra):
+    """A training row as `fa4tune bench --backward` writes it (`fa4tune.benchmark.runner`)."""
+    ok = bwd is not None
+    return {"shape": study_name("sm90", problem), "problem": problem.to_dict(), "implementation": name,
+            "outcome": "ok" if ok else "launch_error", "fwdbwd_us": fwdbwd, "bwd_us": bwd,
+            "bwd_us_rounds": [bwd, bwd], "bwd_peak_extra_mib": 12.5 if ok else None, "validated": ok or None,
+            "backward": None, "kv_expanded": None, "error": None if ok else "cannot train this shape", **extra}
+
+
+def test_the_training_pass_beside_the_forward(tmp_path):
+    p, q = SHAPES[0], SHAPES[2]
+    forward = [{"shape": study_name("sm90", x), "problem": x.to_dict(), "variant": "tuned", "outcome": "ok",
+                "us": 20.0} for x in (p, q)]
+    training = [
+        # p: fa4.attention 100/70 us; cuDNN is faster in both passes, FA-4 slower (on expanded K and V),
+        # SDPA flash refuses the shape
+        _training(p, "fa4", 100.0, 70.0, backward="blockwise"),
+        _training(p, "sdpa_cudnn", 90.0, 60.0),
+        _training(p, "flash_attn_4", 120.0, 80.0, kv_expanded=True, validated=False),
+        _training(p, "sdpa_flash", None, None),
+        # q: fa4.attention is faster than its only peer; its backward ran one implementation
+        _training(q, "sdpa_cudnn", 50.0, 40.0),
+        _training(q, "fa4", 45.0, 30.0, backward="ours"),
+        # a malformed record is skipped with a note, never the report
+        {"shape": "broken", "problem": {"batch": "one"}, "implementation": "fa4"},
+    ]
+    doc = {**_bench_doc(forward), "training_rows": training}
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    data = rd.collect(tmp_path)
+    assert [(rd.problem_label(r.problem) == rd.problem_label(q.to_dict()), r.implementation)
+            for r in data.training] == [(True, "fa4"), (True, "sdpa_cudnn"),  # bf16 D64 sorts first
+                                       (False, "fa4"), (False, "flash_attn_4"), (False, "sdpa_cudnn"),
+                                       (False, "sdpa_flash")]
+    rows = {(r.label, r.implementation): r for r in data.training}
+    fa4_p = rows[(rd.problem_label(p.to_dict()), "fa4")]
+    assert (fa4_p.fwdbwd_us, fa4_p.bwd_us, fa4_p.backward, fa4_p.peak_extra_mib) == (100.0, 70.0, "blockwise", 12.5)
+    assert fa4_p.fastest_peer == {"fwdbwd": "sdpa_cudnn", "bwd": "sdpa_cudnn"}
+    assert fa4_p.fwdbwd_ratio == pytest.approx(100 / 90) and fa4_p.bwd_ratio == pytest.approx(70 / 60)
+    expanded = rows[(rd.problem_label(p.to_dict()), "flash_attn_4")]
+    assert expanded.kv_expanded and expanded.validated is False and expanded.bwd_ratio == pytest.approx(80 / 60)
+    refused = rows[(rd.problem_label(p.to_dict()), "sdpa_flash")]
+    assert refused.outcome == "launch_error" and refused.bwd_us is None and refused.bwd_ratio is None
+    assert "cannot train" in refused.error
+    fa4_q = rows[(rd.problem_label(q.to_dict()), "fa4")]
+    assert fa4_q.bwd_ratio == pytest.approx(0.75) and fa4_q.fwdbwd_ratio == pytest.approx(0.9)
+    assert any("training row broken: skipped" in line for line in data.missing)
+    assert "7 training rows" in "".join(data.sources.values())  # as the file holds them
+    assert json.loads(json.dumps(data.to_dict()))["training"][0]["implementation"] == "fa4"
+
+    from fa4tune.report import draw as report_draw
+    fig = report_draw.training_figure(data.training)
+    bars = {(t.name, t.yaxis): t for t in fig.data}
+    fa4_bwd = bars[("fa4.attention", "y")]
+    assert list(fa4_bwd.y) == [30.0, 70.0] and list(fa4_bwd.text) == ["0.75×", "1.17×"]
+    assert fa4_bwd.marker.color == report_draw.impl_colors()["dispatched"]
+    assert "backward: blockwise" in fa4_bwd.customdata[1]
+    assert list(bars[("fa4.attention", "y2")].y) == [45.0, 100.0]
+    cudnn = bars[(report_draw.impl_names()["sdpa_cudnn"], "y")]
+    assert list(cudnn.y) == [40.0, 60.0] and cudnn.marker.color == report_draw.impl_colors()["sdpa_cudnn"]
+    assert "expanded" in bars[(report_draw.impl_names()["flash_attn_4"], "y")].customdata[1]
+    assert (report_draw.impl_names()["sdpa_flash"], "y") not in bars  # it trained no shape
+    doc_html, ids = report_draw.render_html(data)
+    section = doc_html.split("Training pass (forward + backward)</h2>", 1)[1].split("<h2>", 1)[0]
+    assert section.count('class="plotly-graph-div"') == 1
+    table = section.split("<table", 1)[1]
+    assert ("<td>fa4.attention</td><td>100.00</td><td>70.00</td><td>1.11× / 1.17×</td><td>12.5</td>"
+            "<td>yes</td><td>blockwise</td>") in table
+    assert "<td>45.00</td><td>30.00</td><td>0.90× / 0.75×</td>" in table
+    assert "K, V expanded" in table and "<td>no</td>" in table
+    assert "launch_error: cannot train this shape" in table
+
+
+def test_a_bench_without_training_rows_draws_no_training_section(tmp_path):
+    rows = [{"shape": "s", "problem": SHAPES[0].to_dict(), "variant": "tuned", "outcome": "ok", "us": 20.0}]
+    (tmp_path / "bench.json").write_text(json.dumps(_bench_doc(rows)))
+    data = rd.collect(tmp_path)
+    assert data.training == [] and not any("training row" in line for line in data.missing)
+    from fa4tune.report import draw as report_draw
+    doc, ids = report_draw.render_html(data)
+    assert "Training pass" not in doc and len(ids) == 1  # the comparison figure only
+    assert rd.training_rows(None) == [] and rd.training_rows([]) == [] and rd.training_rows({"training_rows": 3}) == []

@@ -450,8 +450,8 @@ def rows_from_bench(records: Sequence[Mapping], run: Mapping | None = None,
             if notes is not None:
                 notes.append(f"bench row {rec.get('shape', '?')} {impl}: skipped ({exc})")
             continue
-        arch = str(_first(rec, "arch", default=data.get("arch")) or "unknown")
-        dev = device_name(_first(rec, "device", default=data.get("device")))
+        arch = str(_first(rec, "arch", default=run.get("arch")) or "unknown")
+        dev = device_name(_first(rec, "device", default=run.get("device")))
         key = (arch, dev, problem_key(problem))
         row = rows.setdefault(key, ShapeRow(arch, dev, problem, problem_label(problem), "bench", {}))
         status = str(_first(rec, "outcome", "status", default="ok"))
