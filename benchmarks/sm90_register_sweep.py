@@ -58,7 +58,10 @@ def compile_case(case: dict) -> dict:
         row["outcome"] = "smem"
         return row
     t0 = time.perf_counter()
-    report = compiling.compile_report(config, problem)
+    try:
+        report = compiling.compile_report(config, problem)
+    except Exception as e:  # ptxas refuses some (an instruction needs more registers than the cap)
+        report = {"ok": False, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"}
     row.update(outcome="ok" if report.get("ok") else "error", seconds=round(time.perf_counter() - t0, 1),
                registers=report.get("registers"), spill_bytes=(report.get("spill_stores") or 0)
                + (report.get("spill_loads") or 0), wgmma_serialized=report.get("wgmma_serialized"),
