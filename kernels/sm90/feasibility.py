@@ -74,7 +74,14 @@ def estimated_registers(config: Config, problem: AttentionProblem) -> int:
     Fitted to what ptxas reports over every tile shape, head dim, P operand, overlap and mask
     (`benchmarks/sm90_register_sweep.py`, table in `results/sm90_register_table.json`; tests/test_sm90_model.py
     holds the model to it): with three consumer warpgroups (160 registers) 192x128 at D=64 and
-    192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill."""
+    192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill. The same
+    model holds at D=96, 192 and 256 (swept too; it admits nothing there that spills): three consumer
+    warpgroups take D=96 only with P through shared memory (192x128; P in registers spills from
+    192x128) and nothing at D=256 (O alone is 128 registers a thread: ptxas refuses 192x64 with P in
+    registers, and P through shared memory does not fit there);
+    with one or two consumer warpgroups shared memory, not registers, is the limit at D=192 and 256.
+    Conservative at three warpgroups with P through shared memory: 192x144 at D=96 and 192x64 at
+    D=192 compile clean but are refused."""
     regs_o = 64 * problem.head_dim // 128
     regs_s = 64 * config.tile_n // 128
     regs_p = regs_s // 2 if config.pv_operand == "rs" else regs_s // 8
