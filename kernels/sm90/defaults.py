@@ -152,7 +152,8 @@ def wide_tiles_for_causal_head_dim_128(config: Config, problem: AttentionProblem
 
 # applied in this order to the knobs' declared defaults; each measured on the H200's searches (the
 # grid of the kernel issue, `fa4tune search`, and `benchmarks/sm90_variants.py`; GPU us, the old
-# default -> the rule's)
+# default -> the rule's), but the head-dim 96/192/256 tiles: chosen by the resource models and
+# flash-attn-4's sm90 tiles, compiled clean on the CPU, not yet timed
 DEFAULT_RULES = (wide_tiles_at_head_dim_64, tiles_at_head_dim_96, narrower_key_blocks_above_head_dim_128,
                  pack_gqa_when_it_divides, persistent_for_short_keys,
                  longest_first_for_causal, wide_tiles_for_causal_head_dim_128)
