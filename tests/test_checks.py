@@ -300,7 +300,7 @@ def test_a_wrong_config_is_refused_where_sdpa_would_run(config, match, fallback)
 
 
 def test_a_config_is_checked_where_sdpa_runs_for_another_reason():
-    q, k, v = qkv(d=96)  # no kernel has head dim 96: no configuration runs it, so one is only read
+    q, k, v = qkv(d=80)  # no kernel has head dim 80: no configuration runs it, so one is only read
     invalid("sm90 knob tile_n=81 is not one of", q, k, v, config={"tile_n": 81}, fallback="sdpa")
     with pytest.warns(fa4.Fa4Warning, match="config= is ignored"):
         fa4.attention(q, k, v, config={"tile_n": 192, "kv_stages": 4}, fallback="sdpa")

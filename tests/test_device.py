@@ -70,7 +70,7 @@ def test_a_78_sm_device_gets_a_78_cta_persistent_grid_and_its_own_compile():
 def test_the_default_rules_wave_arithmetic_counts_the_devices_sms():
     from fa4.kernels.sm90 import defaults
 
-    assert defaults.persistent_for_short_keys.device_facts == ("sm_count",)
+    assert defaults.persistent_for_short_keys.device_facts == ("sm_count", "smem_per_block_bytes")
     # 8 key blocks (short keys) and 8 m blocks x 20 heads = 160 tiles: two waves of 78 SMs (156), not
     # of 132 (264)
     problem = AttentionProblem(1, 1024, 1024, 20, 20, 128)

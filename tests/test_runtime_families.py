@@ -47,9 +47,9 @@ def test_compile_key_ignores_sequence_lengths_and_batch():
 
 
 def test_head_dim_the_kernel_lacks():
-    with pytest.raises(fa4.UnsupportedInputError, match="head dim 96 is not supported"):
-        fa4.explain(*meta_qkv(d=96), arch="sm90")
-    assert fa4.explain(*meta_qkv(d=96), arch="sm90", fallback="sdpa").path == "sdpa"
+    with pytest.raises(fa4.UnsupportedInputError, match="head dim 80 is not supported"):
+        fa4.explain(*meta_qkv(d=80), arch="sm90")
+    assert fa4.explain(*meta_qkv(d=80), arch="sm90", fallback="sdpa").path == "sdpa"
 
 
 def test_tuned_entry_is_used_on_a_matching_device(empty_database):

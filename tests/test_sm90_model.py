@@ -13,6 +13,7 @@ import pytest
 
 from fa4.kernels import AttentionProblem, Config, feasible, knobs_for
 from fa4.kernels import sm90
+from fa4.kernels.sm90.plan import SUPPORTED_HEAD_DIMS
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "sm90.toml"
 BASE = AttentionProblem(1, 1024, 1024, 32, 8, 128, "fp16", causal=True, return_lse=True)
@@ -28,16 +29,19 @@ def _space_configs():
 
 def test_can_implement_reasons():
     assert sm90.can_implement(BASE) == []
-    bad = AttentionProblem(1, 128, 128, 4, 4, 96, "fp16")
-    assert any("head dim 96" in r for r in sm90.can_implement(bad))
+    bad = AttentionProblem(1, 128, 128, 4, 4, 80, "fp16")
+    assert any("head dim 80" in r for r in sm90.can_implement(bad))
+    for head_dim in (96, 192, 256):
+        assert sm90.can_implement(AttentionProblem(1, 128, 128, 4, 4, head_dim, "bf16")) == []
     assert feasible(sm90.default_config(bad), bad)
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 4, 6, 7, 8, 16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_default_config_is_feasible(ratio, head_dim, causal):
-    prob = AttentionProblem(2, 1000, 1000, 2 * ratio, 2, head_dim, "bf16", causal=causal)
+def test_default_config_is_feasible(ratio, head_dim, dtype, causal):
+    prob = AttentionProblem(2, 1000, 1000, 2 * ratio, 2, head_dim, dtype, causal=causal)
     cfg = sm90.default_config(prob)
     assert feasible(cfg, prob) == []
 
@@ -170,10 +174,16 @@ def test_register_model_rejects_every_spill_of_the_ptxas_sweep():
     mask (benchmarks/sm90_register_sweep.py, compiled on the H200 machine's cores): nothing it admits
     spills or serialises a wgmma, and it admits most of what compiles clean."""
     rows = json.loads(REGISTER_TABLE.read_text())["rows"]
+    sweep = _sweep_script()
     compiled = [r for r in rows if r["outcome"] == "ok"]
     assert len(compiled) > 300
+    # a head dim the kernel admits has been swept (`--head-dims D` adds one to the table)
+    assert {r["head_dim"] for r in compiled} == set(SUPPORTED_HEAD_DIMS)
+    # what ptxas refused outright (an instruction needing more registers than the cap) the model refuses
+    for row in (r for r in rows if r["outcome"] == "error"):
+        problem, config = sweep.problem_and_config(row)
+        assert feasible(config, problem), f"model admits {config.label()} at {problem.label()}: {row['error']}"
     admitted_clean = 0
-    sweep = _sweep_script()
     for row in compiled:
         problem, config = sweep.problem_and_config(row)
         reasons = feasible(config, problem)

@@ -11,6 +11,7 @@ from typing import Optional
 from ..device import DeviceDescription, apply_default_rules, reads_device, reference_device
 from ..knobs import Config
 from ..problem import AttentionProblem
+from .feasibility import smem_bytes
 
 ARCH = "sm90"
 
@@ -81,12 +82,35 @@ def wide_tiles_at_head_dim_64(config: Config, problem: AttentionProblem) -> Conf
     return config.replace(tile_m=192, tile_n=96)
 
 
+def tiles_at_head_dim_96(config: Config, problem: AttentionProblem) -> Config:
+    """Head dim 96: 192 x 128 tiles with P through shared memory (flash-attn-4's sm90 tile there,
+    whose P-in-registers variant it measured at half the throughput; ours spills at 192 x 128 with P in
+    registers, results/sm90_register_table.json), where 192-row tiles cover no more rows than 128-row
+    ones (as at head dim 64); else the declared 128 x 128. Compiled on the CPU, not yet timed."""
+    if problem.head_dim != 96 or not _192_rows_cover_no_more(problem):
+        return config
+    return config.replace(tile_m=192, tile_n=128, pv_operand="ss")
+
+
+# Above head dim 128 the widest key block whose two-stage K/V ring and one 128-row Q buffer fit the
+# H200's 227 KiB (flash-attn-4's sm90 tiles at these head dims too)
+KEY_BLOCK_ABOVE_HEAD_DIM_128 = {192: 112, 256: 80}
+
+
+def narrower_key_blocks_above_head_dim_128(config: Config, problem: AttentionProblem) -> Config:
+    """Head dims 192 and 256: 128 x 112 and 128 x 80 tiles, P in registers with overlap; 128 x 128
+    does not fit shared memory there, and three consumer warpgroups cannot hold O (D/2 registers a
+    thread) beside S. Compiled on the CPU, not yet timed."""
+    tile_n = KEY_BLOCK_ABOVE_HEAD_DIM_128.get(problem.head_dim)
+    return config if tile_n is None else config.replace(tile_m=128, tile_n=tile_n)
+
+
 def pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Config:
     """GQA packing when the ratio divides the tile rows (K/V loaded once per group)."""
     return config.replace(pack_gqa=problem.gqa_ratio > 1 and config.tile_m % problem.gqa_ratio == 0)
 
 
-@reads_device("sm_count")
+@reads_device("sm_count", "smem_per_block_bytes")
 def persistent_for_short_keys(config: Config, problem: AttentionProblem, device: DeviceDescription) -> Config:
     """Short key ranges (<= 8 key blocks) over >= 2 waves of tiles: persistent with two Q stages,
     whose next Q and K/V load under this tile's softmax. Full masks: `static` (B16 S1024 543.3 ->
@@ -95,13 +119,15 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
     with few m-blocks a static CTA keeps meeting the same m-block); but `static` again when the keys
     fit one block: every tile then costs the same, longest-first has nothing to order and its
     head-grouped order costs (B64 S128 H32/8 fp16 69.8 -> 56.2 us, B128 S128 H16/4 bf16 69.4 ->
-    53.9; cuDNN 59.9 and 57.9; results/h200/wide/short_causal_variants.json)."""
+    53.9; cuDNN 59.9 and 57.9; results/h200/wide/short_causal_variants.json). Not where the second Q
+    buffer does not fit shared memory (head dims 192 and 256)."""
     m_blocks, tiles = _tiles(config, problem)
     key_blocks = -(-problem.seqlen_k // config.tile_n)
     if key_blocks > 8 or tiles < 2 * device.sm_count:
         return config
     longest_first = problem.causal and m_blocks < 16 and key_blocks > 1
-    return config.replace(scheduler="lpt" if longest_first else "static", q_stages=2)
+    persistent = config.replace(scheduler="lpt" if longest_first else "static", q_stages=2)
+    return persistent if smem_bytes(persistent, problem) <= device.smem_per_block_bytes else config
 
 
 def longest_first_for_causal(config: Config, problem: AttentionProblem) -> Config:
@@ -126,8 +152,10 @@ def wide_tiles_for_causal_head_dim_128(config: Config, problem: AttentionProblem
 
 # applied in this order to the knobs' declared defaults; each measured on the H200's searches (the
 # grid of the kernel issue, `fa4tune search`, and `benchmarks/sm90_variants.py`; GPU us, the old
-# default -> the rule's)
-DEFAULT_RULES = (wide_tiles_at_head_dim_64, pack_gqa_when_it_divides, persistent_for_short_keys,
+# default -> the rule's), but the head-dim 96/192/256 tiles: chosen by the resource models and
+# flash-attn-4's sm90 tiles, compiled clean on the CPU, not yet timed
+DEFAULT_RULES = (wide_tiles_at_head_dim_64, tiles_at_head_dim_96, narrower_key_blocks_above_head_dim_128,
+                 pack_gqa_when_it_divides, persistent_for_short_keys,
                  longest_first_for_causal, wide_tiles_for_causal_head_dim_128)
 
 

@@ -74,7 +74,14 @@ def estimated_registers(config: Config, problem: AttentionProblem) -> int:
     Fitted to what ptxas reports over every tile shape, head dim, P operand, overlap and mask
     (`benchmarks/sm90_register_sweep.py`, table in `results/sm90_register_table.json`; tests/test_sm90_model.py
     holds the model to it): with three consumer warpgroups (160 registers) 192x128 at D=64 and
-    192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill."""
+    192x80 at D=128 fit with P in registers, 192x96 at D=128 and 192x144 at D=64 spill. The same
+    model holds at D=96, 192 and 256 (swept too; it admits nothing there that spills): with three
+    consumer warpgroups D=96 fits 192x96 with P in registers (192x128 spills) and 192x128 with P
+    through shared memory; D=256 fits nothing (O alone is 128 registers a thread: ptxas refuses
+    192x64 with P in registers, and P through shared memory does not fit shared memory). With one or
+    two consumer warpgroups shared memory, not registers, is the limit at D=192 and 256. Refused
+    though clean: 192x112 (P in registers), 192x144 and 192x160 (P in shared memory) at D=96, 192x64
+    (P in shared memory) at D=192."""
     regs_o = 64 * problem.head_dim // 128
     regs_s = 64 * config.tile_n // 128
     regs_p = regs_s // 2 if config.pv_operand == "rs" else regs_s // 8

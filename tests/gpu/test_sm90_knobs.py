@@ -96,6 +96,36 @@ def test_knob_value_head_dim_64(variant, dtype, causal):
     assert not failures, f"{prob.label()} {cfg.label()}: {failures}"
 
 
+# head dims 96, 192 and 256: the tiles the register and shared-memory models admit there, one knob
+# away from the default's tile each (P operand, overlap, stages, schedulers, packing)
+VARIANTS_NEW_HEAD_DIMS = {
+    96: [dict(tile_m=192, pv_operand="ss"), dict(tile_m=192, pv_operand="ss", softmax_overlap=False),
+         dict(tile_m=192, tile_n=80), dict(), dict(tile_m=64, tile_n=192),
+         dict(q_stages=2, scheduler="lpt"), dict(pack_gqa=False, exp2_poly_columns=4)],
+    192: [dict(tile_n=112), dict(tile_n=80, pv_operand="ss"), dict(tile_n=64, kv_stages=3),
+          dict(tile_m=64, tile_n=128), dict(tile_n=80, q_stages=2, scheduler="static"),
+          dict(tile_n=112, scheduler="single_lpt", exp2_poly_columns=2)],
+    256: [dict(tile_n=80), dict(tile_n=64, pv_operand="ss", softmax_overlap=False), dict(tile_n=64),
+          dict(tile_m=64, tile_n=96), dict(tile_m=64, tile_n=64, q_stages=2, scheduler="lpt"),
+          dict(tile_n=80, pack_gqa=False, rescale_threshold=0.0)],
+}
+CASES_NEW_HEAD_DIMS = shard([
+    pytest.param(d, i, dtype, causal, id=f"{_config(v).label().replace(' ', ',')}-d{d}-{dtype}-{'causal' if causal else 'full'}")
+    for d, variants in VARIANTS_NEW_HEAD_DIMS.items()
+    for (i, v), dtype, causal in itertools.product(enumerate(variants), ("fp16", "bf16"), (False, True))
+])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,variant,dtype,causal", CASES_NEW_HEAD_DIMS)
+def test_knob_value_new_head_dims(d, variant, dtype, causal):
+    cfg = _config(VARIANTS_NEW_HEAD_DIMS[d][variant])
+    prob = AttentionProblem(2, 1000, 1000, 8, 2, d, dtype, causal=causal, return_lse=True)
+    assert feasible(cfg, prob) == [], cfg.label()
+    failures = run_and_check(cfg, prob)
+    assert not failures, f"{prob.label()} {cfg.label()}: {failures}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
