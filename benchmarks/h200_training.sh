@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The training pass and the new head dims on the H200 (with the project installed, `pip install -e '.[peer]'`
+# and transformers), one step per call (each fits a 10-minute device call):
+#   bash benchmarks/h200_training.sh tests    # GPU tests: our backward kernels, the autograd path (auto and
+#                                             # FA4_BACKWARD=ours), transformers, the forward's new head dims
+#   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
+#   bash benchmarks/h200_training.sh extras   # autotune vs search on a held-out shape; transformers prefill
+# Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
+set -uo pipefail
+STEP=${1:?usage: h200_training.sh tests|grid|extras}
+OUT=${OUT:-/tmp/fa4-training-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+quiet() { grep -v -i "userwarning\|exe_args"; }
+case "$STEP" in
+  tests)
+    timeout 250 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_backward_gpu.py \
+        tests/gpu/test_transformers_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_backward.txt"
+    tail -n 15 "$OUT/tests_backward.txt"
+    FA4_BACKWARD=ours timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_backward_gpu.py -p no:cacheprovider \
+        -k "gradients or strided" 2>&1 | quiet > "$OUT/tests_backward_ours.txt"
+    tail -n 8 "$OUT/tests_backward_ours.txt"
+    timeout 180 python3 -m pytest -q -m gpu tests/gpu/test_sm90_default.py tests/gpu/test_sm90_knobs.py \
+        -k "d96 or d192 or d256 or new_head_dims" -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_head_dims.txt"
+    tail -n 8 "$OUT/tests_head_dims.txt"
+    ;;
+  grid)
+    timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+        --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 2>&1 \
+        | quiet > "$OUT/bench_grid_training.log"
+    tail -n 60 "$OUT/bench_grid_training.log"
+    ;;
+  extras)
+    timeout 300 python3 benchmarks/autotune_vs_search.py --shape b8-s777-hq24-hkv8-d64-bf16-causal \
+        --out "$OUT/autotune" 2>&1 | quiet | tail -n 4
+    timeout 280 python3 benchmarks/transformers_prefill.py --out "$OUT/prefill.json" --layers 4 \
+        --seqlens 2048,4096,8192 2>&1 | quiet | tail -n 20
+    ;;
+  *)
+    echo "unknown step $STEP (tests|grid|extras)" >&2
+    exit 2
+    ;;
+esac
