@@ -11,11 +11,22 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from fa4.arch import arch_of_capability
+
+# The repository's kernels/ folder is installed as `fa4.kernels`; with the repository root on sys.path
+# (`python -m pytest` puts the working directory first) it would also be a top-level `kernels`, and
+# shadow Hugging Face's `kernels` package, which transformers (5.25 and later) imports. Nothing of ours
+# imports the top-level name, so the root goes from the path.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _REPO_ROOT]
+if getattr(sys.modules.get("kernels"), "__file__", None) == str(_REPO_ROOT / "kernels" / "__init__.py"):
+    del sys.modules["kernels"]
 
 
 # a test never reads or writes the developer's own results directory (fa4tune.paths): the runtime
