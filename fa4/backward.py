@@ -73,6 +73,12 @@ def choose(q: torch.Tensor) -> tuple[str, str]:
         if forced not in implementations():
             raise ValueError(f"${ENV_VAR}={forced!r} names no backward; known: auto, {', '.join(implementations())}")
         return forced, f"${ENV_VAR}={forced}"
+    return _automatic(q)
+
+
+def _automatic(q: torch.Tensor) -> tuple[str, str]:
+    """`auto`'s choice: the first peer's backward that can take these inputs, else the blockwise one
+    (never ours until it has run on a GPU)."""
     why_not = []
     for peer in peers_with_backward():
         reason = peer.backward_unsupported(q)
@@ -96,9 +102,9 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         why = ours_unsupported(q) or ("a gradient through the returned LSE" if dlse is not None else None)
         if why is None:
             return ours_backward(dout, q, k, v, out, lse, causal, scale)
+        implementation, _ = _automatic(q)
         warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
-                                     f"{choose_without_ours(q)} runs instead")
-        implementation = choose_without_ours(q)
+                                     f"{implementation} runs instead")
         if implementation == BLOCKWISE:
             return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
     peer = next((p for p in peers_with_backward() if p.name == implementation), None)
@@ -112,11 +118,6 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                   f"fa4: {peer.title}'s backward could not be called ({type(exc).__name__}: {exc}); "
                   f"the blockwise PyTorch backward runs instead")
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
-
-
-def choose_without_ours(q: torch.Tensor) -> str:
-    peer = next((p for p in peers_with_backward() if p.backward_unsupported(q) is None), None)
-    return peer.name if peer is not None else BLOCKWISE
 
 
 # compiled backward kernels by (dtype, head dim, causal, device index): one compile serves every

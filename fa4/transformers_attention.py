@@ -17,13 +17,11 @@ or attention dropout raise instead: the result would differ from the model's.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 import fa4
-from fa4.reference import visible_keys
+from fa4.reference import softmax_scale, visible_keys
 from fa4.state import warn_once
 
 NAME = "fa4"
@@ -58,7 +56,7 @@ def _padded_sdpa(q, k, v, key_mask, causal: bool, scaling):
     keep = key_mask[:, -seqlen_k:].bool()[:, None, None, :]            # (B, 1, 1, Sk)
     if causal:
         keep = keep & visible_keys(seqlen_q, seqlen_k, q.device)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else scaling
+    scale = softmax_scale(q.shape[-1]) if scaling is None else scaling
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep,
                                          scale=scale, enable_gqa=q.shape[2] != k.shape[2])
     # a row whose keys are all padding: SDPA gives NaN, our contract 0

@@ -98,3 +98,12 @@ def family(arch: str) -> KernelFamily:
 def protocol_members() -> list[str]:
     """The names a family module must have: the protocol's attributes and functions."""
     return list(KernelFamily.__annotations__) + [n for n in vars(KernelFamily) if not n.startswith("_")]
+
+
+
+def unsupported_by_family(problem: AttentionProblem, family: str, head_dims: tuple[int, ...]) -> list[str]:
+    """What no configuration of a family can run, whatever the family: a head dim it has no code for
+    (each family's `can_implement` starts here; the dtype is checked where a problem is made)."""
+    if problem.head_dim in head_dims:
+        return []
+    return [f"head dim {problem.head_dim} is not supported ({family} kernel: {', '.join(map(str, head_dims))})"]

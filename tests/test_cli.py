@@ -240,12 +240,17 @@ def test_db_merge_keeps_the_fastest_current_entry(tmp_path, monkeypatch):
     assert missing.exit_code == 1 and "no such database" in missing.output
 
 
-def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
+def _bench_with_fakes(monkeypatch, processes: int) -> None:
+    """`fa4tune bench` on a fake GPU: the fake evaluator and kernel API in `processes` workers."""
     monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
     real = bench_mod.run_bench
     monkeypatch.setattr(bench_mod, "run_bench",
                         lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes",
-                                                    "processes": 2}))
+                                                    "processes": processes}))
+
+
+def test_bench_writes_json_and_csv(tmp_path, monkeypatch):
+    _bench_with_fakes(monkeypatch, processes=2)
     monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
     db = tmp_path / "db.json"
     record(replace(_entry("fake-fingerprint-1", 1024),
@@ -530,11 +535,7 @@ def test_effort_presets_set_the_trials_and_refuse_a_second_count(monkeypatch):
 
 
 def test_bench_backward_prints_the_training_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "detect_gpus", lambda: list(FAKE_GPU))
-    real = bench_mod.run_bench
-    monkeypatch.setattr(bench_mod, "run_bench",
-                        lambda *a, **kw: real(*a, **{**kw, "evaluator": EVALUATOR, "api": "test_search_fakes",
-                                                    "processes": 1}))
+    _bench_with_fakes(monkeypatch, processes=1)
     out = tmp_path / "bench.json"
     result = invoke("bench", "--shapes", "sq512-causal", "--db", str(tmp_path / "db.json"), "--out", str(out),
                     "--rounds", "1", "--backward")

@@ -258,8 +258,8 @@ def _training_row(row: dict, name: str, per_round: list[dict]) -> dict:
     best = failed or min(rounds, key=lambda r: r["bwd_us"])
     return {"shape": row["shape"], "problem": row["problem"], "implementation": name,
             "outcome": "launch_error" if failed else "ok", "bwd_us_rounds": [r.get("bwd_us") for r in rounds],
-            **{key: best.get(key) for key in ("fwdbwd_us", "bwd_us", "bwd_peak_extra_mib", "validated",
-                                             "backward", "kv_expanded", "error")},
+            **{key: best.get(key) for key in ("bwd_us", "bwd_peak_extra_mib", "validated", "backward",
+                                             "kv_expanded", "error")},
             "fwdbwd_us": None if failed else min(r["fwdbwd_us"] for r in rounds)}
 
 

@@ -139,7 +139,7 @@ class KernelEvaluator:
         from fa4tune.workers.training import time_training
 
         q, k, v, _, _ = self._cached_inputs(problem)
-        return time_training(problem, timing, names, (q, k, v))
+        return time_training(problem, timing, names, (q, k, v), self.healthy)
 
     def time_dispatched(self, problem, timing, db_path: Optional[str]) -> dict:
         """`fa4.attention` itself on the problem, with the database the bench reads: what it runs per

@@ -47,8 +47,9 @@ def forward_of(name: str, problem) -> tuple[Callable, dict]:
     return (lambda q, k, v: run(q, k, v, scale, False)[0]), {}
 
 
-def time_training(problem, timing, names, inputs) -> dict:
-    """{name: measurements or {"error"}} (module docstring); `inputs`: (q, k, v) of the problem."""
+def time_training(problem, timing, names, inputs, healthy: Callable[[], bool]) -> dict:
+    """{name: measurements or {"error"}} (module docstring); `inputs`: (q, k, v) of the problem;
+    `healthy`: the evaluator's check that the GPU still works after a failure."""
     import torch
 
     from fa4tune.workers.outcomes import portable_error
@@ -92,16 +93,7 @@ def time_training(problem, timing, names, inputs) -> dict:
             del saved, grads
         except Exception as exc:  # an implementation that cannot train this shape is a result, not a crash
             out[name] = {"error": portable_error(exc)}
-            if not _healthy():
+            if not healthy():
                 raise
     return out
 
-
-def _healthy() -> bool:
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-        return True
-    except Exception:
-        return False

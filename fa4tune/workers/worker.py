@@ -217,7 +217,10 @@ def _run_trial(conn, evaluator, rules, compiled, lock_path, task_id, payload):
     return result, retire
 
 
-def _run_peers(conn, evaluator, lock_path, task_id, payload):
+def _run_gpu_task(conn, lock_path, task_id, payload, evaluator, measure):
+    """A task whose whole work is on the GPU, under the GPU lock: `measure(problem, timing)` gives the
+    result; an exception is a launch error, or a fault (the worker retires) when the GPU is no longer
+    healthy."""
     from fa4.kernels import AttentionProblem
     from fa4tune.workers.timing import TimingSettings
 
@@ -225,42 +228,26 @@ def _run_peers(conn, evaluator, lock_path, task_id, payload):
     with gpu_lock(lock_path):
         conn.send(("phase", task_id, "gpu", {}))
         try:
-            peers = evaluator.time_peers(problem, TimingSettings.from_dict(payload["timing"]),
-                                         payload["names"], eager=payload.get("eager", False))
-            return {"outcome": "ok", "peers": peers}, False
+            return measure(problem, TimingSettings.from_dict(payload["timing"])), False
         except Exception as exc:
             retire = not evaluator.healthy()
             return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
+
+
+def _run_peers(conn, evaluator, lock_path, task_id, payload):
+    return _run_gpu_task(conn, lock_path, task_id, payload, evaluator, lambda problem, timing: {
+        "outcome": "ok", "peers": evaluator.time_peers(problem, timing, payload["names"],
+                                                       eager=payload.get("eager", False))})
 
 
 def _run_training(conn, evaluator, lock_path, task_id, payload):
-    from fa4.kernels import AttentionProblem
-    from fa4tune.workers.timing import TimingSettings
-
-    problem = AttentionProblem(**payload["problem"])
-    with gpu_lock(lock_path):
-        conn.send(("phase", task_id, "gpu", {}))
-        try:
-            measured = evaluator.time_training(problem, TimingSettings.from_dict(payload["timing"]), payload["names"])
-            return {"outcome": "ok", "training": measured}, False
-        except Exception as exc:
-            retire = not evaluator.healthy()
-            return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
+    return _run_gpu_task(conn, lock_path, task_id, payload, evaluator, lambda problem, timing: {
+        "outcome": "ok", "training": evaluator.time_training(problem, timing, payload["names"])})
 
 
 def _run_dispatched(conn, evaluator, lock_path, task_id, payload):
-    from fa4.kernels import AttentionProblem
-    from fa4tune.workers.timing import TimingSettings
-
-    problem = AttentionProblem(**payload["problem"])
-    with gpu_lock(lock_path):
-        conn.send(("phase", task_id, "gpu", {}))
-        try:
-            return evaluator.time_dispatched(problem, TimingSettings.from_dict(payload["timing"]),
-                                             payload.get("db_path")), False
-        except Exception as exc:
-            retire = not evaluator.healthy()
-            return {"outcome": "fault" if retire else "launch_error", "error": portable_error(exc)}, retire
+    return _run_gpu_task(conn, lock_path, task_id, payload, evaluator, lambda problem, timing:
+                         evaluator.time_dispatched(problem, timing, payload.get("db_path")))
 
 
 def _run_report(evaluator, payload):

@@ -14,6 +14,7 @@ from typing import Optional
 from .. import launch
 from ..device import DeviceDescription, reference_device
 from ..knobs import Config
+from ..family import unsupported_by_family
 from ..problem import AttentionProblem
 from .plan import (REGS_MIN, SUPPORTED_HEAD_DIMS, TILE_M, TMEM_COLUMNS, KernelPlan, device_key,
                    kv_ring_deadlock, make_plan)
@@ -24,13 +25,7 @@ REFERENCE_DEVICE = reference_device(ARCH)  # what a compile without a GPU is for
 
 def can_implement(problem: AttentionProblem) -> list[str]:
     """Reasons this kernel family cannot run the problem under any configuration (empty: it can)."""
-    reasons = []
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        reasons.append(f"head_dim {problem.head_dim} not supported (sm100 kernel: "
-                       f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
-    if problem.dtype not in ("fp16", "bf16"):
-        reasons.append(f"dtype {problem.dtype} not supported (fp16, bf16)")
-    return reasons
+    return unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
 
 
 def resources(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:

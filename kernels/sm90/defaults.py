@@ -16,15 +16,6 @@ from .feasibility import smem_bytes
 ARCH = "sm90"
 
 
-def _padded_rows(problem: AttentionProblem, tile_m: int) -> int:
-    """Query rows the tiles of `tile_m` rows cover over all heads, padding included: the heads of a
-    group packed where the GQA ratio divides the tile (as `pack_gqa_when_it_divides` does)."""
-    ratio = problem.gqa_ratio
-    if ratio > 1 and tile_m % ratio == 0:
-        return -(-problem.seqlen_q * ratio // tile_m) * tile_m * problem.heads_kv
-    return -(-problem.seqlen_q // tile_m) * tile_m * problem.heads_q
-
-
 def _fits_192_rows(problem: AttentionProblem) -> bool:
     """192-row tiles pack whole query-head groups (where the ratio divides 192) and under 5 % of
     their rows are padding (head dim 128's 192 x 80 rule: at B2 S2000 H16 bf16 causal, 5.6 % padding,
@@ -44,7 +35,7 @@ def _padded_rows(problem: AttentionProblem, tile_m: int) -> int:
 
 
 def _192_rows_cover_no_more(problem: AttentionProblem) -> bool:
-    """Head dim 64: 192-row tiles cover at most 5 % more rows than 128-row tiles would (padding and
+    """Head dims 64 and 96: 192-row tiles cover at most 5 % more rows than 128-row tiles would (padding and
     packing counted on both sides), rather than under 5 % padding beside the exact rows. On four
     shapes in neither the train nor the held-out set that the looser test flips (benchmarks/
     default_rule_ab.py, results/h200/wide/padding_rule_ab.json), 128 -> 192 rows: B4 S900 H24/8 bf16

@@ -16,6 +16,7 @@ from typing import Optional
 
 from ..device import DeviceDescription, reference_device
 from ..knobs import Config
+from ..family import unsupported_by_family
 from ..problem import AttentionProblem
 from ..scheduling import PERSISTENT_SCHEDULERS
 from .plan import REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
@@ -35,12 +36,7 @@ SS_WITHOUT_OVERLAP_RESERVE = 2
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
-    reasons = []
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        reasons.append(f"head dim {problem.head_dim} is not supported (sm90 kernel: "
-                       f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
-    if problem.dtype not in ("fp16", "bf16"):
-        reasons.append(f"dtype {problem.dtype} is not supported (fp16, bf16)")
+    reasons = unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
     if problem.batch < 1 or problem.seqlen_q < 1 or problem.seqlen_k < 1 or problem.heads_q < 1:
         reasons.append("empty problem: batch, sequence lengths and heads must be >= 1")
     return reasons

@@ -34,14 +34,19 @@ def rows_per_cta(head_dim: int) -> int:
     return THREADS * ELEMS_PER_THREAD // head_dim
 
 
-class Preprocess:
-    """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
+class _RowKernel:
+    """A kernel over query rows: `threads_per_row` threads per row of `head_dim` elements, `rows`
+    rows per CTA (module docstring)."""
 
     def __init__(self, *, dtype: str, head_dim: int):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.threads_per_row = head_dim // ELEMS_PER_THREAD
         self.rows = rows_per_cta(head_dim)
+
+
+class Preprocess(_RowKernel):
+    """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
@@ -82,14 +87,8 @@ class Preprocess:
             mDelta[row, head, batch] = dot
 
 
-class Postprocess:
+class Postprocess(_RowKernel):
     """dQ = dQ_accum * softmax_scale, converted to the inputs' dtype."""
-
-    def __init__(self, *, dtype: str, head_dim: int):
-        self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
-        self.head_dim = head_dim
-        self.threads_per_row = head_dim // ELEMS_PER_THREAD
-        self.rows = rows_per_cta(head_dim)
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,

@@ -171,13 +171,15 @@ def test_a_training_run_tracks_sdpa():
 def test_the_bench_times_the_training_pass():
     """`fa4tune bench --backward`'s measurement (`fa4tune.workers.training`) on one small shape."""
     from fa4.kernels import AttentionProblem
+    from fa4tune.workers.evaluator import KernelEvaluator
     from fa4tune.workers.timing import TimingSettings
-    from fa4tune.workers.training import FA4, time_training
+    from fa4tune.workers.training import FA4
 
     problem = AttentionProblem(batch=1, seqlen_q=512, seqlen_k=512, heads_q=8, heads_kv=2, head_dim=128,
                                dtype="bf16", causal=True)
-    q, k, v, _ = _inputs(1, 512, 512, 8, 2, 128, torch.bfloat16)
-    got = time_training(problem, TimingSettings(), [FA4, "sdpa_cudnn"], (q, k, v))
+    evaluator = KernelEvaluator("gpu")
+    evaluator.setup()
+    got = evaluator.time_training(problem, TimingSettings(), [FA4, "sdpa_cudnn"])
     ours = got[FA4]
     assert "error" not in ours, ours
     assert ours["validated"] and 0 < ours["bwd_us"] < ours["fwdbwd_us"] and ours["bwd_peak_extra_mib"] > 0
