@@ -102,11 +102,11 @@ def _warm_up(graph, min_ms: float) -> None:
             return
 
 
-def _capture(fn: Callable[[], object], launches: int, before_each: Callable[[], object] | None):
+def _capture(fn: Callable[[], object], launches: int, before_each: Callable[[], object] | None, stream=None):
     import torch
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(launches):
             if before_each is not None:
                 before_each()
@@ -122,8 +122,11 @@ def _l2_flush_buffer():
     return torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
 
 
-def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSettings()) -> Timing:
-    """GPU time of `fn` (which launches work on the current torch stream) by CUDA-graph replay."""
+def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSettings(), stream=None) -> Timing:
+    """GPU time of `fn` (which launches work on the current torch stream) by CUDA-graph replay.
+    `stream`: the stream to capture on (default: a fresh one, torch's choice). A backward whose forward
+    ran outside the capture needs that forward's stream here: autograd launches each backward op on
+    its forward op's stream, and a launch on a stream not being captured breaks the capture."""
     import torch
 
     for _ in range(settings.warmup_calls):
@@ -131,7 +134,7 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     torch.cuda.synchronize()
     n = settings.launches_per_graph
     if settings.l2 == "warm":
-        graph = _capture(fn, n, None)
+        graph = _capture(fn, n, None, stream)
         _warm_up(graph, settings.warmup_ms)
         times = _replay_times_us(graph, settings.replays, settings.warmup_replays, n)
         del graph
@@ -140,8 +143,8 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     flush = flush_buf.zero_
     flush()
     torch.cuda.synchronize()
-    both = _capture(fn, n, flush)
-    only_flush = _capture(lambda: None, n, flush)
+    both = _capture(fn, n, flush, stream)
+    only_flush = _capture(lambda: None, n, flush, stream)
     _warm_up(both, settings.warmup_ms)
     t_both = _replay_times_us(both, settings.replays, settings.warmup_replays, n)
     t_flush = _replay_times_us(only_flush, settings.replays, settings.warmup_replays, n)

@@ -132,19 +132,30 @@ def _sdpa_attend(q, k, v):
     return out.transpose(1, 2)
 
 
-def _train(attend, steps=100, seed=0):
+class _Model(torch.nn.Module):
+    def __init__(self, vocab, width, seqlen, attend):
+        super().__init__()
+        self.tokens, self.positions = torch.nn.Embedding(vocab, width), torch.nn.Embedding(seqlen, width)
+        self.blocks = torch.nn.Sequential(*(_Block(width, 8, 2, attend) for _ in range(3)))
+        self.head = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab))
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1], device=x.device)
+        return self.head(self.blocks(self.tokens(x) + self.positions(positions)))
+
+
+def _train(attend, steps=150, seed=0):
     torch.manual_seed(seed)
-    vocab, width = 512, 512
-    model = torch.nn.Sequential(torch.nn.Embedding(vocab, width),
-                                *(_Block(width, 8, 2, attend) for _ in range(3)),
-                                torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab)).cuda()
+    vocab, width, seqlen = 512, 512, 512
+    model = _Model(vocab, width, seqlen, attend).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    # random data with structure to learn: each sequence repeats a random 64-token pattern
-    pattern = torch.randint(0, vocab, (steps, 8, 64), device="cuda", generator=gen)
-    data = pattern.repeat(1, 1, 8)   # (steps, batch 8, 512 tokens)
+    # eight fixed random sequences, memorised: a loss that falls 100x in 150 steps. (A fresh random
+    # copy task per step, the first version, needs in-context copying, which this model does not learn
+    # in 150 steps: on the H200 both fa4 and SDPA went 6.40 -> 6.28.)
+    tokens = torch.randint(0, vocab, (8, seqlen), device="cuda", generator=gen)
     losses = []
-    for tokens in data:
+    for _ in range(steps):
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
@@ -155,13 +166,14 @@ def _train(attend, steps=100, seed=0):
 
 
 # the two runs differ only in bf16 rounding inside attention (and the order of the backward's sums);
-# chosen before the first run on the H200, whose measured gap the test prints
+# chosen before the first run on the H200 (which measured a worst gap of 3.7e-4 over 150 steps,
+# losses 6.41 -> 0.00068 both)
 LOSS_TOLERANCE = 0.02   # relative, per step
 
 
 def test_a_training_run_tracks_sdpa():
     ours, sdpa = _train(_fa4_attend), _train(_sdpa_attend)
-    assert ours[-1] < 0.5 * ours[0], "the model did not learn"
+    assert ours[-1] < 0.01 * ours[0], ("the model did not learn", ours[::15])
     worst = max(abs(a - b) / b for a, b in zip(ours, sdpa))
     print(f"losses ours {ours[0]:.3f} -> {ours[-1]:.4f}, SDPA {sdpa[0]:.3f} -> {sdpa[-1]:.4f}, "
           f"worst relative gap {worst:.4f}")
