@@ -12,10 +12,11 @@
   at once, the keys each block sees, fp32 throughout, no O(S^2) buffer (a block's scores take at
   most `BLOCK_BYTES`). Slower than a kernel; the backward that always runs.
 - "ours": our sm90 backward kernels (`fa4.kernels.sm90_bwd`: preprocess, main, postprocess; the
-  tile algorithm of `fa4.kernels.backward_emulation`). They compile on CPU for every case but have
-  not run on a GPU yet, so "auto" never picks them: `FA4_BACKWARD=ours` does (and any other name of
-  `implementations()` forces that one). A gradient through a returned LSE goes to the next
-  implementation (ours has no dLSE term yet).
+  tile algorithm of `fa4.kernels.backward_emulation`). They pass their GPU tests on the H200 but take
+  2.0-2.4x flash-attn-4's backward time there (`benchmarks/backward_impls.py`), so "auto" picks them
+  only where no peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any
+  name of `implementations()`. A gradient through a returned LSE goes to the next implementation
+  (ours has no dLSE term yet).
 
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
 causal masks; a row that sees no key has LSE -inf and gets zero gradients):
@@ -65,27 +66,38 @@ def ours_unsupported(q: torch.Tensor) -> Optional[str]:
 
 def choose(q: torch.Tensor) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
-    the first peer's backward that can take it, else the blockwise one."""
-    import os
-
-    forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if forced != "auto":
-        if forced not in implementations():
-            raise ValueError(f"${ENV_VAR}={forced!r} names no backward; known: auto, {', '.join(implementations())}")
+    the first peer's backward that can take it, else ours, else the blockwise one."""
+    forced = _forced()
+    if forced is not None:
         return forced, f"${ENV_VAR}={forced}"
     return _automatic(q)
 
 
-def _automatic(q: torch.Tensor) -> tuple[str, str]:
-    """`auto`'s choice: the first peer's backward that can take these inputs, else the blockwise one
-    (never ours until it has run on a GPU)."""
+def _forced() -> Optional[str]:
+    """The implementation `FA4_BACKWARD` names (None: auto)."""
+    import os
+
+    forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if forced == "auto":
+        return None
+    if forced not in implementations():
+        raise ValueError(f"${ENV_VAR}={forced!r} names no backward; known: auto, {', '.join(implementations())}")
+    return forced
+
+
+def _automatic(q: torch.Tensor, with_ours: bool = True) -> tuple[str, str]:
+    """`auto`'s choice: the first peer's backward that can take these inputs (the fastest measured),
+    else ours (`with_ours`: the gradient has no dLSE term), else the blockwise one."""
     why_not = []
     for peer in peers_with_backward():
         reason = peer.backward_unsupported(q)
         if reason is None:
-            return peer.name, (f"{peer.title}'s backward kernels (ours compile but have not run on a GPU yet: "
-                               f"${ENV_VAR}={OURS} runs them)")
+            return peer.name, f"{peer.title}'s backward kernels (the fastest measured; ${ENV_VAR} picks another)"
         why_not.append(reason)
+    reason = ours_unsupported(q) if with_ours else "ours has no term for a gradient through the LSE"
+    if reason is None:
+        return OURS, "our sm90 backward kernels (" + ("; ".join(why_not) or "no peer backward is registered") + ")"
+    why_not.append(reason)
     return BLOCKWISE, "; ".join(why_not) or "no peer backward is registered"
 
 
@@ -94,6 +106,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        dlse: Optional[torch.Tensor] = None, implementation: str = "auto"
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in the inputs' dtypes and shapes (B, S, H, D)."""
+    forced = implementation != "auto" or _forced() is not None
     if implementation == "auto":
         implementation, _ = choose(q)
     if implementation == BLOCKWISE:
@@ -102,8 +115,9 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         why = ours_unsupported(q) or ("a gradient through the returned LSE" if dlse is not None else None)
         if why is None:
             return ours_backward(dout, q, k, v, out, lse, causal, scale)
-        implementation, _ = _automatic(q)
-        warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
+        implementation, _ = _automatic(q, with_ours=False)
+        if forced:  # auto's own pick of ours needs no warning when the next one takes over
+            warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
                                      f"{implementation} runs instead")
         if implementation == BLOCKWISE:
             return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)

@@ -134,6 +134,26 @@ def test_choice_on_cpu_is_the_blockwise_backward(monkeypatch):
                                     implementation="nonsense")
 
 
+def test_auto_order_is_a_peer_then_ours_then_blockwise(monkeypatch):
+    """Where no peer's backward runs, auto picks ours (it passed its GPU tests), but not for a gradient
+    through the LSE (no dLSE term in ours): the blockwise one takes that, without a warning."""
+    monkeypatch.delenv(backward.ENV_VAR, raising=False)
+    monkeypatch.setattr(backward, "peers_with_backward", lambda: ())
+    monkeypatch.setattr(backward, "ours_unsupported", lambda q: None)
+    q = torch.empty(1, 8, 2, 64)
+    assert backward.choose(q)[0] == "ours"
+    assert backward._automatic(q, with_ours=False)[0] == "blockwise"
+    ran = []
+    monkeypatch.setattr(backward, "ours_backward", lambda *args: ran.append("ours"))
+    monkeypatch.setattr(backward, "blockwise_backward", lambda *args: ran.append("blockwise"))
+    args = (*(torch.empty(1, 8, 2, 64),) * 5, torch.empty(1, 2, 8), False, 0.1)
+    backward.attention_backward(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backward.attention_backward(*args, dlse=torch.empty(1, 2, 8))
+    assert ran == ["ours", "blockwise"]
+
+
 def test_the_environment_names_the_backward(monkeypatch):
     q = torch.empty(1, 8, 2, 64)
     monkeypatch.setenv(backward.ENV_VAR, "ours")
