@@ -5,6 +5,7 @@
     print(fa4.explain(q, k, v, causal=True))         # which implementation and configuration, and why
     fa4.warmup([(q, k, v)], causal=True)             # compile ahead (before a CUDA-graph capture)
     fa4.autotune("quick")                            # tune unseen shapes on first use (or FA4_AUTOTUNE=quick)
+    out = fa4.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)   # packed sequences
 """
 
 from fa4 import ops as _ops  # registers the custom op fa4::attention  # noqa: F401
@@ -14,9 +15,10 @@ from fa4.runtime import KernelCompileError, NotWarmedUpError, attention, explain
 from fa4.state import Fa4Warning, cache_info, reset_caches, use_config_db
 from fa4.compile_ahead import warmup
 from fa4.autotuning import autotune
+from fa4.varlen import attention_varlen
 
 __all__ = [
-    "attention", "explain", "warmup", "autotune", "Explanation", "use_config_db", "cache_info", "reset_caches",
+    "attention", "attention_varlen", "explain", "warmup", "autotune", "Explanation", "use_config_db", "cache_info", "reset_caches",
     "Fa4Error", "InvalidInputError", "UnsupportedInputError", "KernelCompileError", "NotWarmedUpError",
     "Fa4Warning",
 ]

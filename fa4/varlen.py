@@ -1,0 +1,223 @@
+"""Variable-length batches: `fa4.attention_varlen`, in flash-attn's packed layout and semantics.
+
+    out = fa4.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+q (total_q, Hq, D), k and v (total_k, Hkv, D): the batch's sequences one after another; sequence b is
+rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32
+offsets, batch + 1 of them, starting at 0). Each sequence is its own attention problem: causal masks
+are bottom-right aligned per sequence, GQA as in `fa4.attention`, a sequence may be empty, and a query
+row that sees no key (its sequence has no keys, or a causal sequence with more queries than keys) gets
+O = 0 and LSE = -inf; so do rows after the last sequence. LSE is (Hq, total_q) fp32, flash-attn's
+varlen layout.
+
+Implementations (`backend=`):
+- "flash_attn_4": flash-attn-4's varlen kernel (the `peer` extra; one launch for the whole batch).
+- "per_sequence": `fa4.attention` on each sequence in turn (our tuned dense kernel per sequence, or its
+  fallback): one launch per non-empty sequence, so it suits a few long sequences, not many short ones.
+  It reads the offsets on the host (a device-to-host copy when they are on the GPU; inside a CUDA-graph
+  capture the offsets must be CPU tensors).
+- "auto" (the default): flash-attn-4 where it runs, else per_sequence. Our kernel has no varlen
+  scheduler yet, so nothing here is tuned or timed against the other.
+
+The offsets are checked on every call outside a capture (one copy of batch + 1 integers): a wrong
+offset or a max_seqlen below a sequence's length raises instead of reading out of bounds. Inside a
+capture, offsets on the GPU cannot be read; flash-attn-4 then runs them unchecked.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fa4 import backends
+from fa4.checks import InvalidInputError, UnsupportedInputError
+from fa4.reference import attention_fp32, softmax_scale as default_scale
+
+FLASH_ATTN_4 = "flash_attn_4"
+PER_SEQUENCE = "per_sequence"
+IMPLEMENTATIONS = (FLASH_ATTN_4, PER_SEQUENCE)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto",
+                     fallback: str = "none"):
+    """O (total_q, Hq, D), and LSE (Hq, total_q) fp32 if `return_lse` (module docstring). `fallback`
+    is passed to each per-sequence `fa4.attention` call ("sdpa": PyTorch SDPA where our kernels cannot
+    run, e.g. on a CPU)."""
+    _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    offsets = None
+    if not (capturing and cu_seqlens_q.is_cuda):
+        offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    implementation = choose(q, backend)
+    if implementation == FLASH_ATTN_4:
+        return _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                             return_lse)
+    if offsets is None:
+        raise UnsupportedInputError("fa4.attention_varlen (per_sequence) reads the offsets on the host, which "
+                                    "cannot happen during a CUDA-graph capture: pass cu_seqlens_q and "
+                                    "cu_seqlens_k as CPU tensors there")
+    return _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback)
+
+
+def choose(q: torch.Tensor, backend: str = "auto") -> str:
+    """The implementation a call with `backend` runs (module docstring)."""
+    if backend == "auto":
+        return FLASH_ATTN_4 if flash_attn_4_unsupported(q) is None else PER_SEQUENCE
+    if backend not in IMPLEMENTATIONS:
+        raise InvalidInputError(f"fa4.attention_varlen: backend={backend!r} is not one of auto, "
+                                f"{', '.join(IMPLEMENTATIONS)}")
+    if backend == FLASH_ATTN_4:
+        why = flash_attn_4_unsupported(q)
+        if why:
+            raise UnsupportedInputError(f"fa4.attention_varlen: backend='flash_attn_4' cannot run here: {why}")
+    return backend
+
+
+def flash_attn_4_unsupported(q: torch.Tensor) -> Optional[str]:
+    """Why flash-attn-4's varlen kernel cannot take these inputs (None: it can)."""
+    if q.device.type != "cuda":
+        return f"the tensors are on {q.device.type}; flash-attn-4 runs on CUDA GPUs"
+    major = torch.cuda.get_device_capability(q.device)[0]
+    if major not in (9, 10):
+        return f"flash-attn-4 does not run on compute capability {major}.x"
+    return backends.get(FLASH_ATTN_4).unavailable() if FLASH_ATTN_4 in backends.peer_names() else \
+        "flash-attn-4 is not registered as a peer"
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None):
+    """(O, LSE) in fp32, sequence by sequence with `fa4.reference.attention_fp32`; rows outside every
+    sequence get O = 0 and LSE = -inf."""
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=torch.float32, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+        if q1 == q0:
+            continue
+        o, l = attention_fp32(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale)
+        out[q0:q1], lse[:, q0:q1] = o[0], l[0]
+    return out, lse
+
+
+def _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    reasons = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            reasons.append(f"{name} must be a 3-d tensor (total tokens, heads, head dim), got "
+                           f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if reasons:
+        raise InvalidInputError("fa4.attention_varlen: " + "; ".join(reasons))
+    if k.shape != v.shape:
+        reasons.append(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if q.shape[-1] != k.shape[-1]:
+        reasons.append(f"q's head dim {q.shape[-1]} differs from k's {k.shape[-1]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        reasons.append(f"the query heads ({q.shape[1]}) must be a multiple of the key/value heads ({k.shape[1]})")
+    if len({q.dtype, k.dtype, v.dtype}) != 1 or len({q.device, k.device, v.device}) != 1:
+        reasons.append("q, k and v must share one dtype and one device")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 1:
+            reasons.append(f"{name} must be a 1-d int32 tensor of batch + 1 offsets")
+        elif cu.device.type not in ("cpu", q.device.type) or (cu.is_cuda and cu.device != q.device):
+            reasons.append(f"{name} is on {cu.device}; it must be on q's device ({q.device}) or the CPU")
+    if not reasons and cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        reasons.append(f"cu_seqlens_q has {cu_seqlens_q.numel()} offsets and cu_seqlens_k "
+                       f"{cu_seqlens_k.numel()}: one batch, one count (batch + 1)")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            reasons.append(f"{name} must be a non-negative int, got {value!r}")
+    if reasons:
+        raise InvalidInputError("fa4.attention_varlen: " + "; ".join(reasons))
+
+
+def _checked_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                     max_seqlen_k: int) -> tuple[list[int], list[int]]:
+    """The offsets as host lists, after checking them against the tensors and the max lengths."""
+    both = torch.stack([cu_seqlens_q.to("cpu", non_blocking=False), cu_seqlens_k.to("cpu")]).tolist()
+    reasons = []
+    for name, starts, total, longest in (("cu_seqlens_q", both[0], total_q, max_seqlen_q),
+                                         ("cu_seqlens_k", both[1], total_k, max_seqlen_k)):
+        lengths = [b - a for a, b in zip(starts, starts[1:])]
+        if starts[0] != 0:
+            reasons.append(f"{name} must start at 0, got {starts[0]}")
+        elif any(n < 0 for n in lengths):
+            reasons.append(f"{name} must not decrease (sequence {next(i for i, n in enumerate(lengths) if n < 0)})")
+        elif starts[-1] > total:
+            reasons.append(f"{name} ends at {starts[-1]}, past the {total} tokens given")
+        elif lengths and max(lengths) > longest:
+            reasons.append(f"a sequence is {max(lengths)} tokens long, more than "
+                           f"max_seqlen_{name[-1]}={longest}")
+    if reasons:
+        raise InvalidInputError("fa4.attention_varlen: " + "; ".join(reasons))
+    return both[0], both[1]
+
+
+def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback):
+    import fa4
+
+    starts_q, starts_k = offsets
+    outs, lses = [], []
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+        if q1 == q0:
+            continue
+        if k1 == k0:  # no keys: every row sees none
+            outs.append(q.new_zeros((q1 - q0,) + tuple(q.shape[1:])))
+            lses.append(torch.full((q.shape[1], q1 - q0), -torch.inf, dtype=torch.float32, device=q.device))
+            continue
+        result = fa4.attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
+                               softmax_scale=softmax_scale, return_lse=return_lse, fallback=fallback)
+        out, lse = result if return_lse else (result, None)
+        outs.append(out[0])
+        if return_lse:
+            lses.append(lse[0])
+    tail = q.shape[0] - starts_q[-1]   # rows after the last sequence
+    if tail:
+        outs.append(q.new_zeros((tail,) + tuple(q.shape[1:])))
+        lses.append(torch.full((q.shape[1], tail), -torch.inf, dtype=torch.float32, device=q.device))
+    out = torch.cat(outs) if outs else q.new_zeros(q.shape)
+    if not return_lse:
+        return out
+    lse = torch.cat(lses, dim=1) if lses else torch.empty((q.shape[1], 0), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                  return_lse):
+    from flash_attn.cute import flash_attn_varlen_func
+
+    device_offsets = [cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k)]
+    result = flash_attn_varlen_func(q, k, v, cu_seqlens_q=device_offsets[0], cu_seqlens_k=device_offsets[1],
+                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                    softmax_scale=softmax_scale, causal=causal, return_lse=return_lse)
+    out, lse = result if isinstance(result, tuple) else (result, None)
+    # its rows without keys, and the rows after the last sequence, hold whatever it left there: ours
+    # are O = 0 and LSE = -inf (device ops only, so a capture can hold them)
+    hidden = rows_without_keys(device_offsets[0], device_offsets[1], q.shape[0], causal)
+    out = torch.where(hidden[:, None, None], 0.0, out)
+    if not return_lse:
+        return out
+    return out, torch.where(hidden[None, :], -torch.inf, lse)
+
+
+def rows_without_keys(cu_seqlens_q, cu_seqlens_k, total_q: int, causal: bool) -> torch.Tensor:
+    """(total_q,) bool on the offsets' device: the query rows that see no key (their sequence has no
+    keys; causal, the first Sq - Sk rows of a sequence with more queries than keys; rows after the last
+    sequence). No host sync."""
+    batch = cu_seqlens_q.numel() - 1
+    rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int32)
+    if batch == 0:
+        return torch.ones(total_q, dtype=torch.bool, device=cu_seqlens_q.device)
+    sequence = torch.searchsorted(cu_seqlens_q, rows, right=True) - 1   # the last sequence starting at or before
+    outside = sequence >= batch
+    sequence = sequence.clamp(max=batch - 1)
+    length_q = cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence]
+    length_k = cu_seqlens_k[sequence + 1] - cu_seqlens_k[sequence]
+    hidden = outside | (length_k == 0)
+    if causal:
+        hidden |= (rows - cu_seqlens_q[sequence]) < (length_q - length_k)
+    return hidden

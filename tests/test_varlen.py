@@ -1,0 +1,103 @@
+"""fa4.attention_varlen on the CPU: the per-sequence path (with the SDPA fallback) against the fp32
+reference, the rows-without-keys rule, the offset checks and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4 import varlen
+from fa4.checks import InvalidInputError, UnsupportedInputError
+from fa4.reference import plain_attention, softmax_scale
+
+# (lengths_q, lengths_k): empty sequences, length 1, more queries than keys and fewer, a sequence without keys
+CASES = {
+    "mixed": ([0, 1, 5, 17, 3], [4, 2, 7, 17, 0]),
+    "one": ([33], [33]),
+    "sq_gt_sk": ([9, 12], [3, 12]),
+}
+
+
+def _packed(lengths_q, lengths_k, heads_q=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16, tail=0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(lengths_q) + tail, sum(lengths_k)
+    q = torch.randn(total_q, heads_q, head_dim, generator=gen).to(dtype)
+    k = torch.randn(total_k, heads_kv, head_dim, generator=gen).to(dtype)
+    v = torch.randn(total_k, heads_kv, head_dim, generator=gen).to(dtype)
+
+    def offsets(lengths):
+        return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+    return q, k, v, offsets(lengths_q), offsets(lengths_k), max(lengths_q), max(lengths_k)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_sequence_matches_the_reference(case, causal):
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[case], tail=3)
+    out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
+                                    fallback="sdpa")
+    want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (q.shape[1], q.shape[0])
+    torch.testing.assert_close(out.float(), want_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
+    hidden = varlen.rows_without_keys(cu_q, cu_k, q.shape[0], causal)
+    assert torch.all(out[hidden] == 0) and torch.all(lse[:, hidden] == -torch.inf)
+    assert hidden[-3:].all()   # the rows after the last sequence
+
+
+def test_rows_without_keys_rule():
+    _, _, _, cu_q, cu_k, _, _ = _packed(*CASES["mixed"])
+    got = varlen.rows_without_keys(cu_q, cu_k, int(cu_q[-1]) + 2, causal=True).tolist()
+    want = []
+    for lq, lk in zip(*CASES["mixed"]):
+        want += [lk == 0 or i < lq - lk for i in range(lq)]
+    assert got == want + [True, True]
+    full = varlen.rows_without_keys(cu_q, cu_k, int(cu_q[-1]), causal=False).tolist()
+    assert full == [lk == 0 for lq, lk in zip(*CASES["mixed"]) for _ in range(lq)]
+
+
+def test_gradients_match_fp32_autograd_per_sequence():
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed([5, 0, 11], [7, 3, 11], dtype=torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn_like(q)
+    out = fa4.attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, causal=True, fallback="sdpa")
+    got = torch.autograd.grad(out, leaves, dout)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    pieces = []
+    for b in range(3):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if q1 > q0:
+            pieces.append(plain_attention(*(t[None, a:z] for t, (a, z) in zip(ref_leaves, [(q0, q1), (k0, k1), (k0, k1)])),
+                                          True, softmax_scale(q.shape[-1]), torch.float32)[0])
+    want = torch.autograd.grad(torch.cat(pieces), ref_leaves, dout)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(cu_q=torch.tensor([1, 3, 5], dtype=torch.int32)), "cu_seqlens_q must start at 0"),
+    (lambda a: a.update(cu_k=torch.tensor([0, 5, 3], dtype=torch.int32)), "cu_seqlens_k must not decrease"),
+    (lambda a: a.update(cu_q=torch.tensor([0, 3, 99], dtype=torch.int32)), "ends at 99, past the 8 tokens"),
+    (lambda a: a.update(max_k=2), "more than max_seqlen_k=2"),
+    (lambda a: a.update(cu_q=torch.tensor([0, 3, 8], dtype=torch.int64)), "cu_seqlens_q must be a 1-d int32"),
+    (lambda a: a.update(cu_k=torch.tensor([0, 8], dtype=torch.int32)), "one batch, one count"),
+    (lambda a: a.update(q=torch.zeros(1, 8, 4, 64)), "q must be a 3-d tensor"),
+    (lambda a: a.update(max_q=-1), "max_seqlen_q must be a non-negative int"),
+    (lambda a: a.update(backend="fastest"), "backend='fastest' is not one of auto"),
+])
+def test_bad_input_is_named(change, message):
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed([3, 5], [4, 4])
+    args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, backend="auto")
+    change(args)
+    with pytest.raises(InvalidInputError, match=message):
+        fa4.attention_varlen(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"], args["max_q"],
+                             args["max_k"], backend=args["backend"], fallback="sdpa")
+
+
+def test_flash_attn_4_forced_on_cpu_says_why():
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed([3, 5], [4, 4])
+    with pytest.raises(UnsupportedInputError, match="flash_attn_4.*cannot run here: the tensors are on cpu"):
+        fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend="flash_attn_4")
+    assert varlen.choose(q) == varlen.PER_SEQUENCE
