@@ -15,7 +15,7 @@ quiet() { grep -v -i "userwarning\|exe_args"; }
 case "$STEP" in
   tests)
     timeout 250 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_backward_gpu.py \
-        tests/gpu/test_transformers_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_backward.txt"
+        tests/gpu/test_transformers_gpu.py tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_backward.txt"
     tail -n 15 "$OUT/tests_backward.txt"
     FA4_BACKWARD=ours timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_backward_gpu.py -p no:cacheprovider \
         -k "gradients or strided" 2>&1 | quiet > "$OUT/tests_backward_ours.txt"
