@@ -131,6 +131,8 @@ class CompiledAttention:
         self.compile_seconds = compile_seconds
         self._default_scale = 1.0 / math.sqrt(problem.head_dim)
         self._mask_kinds = _kinds(mask_values(problem))
+        # the compiled function's positional arguments: Q, K, V, O, LSE, scale (and the mask values)
+        self.positionals = 6 if self._mask_kinds is None else 9
 
     def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None,
             masks: Optional[tuple] = None) -> None:
@@ -153,7 +155,7 @@ class CompiledAttention:
         if masks is None:
             self.compiled(q, k, v, out, lse, scale)
         else:
-            self.compiled(q, k, v, out, lse, scale, *_kernel_mask_values(masks, q.shape[1], k.shape[1]))
+            self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
 
 
 def _kinds(masks: Optional[tuple]) -> Optional[tuple]:
@@ -161,7 +163,7 @@ def _kinds(masks: Optional[tuple]) -> Optional[tuple]:
     return None if masks is None else tuple(m is not None for m in masks)
 
 
-def _kernel_mask_values(values: tuple, seqlen_q: int, seqlen_k: int) -> tuple:
+def kernel_mask_values(values: tuple, seqlen_q: int, seqlen_k: int) -> tuple:
     """`mask_values` as the kernel takes them: a window side wider than the sequences hides nothing
     more, and is clamped to Sq + Sk so that the kernel's 32-bit key arithmetic cannot overflow."""
     left, right, softcap = values

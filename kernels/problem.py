@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
 DTYPES = ("fp16", "bf16")
 UNBOUNDED = -1  # a side of a sliding window without a bound (flash-attn's convention)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AttentionProblem:
     """O = softmax(Q K^T * scale) V with Q (B, Sq, Hq, D), K and V (B, Sk, Hkv, D).
 
@@ -60,6 +60,12 @@ class AttentionProblem:
                                  + (", window=None" if left == UNBOUNDED else ""))
         if self.softcap is not None:
             object.__setattr__(self, "softcap", softcap_value(self.softcap))
+
+    def __repr__(self) -> str:
+        """The constructor call, a dense problem's without `window` and `softcap` (as before they existed)."""
+        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if not (f.name in ("window", "softcap") and getattr(self, f.name) is None))
+        return f"AttentionProblem({', '.join(shown)})"
 
     @property
     def gqa_ratio(self) -> int:
