@@ -31,9 +31,10 @@ def warmup(shapes: Any, *, causal: bool = False, return_lse: bool = False, softm
 
     shapes: an `fa4.kernels.AttentionProblem` (its own `causal`, `return_lse`, `window` and `softcap`),
     a tuple (q, k, v) of example tensors (their shapes, strides, dtype and device; `causal`,
-    `return_lse`, `window_size` and `softcap` below), or a list of these. A problem runs on zero-filled contiguous tensors on `device` (default:
-    the current CUDA device). The other arguments are `fa4.attention`'s, and must be those of the
-    calls to warm: they are part of what a call's plan is cached under.
+    `return_lse`, `window_size` and `softcap` below), or a list of these. A problem runs on
+    zero-filled contiguous tensors on `device` (default: the current CUDA device). The other
+    arguments are `fa4.attention`'s, and must be those of the calls to warm: they are part of what a
+    call's plan is cached under.
     """
     from fa4 import runtime
 

@@ -14,8 +14,9 @@ The contract (`docs/design.md`)
 - A softcap c replaces each scaled score s by c * tanh(s / c) before the softmax (flash-attn-4 caps
   the score after the softmax scale, `flash_attn/cute/utils.py` `create_softcap_scoremod`).
 - A query row that sees no key (the first Sq - Sk - right rows: causal with Sq > Sk, or a window whose
-  right side ends before key 0) has O = 0 exactly and LSE = -inf. SDPA has no defined answer there (it gives NaN), so SDPA is compared on the other rows
-  only; the fp32 reference follows the rule and is compared everywhere.
+  right side ends before key 0) has O = 0 exactly and LSE = -inf. SDPA has no defined answer there
+  (it gives NaN), so SDPA is compared on the other rows only; the fp32 reference follows the rule and
+  is compared everywhere.
 - The output must be finite and within rtol = atol = 1e-2 of both the fp32 reference and
   `scaled_dot_product_attention` in the inputs' precision; the LSE within the same tolerance of the
   fp32 LSE on rows that see a key.

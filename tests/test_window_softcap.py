@@ -218,8 +218,8 @@ def test_the_database_key_tells_windows_and_softcaps_apart():
     # widths of one power-of-two bucket share a key; the next bucket is another kind
     wider = AttentionProblem(1, 8192, 8192, 32, 8, 128, "bf16", True, window=(4096, 0))
     assert database.entry_key("sm90", "H", wider) == database.entry_key("sm90", "H", mistral)
-    assert database.entry_key("sm90", "H", AttentionProblem(1, 8192, 8192, 32, 8, 128, "bf16", True,
-                                                            window=(4097, 0))) != database.entry_key("sm90", "H", mistral)
+    next_bucket = AttentionProblem(1, 8192, 8192, 32, 8, 128, "bf16", True, window=(4097, 0))
+    assert database.entry_key("sm90", "H", next_bucket) != database.entry_key("sm90", "H", mistral)
 
 
 def _entry(problem, us=10.0, backend_us=None, fingerprint="f"):
@@ -432,3 +432,28 @@ def test_transformers_layers_with_a_sliding_window_and_softcap_run_on_fa4():
     torch.testing.assert_close(_padded_sdpa(q, k, v, keys, True, 0.2, (7, 7), 20.0), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(_padded_sdpa(q, k, v, keys, True, 0.2, (7, 7), None),
                                attention_fp32(q, k, v, True, 0.2, window=(7, 0))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_feature_grid_benches_with_its_windows_and_softcaps(tmp_path, monkeypatch):
+    """`fa4tune bench --shapes-file benchmarks/h200_features.toml` (the fake evaluator of the search
+    tests): every problem of the grid, with its window and softcap, gets its rows."""
+    from pathlib import Path
+
+    import test_search_fakes as fakes  # noqa: F401  (the fake kernel API and evaluator)
+    from fa4tune.benchmark import runner as bench_mod
+    from fa4tune.inputs.shape_sets import load_shapes_file
+    from fa4tune.searches.runner import Progress
+
+    problems = load_shapes_file(Path(__file__).resolve().parents[1] / "benchmarks" / "h200_features.toml")
+    assert len(problems) >= 12
+    assert {p.head_dim for p in problems if p.softcap == 50.0} == {256}
+    assert {p.window for p in problems if p.seqlen_q == 16384 and p.head_dim == 128} == \
+        {(255, 0), (1023, 0), (4095, 0), None}
+    monkeypatch.setattr(bench_mod, "kernel_fingerprint", lambda arch, api="fa4.kernels": "fake-fingerprint-1")
+    doc = bench_mod.run_bench("sm90", problems[:4], db_path=str(tmp_path / "db.json"), peers=(), processes=1,
+                              evaluator="test_search_fakes:FakeEvaluator", api="test_search_fakes",
+                              progress=Progress(quiet=True), rounds=1)
+    shapes = {r["shape"]: r["problem"] for r in doc["rows"]}
+    assert len(shapes) == 4
+    assert all(AttentionProblem(**p) in problems[:4] for p in shapes.values())
+    assert any(key.endswith("-causal-wl4095") for key in shapes)

@@ -6,9 +6,10 @@ copy); GQA as `enable_gqa=True` (some backends refuse it: the harness then times
 expanded once, and the runtime never dispatches to that time); our bottom-right causal mask as
 `is_causal` where Sq == Sk, else as `causal_lower_right` (`is_causal` is top-left aligned). SDPA returns
 no LSE, so it supports no call with return_lse; it has no softcap, and a sliding window would be an
-explicit mask, which neither cuDNN's nor the flash backend of torch takes, so it supports neither. torch runs `causal_lower_right` with its own flash or
-memory-efficient kernel where those take the inputs, whatever backend is pinned: a pinned backend that
-is neither would not be the one that runs (`runs_lower_right_causal`).
+explicit mask, which neither cuDNN's nor the flash backend of torch takes, so it supports neither.
+torch runs `causal_lower_right` with its own flash or memory-efficient kernel where those take the
+inputs, whatever backend is pinned: a pinned backend that is neither would not be the one that runs
+(`runs_lower_right_causal`).
 """
 
 from __future__ import annotations
