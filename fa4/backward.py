@@ -19,10 +19,12 @@
   (ours has no dLSE term yet).
 
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
-causal masks; a row that sees no key has LSE -inf and gets zero gradients):
+causal masks and sliding windows; a row that sees no key has LSE -inf and gets zero gradients):
     D = rowsum(dO * O) - dLSE           (dLSE: the gradient of a returned LSE, else 0)
     P = exp(scale * Q K^T - LSE),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D)
     dQ = scale * dS K,  dK = scale * dS^T Q       (dK, dV summed over the query heads of a group)
+With a softcap c the score is c * tanh(scale * Q K^T / c) = c * T, P = exp(c * T - LSE), and dS is
+multiplied by the derivative of the cap, (1 - T^2).
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ def implementations() -> tuple[str, ...]:
     return (OURS,) + tuple(peer.name for peer in peers_with_backward()) + (BLOCKWISE,)
 
 
-def ours_unsupported(q: torch.Tensor) -> Optional[str]:
+def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = None) -> Optional[str]:
     """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can)."""
+    if window is not None or softcap is not None:
+        return "our backward kernels have no sliding window or softcap"
     if q.device.type != "cuda":
         return f"our backward kernels run on CUDA GPUs, not {q.device.type}"
     major, minor = torch.cuda.get_device_capability(q.device)
@@ -64,13 +68,13 @@ def ours_unsupported(q: torch.Tensor) -> Optional[str]:
     return None
 
 
-def choose(q: torch.Tensor) -> tuple[str, str]:
+def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
     the first peer's backward that can take it, else ours, else the blockwise one."""
     forced = _forced()
     if forced is not None:
         return forced, f"${ENV_VAR}={forced}"
-    return _automatic(q)
+    return _automatic(q, window=window, softcap=softcap)
 
 
 def _forced() -> Optional[str]:
@@ -85,7 +89,8 @@ def _forced() -> Optional[str]:
     return forced
 
 
-def _automatic(q: torch.Tensor, with_ours: bool = True) -> tuple[str, str]:
+def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Optional[float] = None
+               ) -> tuple[str, str]:
     """`auto`'s choice: the first peer's backward that can take these inputs (the fastest measured),
     else ours (`with_ours`: the gradient has no dLSE term), else the blockwise one."""
     why_not = []
@@ -94,7 +99,7 @@ def _automatic(q: torch.Tensor, with_ours: bool = True) -> tuple[str, str]:
         if reason is None:
             return peer.name, f"{peer.title}'s backward kernels (the fastest measured; ${ENV_VAR} picks another)"
         why_not.append(reason)
-    reason = ours_unsupported(q) if with_ours else "ours has no term for a gradient through the LSE"
+    reason = ours_unsupported(q, window, softcap) if with_ours else "ours has no term for a gradient through the LSE"
     if reason is None:
         return OURS, "our sm90 backward kernels (" + ("; ".join(why_not) or "no peer backward is registered") + ")"
     why_not.append(reason)
@@ -103,16 +108,19 @@ def _automatic(q: torch.Tensor, with_ours: bool = True) -> tuple[str, str]:
 
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
-                       dlse: Optional[torch.Tensor] = None, implementation: str = "auto"
+                       dlse: Optional[torch.Tensor] = None, implementation: str = "auto", *,
+                       window=None, softcap: Optional[float] = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) in the inputs' dtypes and shapes (B, S, H, D)."""
+    """(dQ, dK, dV) in the inputs' dtypes and shapes (B, S, H, D); `window` (left, right) and
+    `softcap` those of the forward (`fa4.kernels.AttentionProblem`)."""
     forced = implementation != "auto" or _forced() is not None
+    mask = {"window": window, "softcap": softcap}
     if implementation == "auto":
-        implementation, _ = choose(q)
+        implementation, _ = choose(q, **mask)
     if implementation == BLOCKWISE:
-        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     if implementation == OURS:
-        why = ours_unsupported(q) or ("a gradient through the returned LSE" if dlse is not None else None)
+        why = ours_unsupported(q, **mask) or ("a gradient through the returned LSE" if dlse is not None else None)
         if why is None:
             return ours_backward(dout, q, k, v, out, lse, causal, scale)
         implementation, _ = _automatic(q, with_ours=False)
@@ -120,18 +128,18 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
             warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
                                      f"{implementation} runs instead")
         if implementation == BLOCKWISE:
-            return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+            return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     peer = next((p for p in peers_with_backward() if p.name == implementation), None)
     if peer is None:
         raise ValueError(f"unknown backward implementation {implementation!r}; known: auto, "
                          f"{', '.join(implementations())}")
     try:
-        return peer.backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        return peer.backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     except (ImportError, TypeError) as exc:  # its entry point moved: still correct, slower
         warn_once(f"bwd:{peer.name}:{type(exc).__name__}",
                   f"fa4: {peer.title}'s backward could not be called ({type(exc).__name__}: {exc}); "
                   f"the blockwise PyTorch backward runs instead")
-        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
 
 
 # compiled backward kernels by (dtype, head dim, causal, device index): one compile serves every
@@ -156,8 +164,11 @@ def ours_backward(dout, q, k, v, out, lse, causal, scale):
     return dq, dk, dv
 
 
-def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_bytes: int = BLOCK_BYTES):
+def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_bytes: int = BLOCK_BYTES, *,
+                       window=None, softcap: Optional[float] = None):
     """The module docstring's math in PyTorch, one block of query rows (all batches and heads) at a time."""
+    from fa4.reference import key_bounds
+
     batch, seqlen_q, heads_q, head_dim = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     ratio = heads_q // heads_kv
@@ -177,29 +188,42 @@ def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_
     dv = torch.zeros_like(vf)
     per_row = max(1, batch * heads_q * seqlen_k * 4 * 3)
     block = max(1, min(seqlen_q, block_bytes // per_row))
-    offset = seqlen_k - seqlen_q   # bottom-right causal: key j is visible to query i when j <= i + offset
+    offset = seqlen_k - seqlen_q   # query i's diagonal key is i + offset (bottom-right)
+    left, right = key_bounds(causal, window)
     for i0 in range(0, seqlen_q, block):
         i1 = min(i0 + block, seqlen_q)
-        keys = min(seqlen_k, max(0, i1 + offset)) if causal else seqlen_k   # the last row's keys
-        if keys == 0:   # no row of this block sees a key
+        # the keys some row of the block sees: [first, keys)
+        keys = seqlen_k if right is None else min(seqlen_k, max(0, i1 + offset + right))
+        first = 0 if left is None else min(keys, max(0, i0 + offset - left))
+        if keys == first:   # no row of this block sees a key
             dq[:, :, :, i0:i1] = 0
             continue
         qi, doi = qf[:, :, :, i0:i1], dof[:, :, :, i0:i1]
-        kj, vj = kf[:, :, :keys], vf[:, :, :keys]
+        kj, vj = kf[:, :, first:keys], vf[:, :, first:keys]
         lse_i = lse[:, :, :, i0:i1, None]
         has_key = torch.isfinite(lse_i)
-        p = torch.exp(torch.einsum("bgrid,bgjd->bgrij", qi, kj) * scale - torch.where(has_key, lse_i, 0.0))
+        scores = torch.einsum("bgrid,bgjd->bgrij", qi, kj) * scale
+        if softcap is not None:
+            capped = torch.tanh(scores / softcap)
+            scores = capped * softcap
+        p = torch.exp(scores - torch.where(has_key, lse_i, 0.0))
         visible = has_key
-        if causal:
-            rows = torch.arange(i0, i1, device=q.device)[:, None]
-            cols = torch.arange(keys, device=q.device)[None, :]
-            visible = visible & (cols <= rows + offset)
+        if left is not None or right is not None:
+            diag = torch.arange(i0, i1, device=q.device)[:, None] + offset
+            cols = torch.arange(first, keys, device=q.device)[None, :]
+            if right is not None:
+                visible = visible & (cols <= diag + right)
+            if left is not None:
+                visible = visible & (cols >= diag - left)
         p = torch.where(visible, p, 0.0)
-        dv[:, :, :keys] += torch.einsum("bgrij,bgrid->bgjd", p, doi)
+        dv[:, :, first:keys] += torch.einsum("bgrij,bgrid->bgjd", p, doi)
         ds = p * (torch.einsum("bgrid,bgjd->bgrij", doi, vj) - delta[:, :, :, i0:i1, None])
         del p
+        if softcap is not None:
+            ds = ds * (1 - capped * capped)   # d(c tanh(s / c)) / ds
+            del capped
         dq[:, :, :, i0:i1] = torch.einsum("bgrij,bgjd->bgrid", ds, kj) * scale
-        dk[:, :, :keys] += torch.einsum("bgrij,bgrid->bgjd", ds, qi) * scale
+        dk[:, :, first:keys] += torch.einsum("bgrij,bgrid->bgjd", ds, qi) * scale
 
     def ungrouped(t, like):   # (B, Hkv, ratio, S, D) or (B, Hkv, S, D) -> (B, S, H, D) in like's dtype
         return t.reshape(batch, -1, t.shape[-2], head_dim).permute(0, 2, 1, 3).to(like.dtype).contiguous()

@@ -3,7 +3,8 @@
 Two kinds of problem, two error classes:
 - `InvalidInputError`: the call itself is wrong (wrong rank, shapes that disagree, mixed dtypes, tensors
   on different devices, a sequence longer than 2**31 - 1, a softmax_scale
-  that is no positive fp32 number). Always raised, whatever the fallback.
+  that is no positive fp32 number, a window_size that is no pair of integers >= -1, a softcap that is
+  no finite number >= 0). Always raised, whatever the fallback.
 - `UnsupportedInputError`: a well-formed call our kernels cannot run (CPU tensors, fp32, a GPU without a
   kernel, a head dim no kernel supports, strides or pointers TMA cannot address). Raised by default;
   `fallback="sdpa"` runs PyTorch's SDPA instead.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from fa4.kernels import AttentionProblem
+from fa4.kernels.problem import resolve_mask, window_pair
 
 # TMA addresses global memory in 16-byte units: base pointers and every stride but the innermost.
 TMA_ALIGN_BYTES = 16
@@ -71,13 +73,14 @@ class InputSpec:
     def dtype(self) -> str | None:
         return KERNEL_DTYPES.get(self.torch_dtype)
 
-    def problem(self, causal: bool, return_lse: bool) -> AttentionProblem:
+    def problem(self, causal: bool, return_lse: bool, window=None, softcap=None) -> AttentionProblem:
+        """The problem of these inputs; `causal`, `window` and `softcap` as `mask_arguments` resolved them."""
         if self.dtype is None:
             raise UnsupportedInputError(f"dtype {self.torch_dtype} has no kernel (fp16 or bf16 only)")
         return AttentionProblem(
             batch=self.batch, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, heads_q=self.heads_q,
             heads_kv=self.heads_kv, head_dim=self.head_dim, dtype=self.dtype, causal=bool(causal),
-            return_lse=bool(return_lse))
+            return_lse=bool(return_lse), window=window, softcap=softcap)
 
     @property
     def is_empty(self) -> bool:
@@ -213,6 +216,29 @@ def softmax_scale_value(softmax_scale) -> float | None:
     return scale
 
 
+def window_value(window_size) -> tuple[int, int] | None:
+    """window_size as a pair (left, right) of integers >= -1 (a None side read as -1), or None;
+    InvalidInputError for anything else."""
+    if window_size is None:
+        return None
+    try:
+        return window_pair(window_size)
+    except ValueError as exc:
+        raise InvalidInputError(f"{exc} (flash-attn's convention: keys left and right of a query's "
+                                "diagonal key it sees, -1 for no bound)") from None
+
+
+def mask_arguments(causal: bool, window_size, softcap, spec: InputSpec):
+    """(causal, window, softcap) of a call, resolved as `fa4.kernels.problem.resolve_mask` does
+    (flash-attn's conventions; a window at least as wide as the sequences is none, a right side 0 is
+    causal); InvalidInputError for values no call may pass."""
+    window_value(window_size)
+    try:
+        return resolve_mask(causal, window_size, softcap, spec.seqlen_q, spec.seqlen_k)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
 def device_reasons(spec: InputSpec) -> list[str]:
     if spec.device.type != "cuda":
         return [f"the tensors are on {spec.device}; the kernels run on CUDA GPUs only"]
@@ -269,8 +295,10 @@ def pointers_misaligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> st
             "usually a view that starts mid-row: call .contiguous() on it")
 
 
-def kernel_reasons(arch: str, spec: InputSpec, causal: bool, return_lse: bool) -> list[str]:
-    """Why the `arch` kernel family cannot run this problem (head dim, GQA ratio, ...), empty if it can.
+def kernel_reasons(arch: str, spec: InputSpec, causal: bool, return_lse: bool, window=None,
+                   softcap=None) -> list[str]:
+    """Why the `arch` kernel family cannot run this problem (head dim, GQA ratio, a window or softcap
+    it has no code for, ...), empty if it can.
 
     Asked with at least one row of each sequence and batch, so the answer is about the shape family,
     not about a zero-length call (which never launches).
@@ -280,6 +308,6 @@ def kernel_reasons(arch: str, spec: InputSpec, causal: bool, return_lse: bool) -
     problem = AttentionProblem(
         batch=max(spec.batch, 1), seqlen_q=max(spec.seqlen_q, 1), seqlen_k=max(spec.seqlen_k, 1),
         heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, dtype=spec.dtype,
-        causal=bool(causal), return_lse=bool(return_lse))
+        causal=bool(causal), return_lse=bool(return_lse), window=window, softcap=softcap)
     return [f"the {arch} kernel cannot run {problem.label()}: {r}"
             for r in kernels.family(arch).can_implement(problem)]

@@ -25,14 +25,16 @@ _TORCH_DTYPES = {name: dtype for dtype, name in KERNEL_DTYPES.items()}
 
 def warmup(shapes: Any, *, causal: bool = False, return_lse: bool = False, softmax_scale: float | None = None,
            config: Any = None, fallback: str = "error", backend: str = "auto", device: Any = None,
-           allow_untested_sm100: bool = False) -> list:
+           allow_untested_sm100: bool = False, window_size: tuple[int, int] | None = None,
+           softcap: float | None = None) -> list:
     """Make the first call of every shape now; returns one `fa4.Explanation` per shape.
 
-    shapes: an `fa4.kernels.AttentionProblem` (its own `causal` and `return_lse`), a tuple
-    (q, k, v) of example tensors (their shapes, strides, dtype and device; `causal` and `return_lse`
-    below), or a list of these. A problem runs on zero-filled contiguous tensors on `device` (default:
-    the current CUDA device). The other arguments are `fa4.attention`'s, and must be those of the
-    calls to warm: they are part of what a call's plan is cached under.
+    shapes: an `fa4.kernels.AttentionProblem` (its own `causal`, `return_lse`, `window` and `softcap`),
+    a tuple (q, k, v) of example tensors (their shapes, strides, dtype and device; `causal`,
+    `return_lse`, `window_size` and `softcap` below), or a list of these. A problem runs on
+    zero-filled contiguous tensors on `device` (default: the current CUDA device). The other
+    arguments are `fa4.attention`'s, and must be those of the calls to warm: they are part of what a
+    call's plan is cached under.
     """
     from fa4 import runtime
 
@@ -41,14 +43,16 @@ def warmup(shapes: Any, *, causal: bool = False, return_lse: bool = False, softm
         if isinstance(item, AttentionProblem):
             q, k, v = _tensors(item, device)
             mask, lse = item.causal, item.return_lse
+            masks = {"window_size": item.window, "softcap": item.softcap}
         else:
             q, k, v = item
             mask, lse = causal, return_lse
+            masks = {"window_size": window_size, "softcap": softcap}
         with torch.no_grad():
             runtime.attention(q, k, v, mask, softmax_scale, lse, config, fallback, backend=backend,
-                              allow_untested_sm100=allow_untested_sm100)
+                              allow_untested_sm100=allow_untested_sm100, **masks)
         results.append(runtime.explain(q, k, v, mask, softmax_scale, lse, config, fallback, backend=backend,
-                                       allow_untested_sm100=allow_untested_sm100))
+                                       allow_untested_sm100=allow_untested_sm100, **masks))
     return results
 
 

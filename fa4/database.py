@@ -29,7 +29,9 @@ JSON with sorted keys and two-space indentation:
 
 One entry (every field is written; `key` is derived and checked on load):
 
-    key                 "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"
+    key                 "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"; the mask part
+                        (`mask_key`) of a problem with a sliding window or softcap adds them:
+                        "causal-wl4096-softcap" (a window side: next power of two of its width)
     arch                "sm90" | "sm100"
     device              device name as torch reports it ("NVIDIA H200")
     dtype, head_dim, gqa_ratio, causal
@@ -106,7 +108,7 @@ NEIGHBOUR_MIN_GAIN = 0.01
 
 __all__ = [
     "SCHEMA_VERSION", "ENV_VAR", "DatabaseError", "Entry", "Lookup", "BestConfigDB",
-    "bucket", "entry_key", "default_path", "default_layers", "packaged_path", "user_path",
+    "bucket", "entry_key", "mask_key", "default_path", "default_layers", "packaged_path", "user_path",
     "user_results_dir", "record", "update", "stale_entries", "utc_now", "merge_databases", "max_distance",
     "entry_problems", "field_error", "Skipped", "PACKAGED", "USER", "DEFAULT_MAX_DISTANCE",
     "NEIGHBOUR_MIN_GAIN",
@@ -139,11 +141,32 @@ def entry_key(arch: str, device_name: str, problem: Any) -> str:
     """The key of the bucket a problem falls into on one device."""
     return _key_from_fields(
         arch, device_name, problem.dtype, int(problem.head_dim), int(problem.gqa_ratio),
-        bool(problem.causal), bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem)))
+        mask_key(problem.to_dict()), bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem)))
 
 
-def _key_from_fields(arch, device, dtype, head_dim, gqa_ratio, causal, sq_b, sk_b, work_b) -> str:
-    mask = "causal" if causal else "full"
+def mask_key(problem: Mapping[str, Any]) -> str:
+    """The mask part of a key, from a problem's fields (`AttentionProblem.to_dict`, an entry's
+    `problem`): "causal" or "full", then "-wl<n>" / "-wr<n>" for a sliding window's bounded sides and
+    "-softcap" for a softcap. A side's width is bucketed to the next power of two, as the sequence
+    lengths are: it sets the key blocks each tile visits (the work per tile, as Sk does without a
+    window), and widths of one bucket take the same tiles and schedule, the width being a runtime
+    value of one compiled kernel; the cap's value changes neither, so only its presence counts.
+    Entries of one mask key are one kind: lookup and prediction compare within a kind."""
+    causal = bool(problem.get("causal", False))
+    key = "causal" if causal else "full"
+    window = problem.get("window")
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            key += f"-wl{bucket(left)}"
+        if right >= 0 and not causal:
+            key += f"-wr{bucket(right)}"
+    if problem.get("softcap") is not None:
+        key += "-softcap"
+    return key
+
+
+def _key_from_fields(arch, device, dtype, head_dim, gqa_ratio, mask, sq_b, sk_b, work_b) -> str:
     return f"{arch}|{device}|{dtype}|d{head_dim}|gqa{gqa_ratio}|{mask}|sq{sq_b}|sk{sk_b}|w{work_b}"
 
 
@@ -205,8 +228,13 @@ class Entry:
     @property
     def key(self) -> str:
         return _key_from_fields(self.arch, self.device, self.dtype, self.head_dim, self.gqa_ratio,
-                                self.causal, self.seqlen_q_bucket, self.seqlen_k_bucket,
+                                self.mask, self.seqlen_q_bucket, self.seqlen_k_bucket,
                                 self.work_bucket)
+
+    @property
+    def mask(self) -> str:
+        """The mask part of the key (`mask_key`): the causal flag, and the problem's window and softcap."""
+        return mask_key({**self.problem, "causal": self.causal})
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -462,7 +490,8 @@ class BestConfigDB:
 
         Exact: same bucket key. Nearest: the closest bucket (minimal log2 distance over (seqlen_q,
         seqlen_k, work) buckets, ties by key) of the same arch, device, dtype, head_dim, gqa_ratio and
-        causal flag, used only within `max_distance` and when its configuration beat the default at
+        mask (`mask_key`: causal flag, window, softcap), used only within `max_distance` and when its
+        configuration beat the default at
         its own shape by more than `NEIGHBOUR_MIN_GAIN` (`Lookup.passed_over` says why not). Entries of
         other devices are never used. Entries whose kernel fingerprint differs from `fingerprint` are
         never returned; they are listed in `Lookup.stale`. `fingerprint=None` trusts every entry.
@@ -470,11 +499,12 @@ class BestConfigDB:
         """
         key = entry_key(arch, device_name, problem)
         sq_b, sk_b, work_b = bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem))
+        mask = mask_key(problem.to_dict())
         stale: list[tuple[Optional[str], Entry]] = []
         fresh: list[tuple[Optional[str], Entry]] = []
         for k, top in self._entries.items():
             if not (top.arch == arch and top.dtype == problem.dtype and top.head_dim == int(problem.head_dim)
-                    and top.gqa_ratio == int(problem.gqa_ratio) and top.causal == bool(problem.causal)):
+                    and top.gqa_ratio == int(problem.gqa_ratio) and top.mask == mask):
                 continue
             found = self.candidate(k, fingerprint, broken)
             if found is None:
@@ -712,8 +742,11 @@ def field_error(data: Mapping[str, Any]) -> Optional[str]:
     problem_error = _problem_error(data["problem"], kernels)
     if problem_error:
         return f"problem: {problem_error}"
+    if bool(data["problem"].get("causal")) != data["causal"]:
+        return f"causal {data['causal']} differs from the problem's ({data['problem'].get('causal')})"
     key = _key_from_fields(data["arch"], data["device"], data["dtype"], data["head_dim"], data["gqa_ratio"],
-                           data["causal"], data["seqlen_q_bucket"], data["seqlen_k_bucket"], data["work_bucket"])
+                           mask_key(data["problem"]), data["seqlen_q_bucket"], data["seqlen_k_bucket"],
+                           data["work_bucket"])
     if "key" in data and data["key"] != key:
         return f"key {_show(data['key'], 300)} does not match the entry's fields ({key})"
     return None
@@ -794,6 +827,12 @@ def _problem_error(problem: dict, kernels) -> Optional[str]:
     for name, value in problem.items():
         if name == "dtype":
             ok, want = value in kernels.DTYPES and isinstance(value, str), f"one of {', '.join(kernels.DTYPES)}"
+        elif name == "window":
+            ok = (isinstance(value, list) and len(value) == 2
+                  and all(_int_in(-1, MAX_SIZE)(side) for side in value))
+            want = "a pair [left, right] of integers >= -1"
+        elif name == "softcap":
+            ok, want = _time(value), "a finite number > 0"
         elif fields[name].type in (bool, "bool"):
             ok, want = isinstance(value, bool), "true or false"
         else:

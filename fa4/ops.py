@@ -22,10 +22,12 @@ from __future__ import annotations
 import torch
 
 from fa4 import backward, runtime
+from fa4.kernels.problem import resolve_mask
 from fa4.reference import softmax_scale as default_scale
 
 SCHEMA = ("attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, bool return_lse, "
-          "str? config, str fallback, bool allow_untested_sm100, str backend=\"auto\") -> (Tensor, Tensor)")
+          "str? config, str fallback, bool allow_untested_sm100, str backend=\"auto\", int[]? window_size=None, "
+          "float? softcap=None) -> (Tensor, Tensor)")
 
 _LIB = torch.library.Library("fa4", "DEF")
 _LIB.define(SCHEMA)
@@ -34,38 +36,45 @@ _LIB.impl("attention", runtime.forward_for_op, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("fa4::attention", lib=_LIB)
 def _attention_fake(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                    backend="auto"):
+                    backend="auto", window_size=None, softcap=None):
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse_shape = (batch, heads_q, seqlen_q) if return_lse else (0,)
     return out, q.new_empty(lse_shape, dtype=torch.float32)
 
 
+# window: the forward's as resolved (`fa4.kernels.problem.resolve_mask`), -1 for an unbounded side
 BACKWARD_SCHEMA = ("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                   "Tensor? dlse, bool causal, float softmax_scale) -> (Tensor, Tensor, Tensor)")
+                   "Tensor? dlse, bool causal, float softmax_scale, int[]? window=None, float? softcap=None) "
+                   "-> (Tensor, Tensor, Tensor)")
 _LIB.define(BACKWARD_SCHEMA)
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, causal, softmax_scale):
-    return backward.attention_backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse)
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal, softmax_scale, window=None, softcap=None):
+    masks = {} if window is None and softcap is None else {
+        "window": None if window is None else tuple(window), "softcap": softcap}
+    return backward.attention_backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse, **masks)
 
 
 _LIB.impl("attention_backward", _backward_impl, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("fa4::attention_backward", lib=_LIB)
-def _attention_backward_fake(dout, q, k, v, out, lse, dlse, causal, softmax_scale):
+def _attention_backward_fake(dout, q, k, v, out, lse, dlse, causal, softmax_scale, window=None, softcap=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, return_lse, *_ = inputs
+    q, k, v, causal, softmax_scale, return_lse, *rest = inputs
+    window_size, softcap = (list(rest[4:6]) + [None, None])[:2]   # after config, fallback, sm100, backend
     out, lse = output
     if lse.numel() != q.shape[0] * q.shape[2] * q.shape[1]:
         raise RuntimeError("fa4::attention was called for a gradient without its LSE (return_lse=False); "
                            "fa4.attention asks for it whenever an input requires grad")
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal = causal
+    # the mask the forward ran (flash-attn's conventions resolved for these lengths, as the forward did)
+    ctx.causal, window, ctx.softcap = resolve_mask(causal, window_size, softcap, q.shape[1], k.shape[1])
+    ctx.window = None if window is None else list(window)
     ctx.softmax_scale = default_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
     ctx.set_materialize_grads(False)
 
@@ -73,11 +82,13 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None and dlse is None:
-        return (None,) * 10
+        return (None,) * 12
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fa4.attention_backward(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    masks = {} if ctx.window is None and ctx.softcap is None else {"window": ctx.window, "softcap": ctx.softcap}
+    dq, dk, dv = torch.ops.fa4.attention_backward(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale,
+                                                  **masks)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fa4::attention", _backward, setup_context=_setup_context, lib=_LIB)

@@ -42,14 +42,19 @@ class Plan:
     # the GPU our kernel is planned for (the tensors', or the reference device of an `arch` explained
     # for another GPU); None where our kernel runs nothing
     device: DeviceDescription | None = None
+    # the call's sliding window (left, right) and softcap as resolved (`checks.mask_arguments`;
+    # `causal` is resolved with them), whatever runs it
+    window: tuple[int, int] | None = None
+    softcap: float | None = None
 
 
 def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend="auto",
-          arch: str | None = None, device_name: str | None = None) -> Plan:
+          arch: str | None = None, device_name: str | None = None, window_size=None, softcap=None) -> Plan:
     """Decide what to run; raise for invalid calls and, without a fallback, unsupported ones.
 
     `arch` and `device_name` override the device's (explain for another GPU, e.g. on CPU tensors); that
-    GPU is judged as the family's reference device (`fa4.kernels.reference_device`).
+    GPU is judged as the family's reference device (`fa4.kernels.reference_device`). `window_size` and
+    `softcap` are `fa4.attention`'s (flash-attn's conventions).
     """
     if fallback not in FALLBACKS:
         raise InvalidInputError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
@@ -60,6 +65,8 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
         raise InvalidInputError(f"causal and return_lse must be bools, got {causal!r}, {return_lse!r}")
     spec = checks.inspect_inputs(q, k, v)
+    causal, window, softcap = checks.mask_arguments(causal, window_size, softcap, spec)
+    masks = {"window": window, "softcap": softcap}
     reasons = list(spec.unsupported)
     device = None
     if arch is not None:
@@ -85,14 +92,19 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
                 f"{UNTESTED_ARCHS[arch]}; opt in with fa4.attention(..., allow_untested_sm100=True) or "
                 f"{ALLOW_SM100_ENV}=1")  # the error itself adds how to fall back to SDPA
     if arch is not None and spec.dtype is not None and not reasons:
-        reasons += checks.kernel_reasons(arch, spec, causal, return_lse)
+        reasons += checks.kernel_reasons(arch, spec, causal, return_lse, **masks)
 
+    mask_text = AttentionProblem(1, 1, 1, 1, 1, 1, causal=causal, **masks).mask_label()
     label = (f"B{spec.batch} Sq{spec.seqlen_q} Sk{spec.seqlen_k} H{spec.heads_q}/{spec.heads_kv} "
-             f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {'causal' if causal else 'full'}")
+             f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {mask_text}")
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
                        device_name=device_name, notes=notes)
+    given = checks.window_value(window_size)
+    if given is not None and window != (given[0], 0 if causal else given[1]):
+        notes.append(f"window_size {given} at Sq={spec.seqlen_q}, Sk={spec.seqlen_k} is '{mask_text}': a side "
+                     "that reaches past every key bounds nothing, and a right side 0 is the causal mask")
     if backend in _backends.peer_names():
-        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu)
+        return _plan_forced_peer(expl, spec, causal, return_lse, config, backend, another_gpu, **masks)
     if config is not None and (reasons or spec.is_empty or spec.has_no_keys):
         # our kernel runs nothing here, but a wrong config= is a wrong call whatever runs instead
         check_unused(config, arch, spec, causal, return_lse, device)
@@ -112,23 +124,24 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
                        + "; ".join(reasons))
             notes.append(message[len("fa4: "):])
             warn_once("sdpa-config:" + "|".join(reasons), message)
-        return Plan(expl, spec, None, causal, return_lse)
+        return Plan(expl, spec, None, causal, return_lse, **masks)
 
-    problem = spec.problem(causal, return_lse)
+    problem = spec.problem(causal, return_lse, **masks)
     try:
         _choose_config(expl, arch, device_name, device, problem, config)
     except UnsupportedInputError as exc:  # the heuristic default does not fit this problem
         if fallback != "sdpa":
             raise
         expl.path, expl.reasons, expl.config, expl.source = "sdpa", [str(exc)], None, None
-        return Plan(expl, spec, None, causal, return_lse)
+        return Plan(expl, spec, None, causal, return_lse, **masks)
     expl.compile_key = kernels.compile_key(expl.config, problem, device)
     expl.compiled = compile_cache.cached(expl.config, problem, device) is not None
     _choose_backends(expl, backend, problem)
-    return Plan(expl, spec, problem, causal, return_lse, device)
+    return Plan(expl, spec, problem, causal, return_lse, device, **masks)
 
 
-def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False) -> Plan:
+def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backend, another_gpu=False,
+                      window=None, softcap=None) -> Plan:
     """backend= names a peer: it runs in every mode, or the call raises saying why it cannot
     (`another_gpu`: explained for a GPU the tensors are not on, so their device is no reason)."""
     title = _backends.title(backend)
@@ -140,7 +153,7 @@ def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backe
         why.append(f"dtype {spec.torch_dtype}: fp16 or bf16 only")
     why += [_backends.unavailable(backend)]
     if spec.dtype is not None:
-        why += [_backends.unsupported(backend, spec.problem(causal, return_lse))]
+        why += [_backends.unsupported(backend, spec.problem(causal, return_lse, window, softcap))]
     why = [w for w in why if w]
     if why:
         raise UnsupportedInputError(f"backend={backend!r} cannot run these inputs: {'; '.join(why)}")
@@ -150,7 +163,7 @@ def _plan_forced_peer(expl: Explanation, spec, causal, return_lse, config, backe
         expl.path = "empty"
     elif spec.has_no_keys:
         expl.path = "no_keys"
-    return Plan(expl, spec, None, causal, return_lse)
+    return Plan(expl, spec, None, causal, return_lse, window=window, softcap=softcap)
 
 
 def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem) -> None:
@@ -242,7 +255,7 @@ def _choose_config(expl: Explanation, arch: str, device_name: str, device: Devic
             keys = ", ".join(e.key for e in found.stale[:3]) + (" ..." if len(found.stale) > 3 else "")
             message = (f"fa4: {len(found.stale)} tuned entr{'y' if len(found.stale) == 1 else 'ies'} for "
                        f"{arch} {problem.dtype} d{problem.head_dim} gqa{problem.gqa_ratio} "
-                       f"{'causal' if problem.causal else 'full'} {'was' if len(found.stale) == 1 else 'were'} "
+                       f"{problem.mask_label()} {'was' if len(found.stale) == 1 else 'were'} "
                        f"tuned on other kernel sources (fingerprint differs from {fingerprint}) and "
                        f"{'is' if len(found.stale) == 1 else 'are'} not used ({keys}); re-run fa4tune search")
             expl.notes.append(message)

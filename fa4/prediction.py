@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from fa4 import backends, dispatch
+from fa4.database import mask_key
 
 NEIGHBOURS = 3
 CONFIDENT_DISTANCE = 2.0
@@ -45,7 +46,13 @@ def features(problem: Mapping[str, Any]) -> tuple[float, float, float, float]:
 
 
 def work(problem: Mapping[str, Any]) -> float:
-    """Score and value MMA work of a problem, in units of B x Hq x Sq x Sk (halved when causal)."""
+    """Score and value MMA work of a problem, in units of B x Hq x Sq x Sk (halved when causal; the
+    visible pairs under a sliding window)."""
+    if problem.get("window") is not None:
+        from fa4.kernels import AttentionProblem
+
+        visible = AttentionProblem(**problem).visible_pairs_per_head()
+        return int(problem["batch"]) * int(problem["heads_q"]) * visible
     full = int(problem["batch"]) * int(problem["heads_q"]) * int(problem["seqlen_q"]) * int(problem["seqlen_k"])
     return full / 2 if problem.get("causal") else full
 
@@ -88,10 +95,12 @@ class Prediction:
 
 def region(entries: Iterable[Any], arch: str, device_name: str, problem: Any) -> list[Any]:
     """The entries measured on this GPU model for this kind of problem (same arch, dtype, head dim,
-    mask) that timed ours and at least one other implementation."""
+    mask: `fa4.database.mask_key`, the causal flag, a window's bucketed sides, a softcap) that timed
+    ours and at least one other implementation."""
+    mask = mask_key(problem.to_dict())
     return [e for e in entries
             if e.arch == arch and e.device == device_name and e.dtype == problem.dtype
-            and e.head_dim == int(problem.head_dim) and e.causal == bool(problem.causal)
+            and e.head_dim == int(problem.head_dim) and mask_key({**e.problem, "causal": e.causal}) == mask
             and dispatch.OURS in (e.backend_us or {}) and len(e.backend_us) > 1]
 
 

@@ -31,18 +31,19 @@ def problem_table(problem: AttentionProblem) -> str:
     fields = []
     for name, value in problem.to_dict().items():
         text = ("true" if value else "false") if isinstance(value, bool) else (
-            f'"{value}"' if isinstance(value, str) else str(value))
+            f'"{value}"' if isinstance(value, str) else str(value))   # a window: [left, right]
         fields.append(f"{name} = {text}")
     return "[[problem]]\n" + "\n".join(fields) + "\n"
 
 
-def note(spec, causal: bool, return_lse: bool) -> None:
-    """Record the problem of these inputs (an `fa4.checks.InputSpec`) if it is new to this process."""
+def note(spec, causal: bool, return_lse: bool, window=None, softcap=None) -> None:
+    """Record the problem of these inputs (an `fa4.checks.InputSpec`; the mask as resolved) if it is new
+    to this process."""
     global _path
     if _path is None or spec.dtype is None or spec.is_empty:
         return
     try:
-        problem = spec.problem(causal, return_lse)
+        problem = spec.problem(causal, return_lse, window, softcap)
     except ValueError:
         return
     if problem in _seen:

@@ -8,10 +8,15 @@ definitions of "correct"; there is one.
 The contract (`docs/design.md`)
 -------------------------------
 - Layout (B, S, H, D); GQA: query head h reads KV head h // (Hq / Hkv).
-- Causal masks are bottom-right aligned: key j is hidden from query i when j > i + Sk - Sq.
-- A query row that sees no key (causal with Sq > Sk: the first Sq - Sk rows) has O = 0 exactly and
-  LSE = -inf. SDPA has no defined answer there (it gives NaN), so SDPA is compared on the other rows
-  only; the fp32 reference follows the rule and is compared everywhere.
+- Causal masks are bottom-right aligned: key j is hidden from query i when j > i + Sk - Sq (query i's
+  diagonal key). A sliding window (left, right) shows query i the keys diag - left .. diag + right (-1:
+  that side unbounded; causal makes the right side 0), as flash-attn.
+- A softcap c replaces each scaled score s by c * tanh(s / c) before the softmax (flash-attn-4 caps
+  the score after the softmax scale, `flash_attn/cute/utils.py` `create_softcap_scoremod`).
+- A query row that sees no key (the first Sq - Sk - right rows: causal with Sq > Sk, or a window whose
+  right side ends before key 0) has O = 0 exactly and LSE = -inf. SDPA has no defined answer there
+  (it gives NaN), so SDPA is compared on the other rows only; the fp32 reference follows the rule and
+  is compared everywhere.
 - The output must be finite and within rtol = atol = 1e-2 of both the fp32 reference and
   `scaled_dot_product_attention` in the inputs' precision; the LSE within the same tolerance of the
   fp32 LSE on rows that see a key.
@@ -35,27 +40,61 @@ def softmax_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def visible_keys(seqlen_q: int, seqlen_k: int, device=None):
-    """(Sq, Sk) bool, True where query i sees key j under the bottom-right causal mask."""
+def key_bounds(causal: bool, window=None) -> tuple[Optional[int], Optional[int]]:
+    """(left, right): how many keys left and right of its diagonal key a query sees, None for
+    unbounded; `window` (left, right) with -1 (or None) unbounded, the right side 0 under causal."""
+    left, right = (None, None) if window is None else (
+        None if window[0] is None or window[0] < 0 else int(window[0]),
+        None if window[1] is None or window[1] < 0 else int(window[1]))
+    return left, (0 if causal else right)
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, device=None, window=(-1, 0)):
+    """(Sq, Sk) bool, True where query i sees key j: diag - left <= j <= diag + right with diag =
+    i + Sk - Sq, for `window` (left, right) (-1: unbounded); the default is the causal mask."""
     import torch
 
+    left, right = key_bounds(False, window)
     rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
     cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    return cols <= rows + (seqlen_k - seqlen_q)
+    diag = rows + (seqlen_k - seqlen_q)
+    visible = torch.ones((seqlen_q, seqlen_k), dtype=torch.bool, device=device)
+    if right is not None:
+        visible = visible & (cols <= diag + right)
+    if left is not None:
+        visible = visible & (cols >= diag - left)
+    return visible
 
 
-def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """How many query rows see no key; they are always the first ones (O = 0, LSE = -inf there)."""
+def _mask_window(causal: bool, window) -> Optional[tuple[int, int]]:
+    """The `visible_keys` window of a call, or None when every key is visible."""
+    left, right = key_bounds(causal, window)
+    if left is None and right is None:
+        return None
+    return (-1 if left is None else left, -1 if right is None else right)
+
+
+def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool, window=None) -> int:
+    """How many query rows see no key; they are always the first ones (O = 0, LSE = -inf there): row i
+    sees none exactly when its diagonal key plus the right side is left of key 0."""
     if seqlen_k == 0:
         return seqlen_q
-    return max(0, seqlen_q - seqlen_k) if causal else 0
+    right = key_bounds(causal, window)[1]
+    return 0 if right is None else min(seqlen_q, max(0, seqlen_q - seqlen_k - right))
 
 
-def rows_with_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None):
+def rows_with_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None, window=None):
     """(Sq,) bool, True for the query rows that see at least one key."""
     import torch
 
-    return torch.arange(seqlen_q, device=device) >= rows_without_keys(seqlen_q, seqlen_k, causal)
+    return torch.arange(seqlen_q, device=device) >= rows_without_keys(seqlen_q, seqlen_k, causal, window)
+
+
+def capped(scores, softcap: Optional[float]):
+    """Scaled scores through the softcap: c * tanh(s / c) (unchanged without one)."""
+    import torch
+
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def _expand_kv(x, heads_q: int):
@@ -63,25 +102,32 @@ def _expand_kv(x, heads_q: int):
     return x.float().transpose(1, 2).repeat_interleave(heads_q // x.shape[2], dim=1)
 
 
-def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int):
-    """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) fp32, hidden keys -inf."""
+def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int, window=None, softcap=None,
+                  dtype=None):
+    """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) in `dtype` (default fp32),
+    scaled and capped, hidden keys -inf."""
     import torch
 
+    dtype = dtype or torch.float32
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
-    kf = _expand_kv(k, heads_q)
+    kf = _expand_kv(k, heads_q).to(dtype)
     rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * seqlen_k))
-    visible = visible_keys(seqlen_q, seqlen_k, q.device) if causal else None
+    mask_window = _mask_window(causal, window)
+    visible = visible_keys(seqlen_q, seqlen_k, q.device, mask_window) if mask_window else None
     for start in range(0, seqlen_q, rows):
         stop = min(seqlen_q, start + rows)
-        scores = torch.matmul(q[:, start:stop].float().transpose(1, 2), kf.transpose(-1, -2)) * scale
+        scores = capped(torch.matmul(q[:, start:stop].to(dtype).transpose(1, 2), kf.transpose(-1, -2)) * scale,
+                        softcap)
         if visible is not None:
             scores = scores.masked_fill(~visible[start:stop], -math.inf)
         yield start, stop, scores
 
 
-def lse_fp32(q, k, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES):
-    """log sum_j exp(scale * q_i . k_j) over the visible keys: (B, Hq, Sq) fp32, -inf where none is."""
+def lse_fp32(q, k, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES, *,
+             window=None, softcap: Optional[float] = None):
+    """log sum_j exp(score_ij) over the visible keys (score: scale * q_i . k_j, capped): (B, Hq, Sq)
+    fp32, -inf where none is."""
     import torch
 
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -89,44 +135,57 @@ def lse_fp32(q, k, causal: bool, scale: Optional[float] = None, chunk_bytes: int
     lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
     if k.shape[1] == 0 or q.numel() == 0:
         return lse
-    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes):
+    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes, window, softcap):
         lse[:, :, start:stop] = torch.logsumexp(scores, dim=-1)
     return lse
 
 
-def attention_fp32(q, k, v, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES):
+def attention_fp32(q, k, v, causal: bool, scale: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES, *,
+                   window=None, softcap: Optional[float] = None):
     """The fp32 reference: (O (B, Sq, Hq, D) fp32, LSE (B, Hq, Sq) fp32), rows without a key O = 0,
-    LSE = -inf."""
+    LSE = -inf. `window` (left, right) and `softcap` as the module docstring says."""
+    return _chunked_attention(q, k, v, causal, scale, chunk_bytes, window, softcap, None)
+
+
+def _chunked_attention(q, k, v, causal, scale, chunk_bytes, window, softcap, dtype):
+    """(O, LSE) a query chunk at a time, the arithmetic in `dtype` (None: fp32; LSE always fp32)."""
     import torch
 
     batch, seqlen_q, heads_q, head_dim = q.shape
     scale = softmax_scale(head_dim) if scale is None else float(scale)
-    out = torch.zeros((batch, heads_q, seqlen_q, v.shape[3]), dtype=torch.float32, device=q.device)
+    dtype = dtype or torch.float32
+    out = torch.zeros((batch, heads_q, seqlen_q, v.shape[3]), dtype=dtype, device=q.device)
     lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
     if k.shape[1] == 0 or q.numel() == 0:
         return out.transpose(1, 2).contiguous(), lse
-    vf = _expand_kv(v, heads_q)
-    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes):
+    vf = _expand_kv(v, heads_q).to(dtype)
+    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes, window, softcap, dtype):
         chunk_lse = torch.logsumexp(scores, dim=-1)
         empty = torch.isneginf(chunk_lse)
         p = torch.exp(scores - chunk_lse.masked_fill(empty, 0.0).unsqueeze(-1))
         out[:, :, start:stop] = torch.matmul(p, vf).masked_fill(empty.unsqueeze(-1), 0.0)
-        lse[:, :, start:stop] = chunk_lse
+        lse[:, :, start:stop] = chunk_lse.float()
     return out.transpose(1, 2).contiguous(), lse
 
 
-def sdpa_same_precision(q, k, v, causal: bool, scale: Optional[float] = None):
+def sdpa_same_precision(q, k, v, causal: bool, scale: Optional[float] = None, *, window=None,
+                        softcap: Optional[float] = None):
     """`scaled_dot_product_attention` in the inputs' dtype (whatever backend torch picks) with an explicit
-    bottom-right mask, in our layout; rows without a key set to 0 (SDPA leaves them NaN)."""
+    bottom-right mask (the window's, if any), in our layout; rows without a key set to 0 (SDPA leaves
+    them NaN). SDPA has no softcap: with one, the same math written out in the inputs' dtype, a chunk
+    of query rows at a time."""
     import torch.nn.functional as F
 
+    if softcap is not None:
+        return _chunked_attention(q, k, v, causal, scale, _CHUNK_BYTES, window, softcap, q.dtype)[0]
     heads_q = q.shape[2]
     qt = q.transpose(1, 2)
     kt = k.repeat_interleave(heads_q // k.shape[2], dim=2).transpose(1, 2)
     vt = v.repeat_interleave(heads_q // v.shape[2], dim=2).transpose(1, 2)
-    mask = visible_keys(q.shape[1], k.shape[1], q.device) if causal else None
+    mask_window = _mask_window(causal, window)
+    mask = visible_keys(q.shape[1], k.shape[1], q.device, mask_window) if mask_window else None
     out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
-    seen = rows_with_keys(q.shape[1], k.shape[1], causal, q.device)
+    seen = rows_with_keys(q.shape[1], k.shape[1], causal, q.device, window)
     return out.masked_fill(~seen.view(1, -1, 1, 1), 0.0)
 
 
@@ -140,10 +199,11 @@ class Expected:
     seen: Any            # (Sq,) bool: rows that see a key
 
     @classmethod
-    def of(cls, q, k, v, causal: bool, scale: Optional[float] = None) -> "Expected":
-        out, lse = attention_fp32(q, k, v, causal, scale)
-        sdpa = sdpa_same_precision(q, k, v, causal, scale).float()
-        return cls(out, lse, sdpa, rows_with_keys(q.shape[1], k.shape[1], causal, q.device))
+    def of(cls, q, k, v, causal: bool, scale: Optional[float] = None, *, window=None,
+           softcap: Optional[float] = None) -> "Expected":
+        out, lse = attention_fp32(q, k, v, causal, scale, window=window, softcap=softcap)
+        sdpa = sdpa_same_precision(q, k, v, causal, scale, window=window, softcap=softcap).float()
+        return cls(out, lse, sdpa, rows_with_keys(q.shape[1], k.shape[1], causal, q.device, window))
 
 
 def _max_abs(x) -> Optional[float]:
@@ -191,9 +251,10 @@ def compare(out, lse, expected: Expected, rtol: float = RTOL, atol: float = ATOL
     return result
 
 
-def check(out, lse, q, k, v, causal: bool, scale: Optional[float] = None) -> list[str]:
+def check(out, lse, q, k, v, causal: bool, scale: Optional[float] = None, *, window=None,
+          softcap: Optional[float] = None) -> list[str]:
     """The failures of one output against the references of its inputs (empty: correct)."""
-    return compare(out, lse, Expected.of(q, k, v, causal, scale))["failures"]
+    return compare(out, lse, Expected.of(q, k, v, causal, scale, window=window, softcap=softcap))["failures"]
 
 
 def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: float = 1.0):
@@ -217,7 +278,8 @@ def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: flo
 GRAD_ATOL = 1e-3
 
 
-def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool = False):
+def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool = False, *, window=None,
+                    softcap: Optional[float] = None):
     """Attention written out in `dtype` (autograd-able, O(S^2) memory: tests only); a row that sees no
     key gives O = 0 (and LSE = -inf)."""
     import torch
@@ -225,9 +287,10 @@ def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool
     heads_q = q.shape[2]
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))        # (B, H, S, D)
     k, v = (t.repeat_interleave(heads_q // t.shape[1], dim=1) for t in (k, v))
-    scores = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(~visible_keys(q.shape[2], k.shape[2], q.device), float("-inf"))
+    scores = capped((q @ k.transpose(-1, -2)) * scale, softcap)
+    mask_window = _mask_window(causal, window)
+    if mask_window:
+        scores = scores.masked_fill(~visible_keys(q.shape[2], k.shape[2], q.device, mask_window), float("-inf"))
     has_key = torch.isfinite(scores).any(-1, keepdim=True)
     filled = scores.masked_fill(~has_key, 0.0)
     out = (torch.softmax(filled, dim=-1).masked_fill(~has_key, 0.0) @ v).transpose(1, 2)
@@ -237,11 +300,12 @@ def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool
     return out, lse
 
 
-def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None) -> list:
+def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None, *, window=None,
+                    softcap: Optional[float] = None) -> list:
     """[dQ, dK, dV] as fp32 of `plain_attention` in `dtype` by autograd (with `dlse`: the gradient
     reaching the returned LSE too)."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, lse = plain_attention(*leaves, causal, scale, dtype, return_lse=True)
+    out, lse = plain_attention(*leaves, causal, scale, dtype, return_lse=True, window=window, softcap=softcap)
     loss = (out * dout.to(dtype)).sum()
     if dlse is not None:
         loss = loss + (lse.masked_fill(~lse.isfinite(), 0.0) * dlse.to(dtype)).sum()
@@ -250,14 +314,15 @@ def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None)
 
 
 def check_grads(grads, q, k, v, dout, causal: bool, scale: Optional[float] = None, dlse=None,
-                atol: float = GRAD_ATOL) -> list[str]:
+                atol: float = GRAD_ATOL, *, window=None, softcap: Optional[float] = None) -> list[str]:
     """flash-attn's rule for gradients: each of dQ, dK, dV within 2x the error of the same math in the
     inputs' precision (PyTorch, `plain_attention`) plus `atol`, both against fp32; [] when they pass."""
     import torch
 
     scale = softmax_scale(q.shape[-1]) if scale is None else scale
-    reference = attention_grads(q, k, v, dout, causal, scale, torch.float32, dlse)
-    low_precision = attention_grads(q, k, v, dout, causal, scale, q.dtype, dlse)
+    mask = {"window": window, "softcap": softcap}
+    reference = attention_grads(q, k, v, dout, causal, scale, torch.float32, dlse, **mask)
+    low_precision = attention_grads(q, k, v, dout, causal, scale, q.dtype, dlse, **mask)
     failures = []
     for name, got, ref, low in zip(("dQ", "dK", "dV"), grads, reference, low_precision):
         if got.shape != ref.shape or got.dtype != q.dtype:

@@ -31,6 +31,7 @@ argument is read by `fa4.config_arg`, which also writes it as text for the custo
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping
 
@@ -39,9 +40,9 @@ import torch
 from fa4 import backends as _backends, backward as _backward, checks, dispatch, fallback as _fallback, planning
 from fa4 import autotuning, compile_cache, config_arg, kernels, record_shapes
 from fa4.arch import arch_of_capability
-from fa4.checks import Fa4Error, UnsupportedInputError
+from fa4.checks import Fa4Error, InvalidInputError, UnsupportedInputError
 from fa4.explanation import Explanation
-from fa4.kernels import AttentionProblem, Config, DeviceDescription, dsl_internals
+from fa4.kernels import AttentionProblem, Config, DeviceDescription, compiling, dsl_internals
 from fa4.state import STATE, database, forget_signatures, warn_once
 
 # Signatures kept in the fast-path table; past this the table starts over (dynamic shapes can create
@@ -74,10 +75,12 @@ class _Launch:
     eager call (fastest-backend dispatch), that implementation's launch; else None."""
 
     __slots__ = ("kind", "run", "fast_run", "compiled", "default_scale", "out_like_q", "out_shape",
-                 "lse_shape", "device_index", "restride", "causal", "backend", "graph", "rows_without_keys")
+                 "lse_shape", "device_index", "restride", "causal", "backend", "graph", "rows_without_keys",
+                 "window", "softcap", "kernel_masks")
 
     def __init__(self, kind, run, default_scale, out_like_q, out_shape, lse_shape, device_index,
-                 restride, causal, compiled=None, backend=dispatch.OURS, rows_without_keys=0):
+                 restride, causal, compiled=None, backend=dispatch.OURS, rows_without_keys=0, window=None,
+                 softcap=None, kernel_masks=None):
         self.kind = kind
         self.run = run            # the compiled kernel's checked `run`, or a peer's runner
         self.fast_run = run       # what the fast path calls; see fa4.kernels.dsl_internals.direct_launcher
@@ -92,6 +95,11 @@ class _Launch:
         self.backend = backend    # the implementation this launch runs (`fa4.backends.implementations()`)
         self.graph = None
         self.rows_without_keys = rows_without_keys  # a peer's rows to set to our no-key rule
+        self.window = window      # the call's sliding window and softcap (SDPA's launch applies them)
+        self.softcap = softcap
+        # our kernel's mask values (`fa4.kernels.compiling.kernel_mask_values`), bound to its run;
+        # None for a kernel without window or softcap
+        self.kernel_masks = kernel_masks
 
 
 def _compiled_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
@@ -136,7 +144,7 @@ def _make_launch(plan: planning.Plan, fallback: str) -> _Launch:
 def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
     spec, expl = plan.spec, plan.explanation
     kind = {"kernel": _KERNEL, "empty": _EMPTY, "no_keys": _NO_KEYS, "sdpa": _SDPA}[expl.path]
-    run = compiled = None
+    run = compiled = kernel_masks = None
     if kind == _KERNEL and backend != dispatch.OURS:
         kind, run = _PEER, _peer_runner(plan, backend)
         if run is None:  # auto dispatch to a peer that cannot be imported: ours instead
@@ -145,6 +153,10 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
         try:
             compiled = _compiled_kernel(expl.config, plan.problem, plan.device)
             run = compiled.run
+            masks = compiling.mask_values(plan.problem)
+            if masks is not None:   # the window's widths and the cap: runtime values of its kernel
+                run = functools.partial(compiled.run, masks=masks)
+                kernel_masks = compiling.kernel_mask_values(masks, spec.seqlen_q, spec.seqlen_k)
         except KernelCompileError as exc:
             if fallback != "sdpa":
                 raise
@@ -163,14 +175,17 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
         device_index=spec.device.index if spec.device.type == "cuda" else -1,
         restride=spec.needs_restride, causal=plan.causal, compiled=compiled,
         backend=backend if kind in (_KERNEL, _PEER) else dispatch.OURS,
-        rows_without_keys=rows_without_keys(spec.seqlen_q, spec.seqlen_k, plan.causal) if kind == _PEER else 0)
+        rows_without_keys=rows_without_keys(spec.seqlen_q, spec.seqlen_k, plan.causal, plan.window)
+        if kind == _PEER else 0, window=plan.window, softcap=plan.softcap, kernel_masks=kernel_masks)
 
 
 def _peer_runner(plan: planning.Plan, backend: str):
     """`fa4.backends.runner` for the peer; None (with a warning) when auto dispatch chose a peer that
     cannot be imported; a forced one raises."""
     try:
-        return _backends.runner(backend, plan.causal)
+        masks = {} if plan.window is None and plan.softcap is None else {"window": plan.window,
+                                                                          "softcap": plan.softcap}
+        return _backends.runner(backend, plan.causal, **masks)
     except Exception as exc:  # ImportError, or a package that fails to initialise
         why = f"{_backends.title(backend)} cannot be imported: {_backends.first_error_line(exc)}"
         if plan.explanation.forced_backend == backend:
@@ -207,7 +222,8 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse, in_graph: b
         lse = q.new_full(launch.lse_shape, -math.inf, dtype=torch.float32)
         return (out, lse) if return_lse else out
     if launch.kind == _SDPA:
-        out, lse = _fallback.sdpa_attention(q, k, v, launch.causal, softmax_scale, return_lse)
+        out, lse = _fallback.sdpa_attention(q, k, v, launch.causal, softmax_scale, return_lse,
+                                            window=launch.window, softcap=launch.softcap)
         return (out, lse) if return_lse else out
     scale = launch.default_scale if softmax_scale is None else softmax_scale
     if launch.kind == _PEER:
@@ -232,14 +248,16 @@ def _run_launch(launch: _Launch, q, k, v, softmax_scale, return_lse, in_graph: b
 
 
 def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100, backend,
-               key, kernel_key=None, in_graph=False):
+               key, kernel_key=None, in_graph=False, window_size=None, softcap=None):
     """First call of a signature (or one the fast path cannot take): decide, cache, run."""
     STATE.slow_calls += 1
     softmax_scale = checks.softmax_scale_value(softmax_scale)
-    plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
+    masks = {"window_size": window_size, "softcap": softcap}
+    plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend, **masks)
     if autotuning.tune_first(plan, in_graph):   # $FA4_AUTOTUNE / fa4.autotune: a no-op when off
-        plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
-    record_shapes.note(plan.spec, causal, return_lse)   # FA4_RECORD_SHAPES; a no-op when unset
+        plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend,
+                             **masks)
+    record_shapes.note(plan.spec, plan.causal, return_lse, plan.window, plan.softcap)   # FA4_RECORD_SHAPES
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL or (launch.graph is not None and launch.graph.kind == _KERNEL):
         launch.out_like_q = q.is_contiguous()
@@ -252,7 +270,8 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
                     f"fa4.attention cannot run these inputs with its kernels: {misaligned}. "
                     "Pass fallback='sdpa' to run PyTorch SDPA instead.")
             warn_once("sdpa:misaligned", f"fa4: running PyTorch SDPA (fallback='sdpa') because {misaligned}")
-            out, lse = _fallback.sdpa_attention(q, k, v, causal, softmax_scale, return_lse)
+            out, lse = _fallback.sdpa_attention(q, k, v, plan.causal, softmax_scale, return_lse,
+                                                window=plan.window, softcap=plan.softcap)
             return (out, lse) if return_lse else out
     launch, result = _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallback)
     if key is not None:
@@ -264,7 +283,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     if launch.kind == _KERNEL and launch.fast_run is launch.run and not (launch.graph is not None and in_graph):
         # `run` accepted this signature: later calls may skip its signature-only checks (a run in
         # graph mode ran the graph launch, so it says nothing of this one)
-        launch.fast_run = dsl_internals.direct_launcher(launch.compiled) or launch.run
+        launch.fast_run = _direct_run(launch) or launch.run
     if (kernel_key is not None and key is not None and launch.kind == _KERNEL and not launch.restride
             and launch.fast_run is not launch.run and launch.device_index == _current_cuda_device()):
         # a compiled TVM-FFI function, which checks what kernel_key leaves out (see attention)
@@ -274,6 +293,20 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
             STATE.kernel_launches[kernel_key] = launch
             STATE.last_kernel = (kernel_key, launch)
     return result
+
+
+def _direct_run(launch: _Launch):
+    """The compiled kernel's TVM-FFI function as the fast path calls it (`dsl_internals.direct_launcher`),
+    with a window's or softcap's kernel mask values bound; None where the DSL's object is not recognised."""
+    direct = dsl_internals.direct_launcher(launch.compiled)
+    masks = launch.kernel_masks
+    if direct is None or masks is None:
+        return direct
+
+    def run(q, k, v, out, lse, scale):
+        direct(q, k, v, out, lse, scale, *masks)
+
+    return run
 
 
 def _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallback):
@@ -289,7 +322,7 @@ def _first_run(plan, launch, q, k, v, softmax_scale, return_lse, in_graph, fallb
     active = launch.graph if graph_mode and launch.graph is not None else launch
     if (capturing and active.kind == _PEER and _backends.get(active.backend).compiles_on_first_call
             and (active.backend, plan.explanation.problem, return_lse) not in STATE.peers_run):
-        raise NotWarmedUpError(_warmup_message(plan.spec.problem(plan.causal, return_lse),
+        raise NotWarmedUpError(_warmup_message(plan.spec.problem(plan.causal, return_lse, plan.window, plan.softcap),
                                                f"{_backends.title(active.backend)}'s first call (it compiles)"))
     if launch.graph is not None and not graph_mode and launch.graph.kind == _PEER:
         launch.graph = _run_or_replace(plan, launch.graph, q, k, v, softmax_scale, return_lse, fallback)[0]
@@ -329,13 +362,18 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
-              fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False):
+              fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
+              window_size: tuple[int, int] | None = None, softcap: float | None = None):
     """Attention forward: O = softmax(Q K^T * scale) V, the fastest implementation measured for the shape.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
     (grouped-query attention). Causal masks are bottom-right aligned (key j hidden from query i when
     j > i + Sk - Sq). softmax_scale defaults to 1/sqrt(D); one given must be a positive number from
     2**-126 to 2**127 (`fa4.checks.SOFTMAX_SCALE_MIN` says why), else `InvalidInputError`.
+    window_size=(left, right): a sliding window, flash-attn's convention: query i sees key j when
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 leaving a side unbounded (causal makes the right
+    side 0). softcap=c (> 0; None or 0: none): each scaled score s becomes c * tanh(s / c) before the
+    softmax, as flash-attn-4 applies it. Rows that see no key get O = 0 and LSE = -inf.
 
     Returns O (B, Sq, Hq, D) in q's dtype, or (O, LSE) with LSE (B, Hq, Sq) fp32 (natural log) when
     return_lse. backend="auto" runs our kernel with its tuned configuration unless the database entry
@@ -356,18 +394,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if torch.compiler.is_compiling():
         softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                           allow_untested_sm100, backend)
+                           allow_untested_sm100, backend, window_size, softcap)
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             softmax_scale = checks.softmax_scale_value(softmax_scale)
             return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                               allow_untested_sm100, backend)
+                               allow_untested_sm100, backend, window_size, softcap)
         # The short key of the kernel path: what decides the launch and what the compiled function
         # cannot check (strides of size-1 extents, which it skips and the kernel re-strides on the
         # checked path). V's shape, K's and V's dtypes and devices and the data pointers' alignment
         # are checked by the compiled function on every call, in C.
         kernel_key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
-                      causal, return_lse, config, fallback, allow_untested_sm100, backend)
+                      causal, return_lse, config, fallback, allow_untested_sm100, backend, window_size, softcap)
         last = STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else STATE.kernel_launches.get(kernel_key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
@@ -393,42 +431,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         except Exception:  # the compiled function refused these inputs (or the scale is no finite
             pass           # number): the checked path says why
     return _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                         allow_untested_sm100, backend, kernel_key)
+                         allow_untested_sm100, backend, kernel_key, window_size=window_size, softcap=softcap)
 
 
 def _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                  backend, kernel_key, in_graph=False):
+                  backend, kernel_key, in_graph=False, window_size=None, softcap=None):
     """Every call the kernel path does not take: the full signature, pointer checks, any launch kind."""
+    masks = {"window_size": window_size, "softcap": softcap}
     try:
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
-               allow_untested_sm100, backend)
+               allow_untested_sm100, backend, window_size, softcap)
         last = STATE.last
         launch = last[1] if key == last[0] else STATE.launches.get(key)
     except (AttributeError, TypeError, RuntimeError):  # see attention; the slow path says
-        key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend)
+        key = _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend,
+                            window_size, softcap)
         launch = STATE.launches.get(key) if key is not None else None
     if launch is None:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                          allow_untested_sm100, backend, key, kernel_key, in_graph)
+                          allow_untested_sm100, backend, key, kernel_key, in_graph, **masks)
     if launch.kind == _KERNEL and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         return _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                          allow_untested_sm100, backend, None, None, in_graph)
+                          allow_untested_sm100, backend, None, None, in_graph, **masks)
     return _run_launch(launch, q, k, v, softmax_scale, return_lse, in_graph)
 
 
-def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend):
-    """The signature key when the fast one failed: config mappings frozen; None for non-tensors and
-    tensors without sizes or strides (nested, sparse: the slow path refuses them)."""
+def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, backend,
+                  window_size=None, softcap=None):
+    """The signature key when the fast one failed: config mappings frozen, a window_size list made a
+    tuple; None for non-tensors and tensors without sizes or strides (nested, sparse: the slow path
+    refuses them)."""
     if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
                for t in (q, k, v)):
         return None
     if isinstance(config, Mapping):
         config = ("mapping",) + tuple(sorted(config.items()))
+    if isinstance(window_size, list):
+        window_size = ("list",) + tuple(window_size)
     try:
         key = (q.size(), q.stride(), k.size(), k.stride(), v.size(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, causal, return_lse, config, fallback,
-               allow_untested_sm100, backend)
+               allow_untested_sm100, backend, window_size, softcap)
         hash(key)
     except TypeError:
         return None
@@ -436,22 +480,32 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                backend="auto"):
+                backend="auto", window_size=None, softcap=None):
     """The custom op `fa4::attention` (registered by fa4.ops): under torch.compile, and for every call
-    that needs a gradient (its backward needs LSE, so the op computes it then)."""
+    that needs a gradient (its backward needs LSE, so the op computes it then). The window travels as
+    int[] (-1 for an unbounded side) and the softcap as float?, checked before the op sees them."""
     config = config_arg.for_op(config)
+    window = checks.window_value(window_size)
     needs_lse = return_lse or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    extra = {}
+    if window is not None or softcap is not None:   # a dense call's op call is what it was
+        if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))):
+            raise InvalidInputError(f"softcap must be a number > 0 (None or 0: no softcap), got {softcap!r}")
+        extra = {"window_size": None if window is None else list(window),
+                 "softcap": None if softcap is None else float(softcap)}
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, needs_lse, config, fallback,
-                                       allow_untested_sm100, backend)
+                                       allow_untested_sm100, backend, **extra)
     return (out, lse) if return_lse else out
 
 
 def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                   backend="auto"):
+                   backend="auto", window_size=None, softcap=None):
     """The real implementation of the custom op: the checked path in graph mode (torch.compile and
     CUDA graphs judge implementations by GPU time), outputs always a pair, O contiguous."""
+    window_size = None if window_size is None else tuple(window_size)
     result = _checked_call(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                           allow_untested_sm100, backend, None, in_graph=True)
+                           allow_untested_sm100, backend, None, in_graph=True, window_size=window_size,
+                           softcap=softcap)
     out, lse = result if return_lse else (result, None)
     if not out.is_contiguous():
         out = out.contiguous()
@@ -463,7 +517,8 @@ def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
             fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
-            arch: str | None = None, device_name: str | None = None) -> Explanation:
+            arch: str | None = None, device_name: str | None = None,
+            window_size: tuple[int, int] | None = None, softcap: float | None = None) -> Explanation:
     """Which implementation (per mode: eager, CUDA-graph capture / torch.compile) and which configuration
     `attention` would run on these inputs, and why, with the measured ratio; compiles and launches
     nothing.
@@ -485,7 +540,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     gated = (arch in planning.UNTESTED_ARCHS and not planning.sm100_allowed(allow_untested_sm100)
              and fallback != "sdpa")
     plan = planning.plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100 or gated,
-                         backend, arch=arch, device_name=device_name)
+                         backend, arch=arch, device_name=device_name, window_size=window_size, softcap=softcap)
     if gated:
         plan.explanation.notes.insert(0, f"fa4.attention raises on {arch} unless allow_untested_sm100=True or "
                                          f"{planning.ALLOW_SM100_ENV}=1 (next note); this explains what runs "
@@ -493,7 +548,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     if assumed:
         plan.explanation.notes.insert(0, assumed)
     if isinstance(q, torch.Tensor):
-        plan.explanation.backward = _backward.choose(q)
+        plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap)
     return plan.explanation
 
 

@@ -8,11 +8,14 @@ The model's attention layers then call `fa4.attention` (the tuned forward, and i
 training), with the layer's scaling and causality. transformers hands attention functions Q (B, Hq, S,
 D) and K, V (B, Hkv, S, D); they are passed on as (B, S, H, D) views, no copy.
 
-What `fa4.attention` cannot take yet goes to torch SDPA with the same semantics, said once by a
-warning: a batch with padding (transformers gives such layers a (B, Sk) key mask, as it does to
-flash-attn: `flash_attention_mask`), inputs our kernels cannot run (`fallback="sdpa"`: CPU tensors,
-fp32, other head dims). A softcap, a sliding window narrower than the keys (a wider one hides nothing)
-or attention dropout raise instead: the result would differ from the model's.
+A layer's sliding window (`sliding_window`: a query sees itself and the `sliding_window - 1` keys
+before it, as transformers' masks say) and logit softcap (`softcap`, on the scaled scores) go to
+`fa4.attention` as flash-attn gets them from transformers (`window_size=(w - 1, w - 1)`, the causal
+mask bounding the right side). What `fa4.attention` cannot take yet goes to torch SDPA with the same
+semantics, said once by a warning: a batch with padding (transformers gives such layers a (B, Sk) key
+mask, as it does to flash-attn: `flash_attention_mask`), inputs our kernels cannot run
+(`fallback="sdpa"`: CPU tensors, fp32, other head dims). Attention dropout raises instead: the result
+would differ from the model's.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import fa4
-from fa4.reference import softmax_scale, visible_keys
+from fa4.reference import capped, key_bounds, softmax_scale, visible_keys
 from fa4.state import warn_once
 
 NAME = "fa4"
@@ -31,13 +34,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function protocol: returns (O (B, S, Hq, D), no attention weights)."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError(f"attn_implementation='{NAME}' does not support softcap yet (got "
-                         f"{kwargs['softcap']!r}); use 'sdpa' or 'eager' for this model")
+    softcap = kwargs.get("softcap")
     window = kwargs.get("sliding_window")
-    if window is not None and key.shape[2] > window:   # a window at least as wide as the keys hides none
-        raise ValueError(f"attn_implementation='{NAME}' does not support a sliding window narrower than the "
-                         f"keys yet (window {window}, {key.shape[2]} keys); use 'sdpa' or 'eager' here")
+    # transformers' sliding window of w: query i sees keys i - w + 1 .. i (flash-attn's (w - 1, w - 1)
+    # under the causal mask); a window at least as wide as the keys hides none
+    window_size = (window - 1, window - 1) if window is not None and key.shape[2] > window else None
     if dropout and module.training:
         raise ValueError(f"attn_implementation='{NAME}' has no attention dropout (got {dropout}); set the "
                          f"model's attention_dropout to 0")
@@ -46,19 +47,30 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if attention_mask is not None:
         warn_once("transformers-padding", f"fa4: a padded batch (attention_mask with padding) runs on torch "
                                           f"SDPA: attn_implementation='{NAME}' has no variable-length path yet")
-        return _padded_sdpa(q, k, v, attention_mask, causal, scaling), None
-    return fa4.attention(q, k, v, causal=causal, softmax_scale=scaling, fallback="sdpa"), None
+        return _padded_sdpa(q, k, v, attention_mask, causal, scaling, window_size, softcap), None
+    return fa4.attention(q, k, v, causal=causal, softmax_scale=scaling, fallback="sdpa", window_size=window_size,
+                         softcap=softcap), None
 
 
-def _padded_sdpa(q, k, v, key_mask, causal: bool, scaling):
-    """SDPA with the (B, Sk) key mask (True: a real token) and our bottom-right causal mask, GQA native."""
+def _padded_sdpa(q, k, v, key_mask, causal: bool, scaling, window_size=None, softcap=None):
+    """SDPA with the (B, Sk) key mask (True: a real token) and our bottom-right causal mask (and the
+    window's), GQA native; with a softcap, the same math written out in fp32 (SDPA has no softcap)."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     keep = key_mask[:, -seqlen_k:].bool()[:, None, None, :]            # (B, 1, 1, Sk)
-    if causal:
-        keep = keep & visible_keys(seqlen_q, seqlen_k, q.device)
+    left, right = key_bounds(causal, window_size)
+    if left is not None or right is not None:
+        keep = keep & visible_keys(seqlen_q, seqlen_k, q.device, (-1 if left is None else left,
+                                                                   -1 if right is None else right))
     scale = softmax_scale(q.shape[-1]) if scaling is None else scaling
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep,
-                                         scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    if softcap is not None:
+        heads_q = q.shape[2]
+        qf = q.float().transpose(1, 2)
+        kf, vf = (t.float().transpose(1, 2).repeat_interleave(heads_q // t.shape[2], dim=1) for t in (k, v))
+        scores = capped((qf @ kf.transpose(-1, -2)) * scale, softcap).masked_fill(~keep, float("-inf"))
+        out = (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=keep, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
     # a row whose keys are all padding: SDPA gives NaN, our contract 0
     return torch.nan_to_num(out.transpose(1, 2), nan=0.0)
 

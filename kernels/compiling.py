@@ -3,7 +3,8 @@
 - the DSL target architecture (`target_arch`, from `family.DSL_TARGET`; the DSL's private target
   cache is switched in `dsl_internals.py`),
 - the fake arguments a kernel is traced with (symbolic batch, lengths, heads and strides, so one
-  compile serves every such problem),
+  compile serves every such problem), and the runtime mask arguments of a kernel with a sliding window
+  or a softcap (`mask_values`: the window's bounded sides and the cap, one compile for every value),
 - the compile options, the launchable wrapper, and one compile-report schema (`REPORT_KEYS`).
 
 A family contributes only what is its own (`family.KernelFamily`): the kernel object
@@ -72,21 +73,43 @@ def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):
     return q, k, v, o, lse, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
 
 
+def mask_values(problem: AttentionProblem) -> Optional[tuple]:
+    """What a kernel of `problem` takes after the softmax scale: (window left side, window right side,
+    softcap), each None where the problem has none (causal's right side is compiled in), or None for a
+    problem with neither window nor softcap, whose kernel's call ends at the scale (`__call__`; the
+    others' is `call_masked`)."""
+    if problem.window is None and problem.softcap is None:
+        return None
+    return (problem.window_left, None if problem.causal else problem.window_right, problem.softcap)
+
+
 def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem, device: DeviceDescription,
                    options: str = "", tvm_ffi: bool = False):
     """Trace and compile the family's kernel for its target and `device`: (compiled function, kernel
     object, traced shared-memory bytes, seconds). `options` are the DSL's compile options
-    (`--enable-tvm-ffi` is added for a launchable compile)."""
+    (`--enable-tvm-ffi` is added for a launchable compile). A problem the family cannot implement is
+    refused here, before the kernel is built (a window or softcap the family has no code for must not
+    compile into a dense kernel)."""
     import cutlass
     import cutlass.cute as cute
+    reasons = fam.can_implement(problem)
+    if reasons:
+        raise ValueError(f"the {fam.ARCH} kernel cannot run {problem.label()}: {'; '.join(reasons)}")
     if tvm_ffi:
         options = f"--enable-tvm-ffi {options}"
     with target_arch(fam.ARCH):
         kernel = fam.make_kernel(config, problem, device)
         q, k, v, o, lse, stream = fake_arguments(problem, tvm_ffi=tvm_ffi)
+        values = mask_values(problem)
+        entry, masks = kernel, ()
+        if values is not None:   # one compile for every window width and cap: runtime arguments
+            entry = kernel.call_masked
+            masks = tuple(None if value is None else
+                          (cutlass.Float32(1.0) if isinstance(value, float) else cutlass.Int32(0))
+                          for value in values)
         start = time.perf_counter()
         compiled = cute.compile[cute.GPUArch(DSL_TARGET[fam.ARCH])](
-            kernel, q, k, v, o, lse, cutlass.Float32(1.0), stream, options=options.strip())
+            entry, q, k, v, o, lse, cutlass.Float32(1.0), *masks, stream, options=options.strip())
         seconds = time.perf_counter() - start
     return compiled, kernel, int(fam.traced_smem_bytes(kernel)), seconds
 
@@ -96,7 +119,8 @@ def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem,
 
 class CompiledAttention:
     """A compiled kernel; `.run(q, k, v, out, lse, softmax_scale)` launches on torch's current stream
-    through the DSL's TVM-FFI entry point (torch tensors directly, no per-call DLPack conversion)."""
+    through the DSL's TVM-FFI entry point (torch tensors directly, no per-call DLPack conversion). A
+    kernel with a window or softcap also takes the call's `mask_values` (`mask_values(problem)`)."""
 
     def __init__(self, compiled, config: Config, problem: AttentionProblem, smem_bytes: int,
                  compile_seconds: float):
@@ -106,11 +130,20 @@ class CompiledAttention:
         self.smem_bytes = smem_bytes
         self.compile_seconds = compile_seconds
         self._default_scale = 1.0 / math.sqrt(problem.head_dim)
+        self._mask_kinds = _kinds(mask_values(problem))
+        # the compiled function's positional arguments: Q, K, V, O, LSE, scale (and the mask values)
+        self.positionals = 6 if self._mask_kinds is None else 9
 
-    def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None) -> None:
+    def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None,
+            masks: Optional[tuple] = None) -> None:
         """Q, out (B, Sq, Hq, D); K, V (B, Sk, Hkv, D); lse (B, Hq, Sq) fp32 exactly when the problem
         returns LSE. Batch, lengths and heads may differ from the compiled problem; what the code
-        was specialised on (head dim, and the GQA ratio of a packed kernel) may not."""
+        was specialised on (head dim, and the GQA ratio of a packed kernel) may not; nor which sides
+        of a window are bounded and whether there is a softcap (`masks`: `mask_values` of the call's
+        problem; the widths and the cap are the call's)."""
+        if _kinds(masks) != self._mask_kinds:
+            raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
+                             f"{self.problem.mask_label()})")
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
         if q.shape[-1] != self.problem.head_dim:
@@ -119,7 +152,24 @@ class CompiledAttention:
             raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
                              f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
-        self.compiled(q, k, v, out, lse, scale)
+        if masks is None:
+            self.compiled(q, k, v, out, lse, scale)
+        else:
+            self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
+
+
+def _kinds(masks: Optional[tuple]) -> Optional[tuple]:
+    """Which of a call's mask values are given (what the kernel was compiled for)."""
+    return None if masks is None else tuple(m is not None for m in masks)
+
+
+def kernel_mask_values(values: tuple, seqlen_q: int, seqlen_k: int) -> tuple:
+    """`mask_values` as the kernel takes them: a window side wider than the sequences hides nothing
+    more, and is clamped to Sq + Sk so that the kernel's 32-bit key arithmetic cannot overflow."""
+    left, right, softcap = values
+    widest = seqlen_q + seqlen_k
+    return (None if left is None else min(int(left), widest), None if right is None else min(int(right), widest),
+            None if softcap is None else float(softcap))
 
 
 def current_device() -> DeviceDescription:

@@ -20,7 +20,8 @@ It is not part of the kernel fingerprint: it changes how the DSL is asked, not t
    and a generated keyword wrapper that forwards six positionals) before TVM-FFI's C call, about 1-2 us
    of a ~9 us call. What it reads, all private to nvidia-cutlass-dsl 4.8 / apache-tvm-ffi 0.1:
    `CompiledAttention.compiled` (ours), the DSL function's `execution_args.has_pointer_address_arg_specs`,
-   `_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`).
+   `_tvm_ffi_function` and `_kwargs_wrapper`, and the wrapper's bytecode (`dis`). A kernel with a window
+   or softcap takes three more positionals (`CompiledAttention.positionals`: 9), the runtime binding them.
    Anything that does not look exactly as expected gives None and the checked `run` stays in use: an
    upgrade can make calls slower, never wrong. `tests/test_runtime_direct_launch.py::
    test_real_sm90_compile_is_accepted` compiles the real sm90 kernel on CPU and fails loudly when this
@@ -77,7 +78,8 @@ def direct_launcher(compiled):
     it, head dim, packed GQA ratio), then calls the DSL's compiled-function object, whose Python
     `__call__` checks that it is initialised, converts pointer-address arguments (our kernels take
     none) and, for `TVMFFIJitCompiledFunctionWithKwargs` (what DSL 4.8 returns for our signature),
-    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`.
+    calls a generated keyword wrapper that forwards the six positionals to a plain `tvm_ffi.Function`
+    (nine for a kernel with a window or softcap: `compiled.positionals`).
     Once `run` has succeeded for a signature, later calls of that signature can enter TVM-FFI's C call
     directly and skip those three Python frames. Anything that does not look exactly like that (other
     DSL or tvm_ffi versions, a wrapper that fills defaults or unpacks arguments) gives None: the
@@ -86,6 +88,7 @@ def direct_launcher(compiled):
     function, same arguments) and is its own direct launcher.
     """
     fn = getattr(compiled, "compiled", None)  # CompiledAttention's DSL function (kernels/compiling.py)
+    positionals = getattr(compiled, "positionals", 6)
     try:
         import tvm_ffi
     except ImportError:
@@ -99,7 +102,7 @@ def direct_launcher(compiled):
         target = fn
     else:
         target = getattr(fn, "_tvm_ffi_function", None)
-        if not forwards_six_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi):
+        if not forwards_positionals(getattr(fn, "_kwargs_wrapper", None), target, tvm_ffi, positionals):
             return None
     if not isinstance(target, tvm_ffi.Function) or target.__chandle__() == 0:
         return None
@@ -150,15 +153,15 @@ def stand_in_compiled_function(function, arg_names, wrapper=None, pointer_args: 
     return fn
 
 
-def forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
-    """Whether `wrapper` is `def w(a0, ..., a5): return target(a0, ..., a5)` and nothing more."""
+def forwards_positionals(wrapper, target, tvm_ffi, count: int = 6) -> bool:
+    """Whether `wrapper` is `def w(a0, ..., a<count-1>): return target(a0, ...)` and nothing more."""
     import dis
     import inspect
 
     code = getattr(wrapper, "__code__", None)
     if code is None or not isinstance(target, tvm_ffi.Function):
         return False
-    if (code.co_argcount != 6 or code.co_kwonlyargcount or code.co_posonlyargcount
+    if (code.co_argcount != count or code.co_kwonlyargcount or code.co_posonlyargcount
             or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
             or wrapper.__defaults__ or wrapper.__kwdefaults__ or wrapper.__closure__
             or len(code.co_names) != 1 or wrapper.__globals__.get(code.co_names[0]) is not target):
@@ -170,7 +173,7 @@ def forwards_six_positionals(wrapper, target, tvm_ffi) -> bool:
         elif ins.opname in ("LOAD_CONST", "LOAD_DEREF", "LOAD_ATTR", "BUILD_TUPLE", "BUILD_MAP",
                             "CALL_FUNCTION_EX", "KW_NAMES", "STORE_FAST"):
             return False
-    return loaded == list(code.co_varnames[:6])
+    return loaded == list(code.co_varnames[:count])
 
 
 @contextmanager

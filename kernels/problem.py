@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
 
 DTYPES = ("fp16", "bf16")
+UNBOUNDED = -1  # a side of a sliding window without a bound (flash-attn's convention)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AttentionProblem:
     """O = softmax(Q K^T * scale) V with Q (B, Sq, Hq, D), K and V (B, Sk, Hkv, D).
 
-    Causal masks key j > query i + (Sk - Sq): bottom-right aligned, as flash-attn.
+    Query i's diagonal key is i + Sk - Sq (bottom-right aligned, as flash-attn). Causal hides the keys
+    right of it. `window` (left, right), a sliding window: query i sees key j when
+    diag - left <= j <= diag + right, -1 leaving a side unbounded; under causal its right side is 0.
+    `softcap` c: each scaled score s becomes c * tanh(s / c) before the softmax (flash-attn-4 caps the
+    score after the softmax scale). Both None: the dense problem (its key, label and dict are those of
+    a problem without the fields). One problem has one form: `resolve_mask` turns what a caller gives
+    (flash-attn's arguments) into it, and the constructor refuses any other form.
     """
 
     batch: int
@@ -23,6 +33,8 @@ class AttentionProblem:
     dtype: str = "fp16"
     causal: bool = False
     return_lse: bool = False
+    window: Optional[tuple[int, int]] = None
+    softcap: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -33,28 +45,156 @@ class AttentionProblem:
         if self.heads_kv <= 0 or self.heads_q % self.heads_kv:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a positive multiple of heads_kv ({self.heads_kv})")
+        if self.window is not None:
+            # a JSON list (database entries, worker payloads) reads back as the tuple it was
+            object.__setattr__(self, "window", window_pair(self.window))
+            left, right = self.window
+            if left == UNBOUNDED and right == UNBOUNDED:
+                raise ValueError("window (-1, -1) bounds no side: give window=None")
+            if self.causal and right != 0:
+                raise ValueError(f"window {self.window} under causal: its right side is 0 (the causal bound)")
+            if self.causal and left == UNBOUNDED:
+                raise ValueError("window (-1, 0) under causal is the causal mask: give window=None")
+            if not self.causal and right == 0:
+                raise ValueError(f"window {self.window} bounds the right side at the diagonal: give causal=True"
+                                 + (", window=None" if left == UNBOUNDED else ""))
+        if self.softcap is not None:
+            object.__setattr__(self, "softcap", softcap_value(self.softcap))
+
+    def __repr__(self) -> str:
+        """The constructor call, a dense problem's without `window` and `softcap` (as before they existed)."""
+        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if not (f.name in ("window", "softcap") and getattr(self, f.name) is None))
+        return f"AttentionProblem({', '.join(shown)})"
 
     @property
     def gqa_ratio(self) -> int:
         return self.heads_q // self.heads_kv
 
+    @property
+    def window_left(self) -> Optional[int]:
+        """Keys a query sees left of its diagonal key; None: every one."""
+        return None if self.window is None or self.window[0] == UNBOUNDED else self.window[0]
+
+    @property
+    def window_right(self) -> Optional[int]:
+        """Keys a query sees right of its diagonal key; None: every one (0 under causal)."""
+        if self.causal:
+            return 0
+        return None if self.window is None or self.window[1] == UNBOUNDED else self.window[1]
+
+    def visible_keys(self, row: int) -> tuple[int, int]:
+        """[first, last + 1) of the keys query `row` sees (empty when first >= last + 1)."""
+        diag = row + self.seqlen_k - self.seqlen_q
+        left, right = self.window_left, self.window_right
+        first = 0 if left is None else max(0, diag - left)
+        stop = self.seqlen_k if right is None else min(self.seqlen_k, max(0, diag + right + 1))
+        return first, stop
+
     def visible_pairs_per_head(self) -> int:
-        """(query, key) pairs not masked out, for one batch and head."""
-        if not self.causal:
+        """(query, key) pairs not masked out, for one batch and head (closed form)."""
+        if self.window is None and not self.causal:
             return self.seqlen_q * self.seqlen_k
-        if self.seqlen_q == self.seqlen_k:  # the field's convention: exactly half
+        if self.window is None and self.seqlen_q == self.seqlen_k:  # the field's convention: exactly half
             return self.seqlen_q * self.seqlen_k // 2
+        # row i sees clamp(diag + right + 1, 0, Sk) - clamp(diag - left, 0, Sk) keys
         offset = self.seqlen_k - self.seqlen_q
-        return sum(max(0, min(self.seqlen_k, i + offset + 1)) for i in range(self.seqlen_q))
+        left, right = self.window_left, self.window_right
+        seen = (self.seqlen_q * self.seqlen_k if right is None
+                else _clamped_sum(offset + right + 1, self.seqlen_q, self.seqlen_k))
+        hidden = 0 if left is None else _clamped_sum(offset - left, self.seqlen_q, self.seqlen_k)
+        return seen - hidden
 
     def flops(self) -> int:
         """4 * B * Hq * (visible pairs) * D: the TFLOP/s convention of the field."""
         return 4 * self.batch * self.heads_q * self.visible_pairs_per_head() * self.head_dim
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields; a dense problem's leave out `window` and `softcap` (the dicts recorded before
+        they existed read the same)."""
+        fields = asdict(self)
+        for name in ("window", "softcap"):
+            if fields[name] is None:
+                del fields[name]
+        if self.window is not None:
+            fields["window"] = list(self.window)
+        return fields
+
+    def mask_label(self) -> str:
+        """"causal" or "full", then the window and softcap where there are: "causal window (4095, 0)
+        softcap 50"."""
+        parts = ["causal" if self.causal else "full"]
+        if self.window is not None:
+            parts.append(f"window ({self.window[0]}, {self.window[1]})")
+        if self.softcap is not None:
+            parts.append(f"softcap {self.softcap:g}")
+        return " ".join(parts)
 
     def label(self) -> str:
-        mask = "causal" if self.causal else "full"
         return (f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} "
-                f"D{self.head_dim} {self.dtype} {mask}")
+                f"D{self.head_dim} {self.dtype} {self.mask_label()}")
+
+
+def _clamped_sum(start: int, count: int, limit: int) -> int:
+    """sum(clamp(start + i, 0, limit) for i in range(count))."""
+    def prefix(n: int) -> int:   # sum(clamp(x, 0, limit) for x in range(n)), n >= 0
+        if n <= limit + 1:
+            return n * (n - 1) // 2
+        return limit * (limit + 1) // 2 + (n - limit - 1) * limit
+    stop = start + count
+    return prefix(max(stop, 0)) - prefix(max(start, 0))
+
+
+def window_pair(window) -> tuple[int, int]:
+    """(left, right) of a window given as two integers, each >= 0 or -1 (unbounded); None for a side
+    reads as -1 (flash-attn-4's spelling). ValueError naming what is wrong."""
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window):
+        if side is None:
+            side = UNBOUNDED
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise ValueError(f"window_size {name} side must be an integer (-1: unbounded), got {side!r}")
+        side = int(side)
+        if side < UNBOUNDED:
+            raise ValueError(f"window_size {name} side must be >= 0, or -1 for unbounded, got {side}")
+        if side > 2**31 - 1:
+            raise ValueError(f"window_size {name} side {side} is past 2**31 - 1 (the kernels' indices are 32-bit)")
+        sides.append(side)
+    return sides[0], sides[1]
+
+
+def softcap_value(softcap) -> float:
+    """A softcap as a float: a finite number > 0. ValueError otherwise."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise ValueError(f"softcap must be a number > 0 (None or 0: no softcap), got {softcap!r}")
+    value = float(softcap)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softcap must be a finite number > 0 (None or 0: no softcap), got {softcap!r}")
+    return value
+
+
+def resolve_mask(causal: bool, window_size, softcap, seqlen_q: int, seqlen_k: int
+                 ) -> tuple[bool, Optional[tuple[int, int]], Optional[float]]:
+    """(causal, window, softcap) of a problem from flash-attn's arguments: `window_size` (left, right)
+    with -1 (or None) unbounded, None or (-1, -1) for none; causal sets the right side to 0
+    (flash-attn's rule); `softcap` None or 0 for none. A side that reaches past every key of the
+    sequences (left >= Sk - 1, right >= Sq - 1) hides nothing and becomes unbounded, so a window at
+    least as wide as the sequences is the dense problem (and runs its kernel); a right side of 0 is
+    causal ((-1, 0): the causal problem itself)."""
+    softcap = None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap_value(softcap)
+    if window_size is None:
+        return causal, None, softcap
+    left, right = window_pair(window_size)
+    if causal:
+        right = 0
+    if left >= max(seqlen_k - 1, 0):
+        left = UNBOUNDED
+    if right >= max(seqlen_q - 1, 0) and not causal:
+        right = UNBOUNDED
+    if right == 0:
+        causal = True   # one form for one mask: a right side of 0 is the causal bound
+    if left == UNBOUNDED and right in (UNBOUNDED, 0):
+        return causal, None, softcap
+    return causal, (left, right), softcap

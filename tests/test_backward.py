@@ -139,13 +139,13 @@ def test_auto_order_is_a_peer_then_ours_then_blockwise(monkeypatch):
     through the LSE (no dLSE term in ours): the blockwise one takes that, without a warning."""
     monkeypatch.delenv(backward.ENV_VAR, raising=False)
     monkeypatch.setattr(backward, "peers_with_backward", lambda: ())
-    monkeypatch.setattr(backward, "ours_unsupported", lambda q: None)
+    monkeypatch.setattr(backward, "ours_unsupported", lambda q, window=None, softcap=None: None)
     q = torch.empty(1, 8, 2, 64)
     assert backward.choose(q)[0] == "ours"
     assert backward._automatic(q, with_ours=False)[0] == "blockwise"
     ran = []
-    monkeypatch.setattr(backward, "ours_backward", lambda *args: ran.append("ours"))
-    monkeypatch.setattr(backward, "blockwise_backward", lambda *args: ran.append("blockwise"))
+    monkeypatch.setattr(backward, "ours_backward", lambda *args, **kwargs: ran.append("ours"))
+    monkeypatch.setattr(backward, "blockwise_backward", lambda *args, **kwargs: ran.append("blockwise"))
     args = (*(torch.empty(1, 8, 2, 64),) * 5, torch.empty(1, 2, 8), False, 0.1)
     backward.attention_backward(*args)
     with warnings.catch_warnings():

@@ -70,14 +70,55 @@ def test_a_training_step_gives_sdpas_gradients():
 def test_what_it_cannot_do_is_refused():
     q = torch.randn(1, 4, 8, 64)
     module = torch.nn.Module()
-    with pytest.raises(ValueError, match="softcap"):
-        fa4_attn.attention_forward(module, q, q, q, None, softcap=30.0)
-    with pytest.raises(ValueError, match="sliding window narrower"):
-        fa4_attn.attention_forward(module, q, q, q, None, sliding_window=7)
-    fa4_attn.attention_forward(module, q, q, q, None, sliding_window=8)   # as wide as the keys: no-op
     module.train()
     with pytest.raises(ValueError, match="dropout"):
         fa4_attn.attention_forward(module, q, q, q, None, dropout=0.1)
+
+
+def test_a_sliding_window_and_a_softcap_reach_fa4_attention():
+    from fa4.reference import attention_fp32
+
+    q = torch.randn(1, 4, 12, 64, generator=torch.Generator().manual_seed(6))
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = fa4_attn.attention_forward(module, q, q, q, None, sliding_window=5, softcap=3.0, scaling=0.5)
+    qs = q.transpose(1, 2)   # a query sees itself and the 4 keys before it
+    torch.testing.assert_close(out, attention_fp32(qs, qs, qs, True, 0.5, window=(4, 0), softcap=3.0)[0],
+                               rtol=1e-5, atol=1e-5)
+    wide, _ = fa4_attn.attention_forward(module, q, q, q, None, sliding_window=12)   # as wide as the keys
+    torch.testing.assert_close(wide, attention_fp32(qs, qs, qs, True)[0], rtol=1e-5, atol=1e-5)
+
+
+def _model(kind: str, implementation: str):
+    if kind == "mistral":   # a sliding window on every layer
+        config = transformers.MistralConfig(vocab_size=101, hidden_size=128, intermediate_size=256,
+                                            num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                            max_position_embeddings=256, sliding_window=8)
+    else:                   # Gemma 2: a logit softcap, sliding and global layers in turn, head dim 64
+        config = transformers.Gemma2Config(vocab_size=101, hidden_size=128, intermediate_size=256,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=64, max_position_embeddings=256, sliding_window=8,
+                                           attn_logit_softcapping=20.0, query_pre_attn_scalar=64)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation).eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_sliding_window_and_softcap_models_match_eager(kind):
+    def without_them(module, q, k, v, mask, **kwargs):   # what fa4 gave before windows and softcaps
+        kwargs.pop("sliding_window", None)
+        kwargs.pop("softcap", None)
+        return fa4_attn.attention_forward(module, q, k, v, mask, **kwargs)
+
+    transformers.AttentionInterface.register("fa4_without_window_or_softcap", without_them)
+    transformers.masking_utils.AttentionMaskInterface.register(
+        "fa4_without_window_or_softcap", transformers.masking_utils.flash_attention_mask)
+    tokens = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        ours, eager, ignored = (_model(kind, name)(tokens).logits
+                                for name in ("fa4", "eager", "fa4_without_window_or_softcap"))
+    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(ignored, eager, rtol=1e-3, atol=1e-3)   # the window and cap change the answer
 
 
 def test_the_layers_scaling_and_gqa_reach_the_kernel():

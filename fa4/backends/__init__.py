@@ -15,8 +15,10 @@ semantics are ours (docs/design.md), whichever implementation runs:
 - GQA without copying K and V per call (a peer that refuses GQA is timed on K and V expanded once,
   outside the timing, and the result says so; the runtime never dispatches to such a time);
 - LSE (B, Hq, Sq) fp32 natural log where asked, or the peer does not support the call;
-- rows that see no key (causal with Sq > Sk) get O = 0 and LSE = -inf: `fix_rows_without_keys`,
-  applied by the runtime after a peer (a slice assignment: no sync, graph-safe).
+- a sliding window (left, right) and a softcap as `fa4.kernels.AttentionProblem` defines them, or the
+  peer does not support the call (`supports` says why);
+- rows that see no key (causal with Sq > Sk, or a window right of every key) get O = 0 and LSE = -inf:
+  `fix_rows_without_keys`, applied by the runtime after a peer (a slice assignment: no sync, graph-safe).
 
 Nothing here imports a peer's package at module load (flash-attn-4 is an optional dependency, the
 `peer` extra); nor torch.
@@ -77,9 +79,11 @@ class Backend(Protocol):
         """Why it cannot give a call of `problem` our semantics, or would not be the implementation
         that runs (None: it can)."""
 
-    def runner(self, causal: bool) -> Runner:
+    def runner(self, causal: bool, window: Optional[tuple] = None, softcap: Optional[float] = None) -> Runner:
         """What the runtime calls and the harness times: `run(q, k, v, scale, return_lse) -> (O, LSE or
-        None)`. Imports the package now, so a broken install fails when a plan is made, not at a launch."""
+        None)`, with the problem's mask (`window`, `softcap`: `AttentionProblem`'s, asked only where
+        `supports` says yes). Imports the package now, so a broken install fails when a plan is made,
+        not at a launch."""
 
     def direct_call(self, q, k, v, causal: bool) -> tuple[Callable[[], Any], str]:
         """(a call of its own API on these tensors returning O, a note saying what the call includes):
@@ -160,10 +164,12 @@ def unsupported(name: str, problem: "AttentionProblem") -> Optional[str]:
     return get(name).supports(problem)
 
 
-def runner(name: str, causal: bool) -> Runner:
+def runner(name: str, causal: bool, window: Optional[tuple] = None, softcap: Optional[float] = None) -> Runner:
     """The peer's runner (`Backend.runner`). The runtime calls it through this function: tests replace
     it to stand in for every peer at once."""
-    return get(name).runner(causal)
+    if window is None and softcap is None:   # a dense call: the runner as every peer declares it
+        return get(name).runner(causal)
+    return get(name).runner(causal, window=window, softcap=softcap)
 
 
 def recorded_versions() -> dict[str, Optional[str]]:

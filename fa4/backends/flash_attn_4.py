@@ -1,6 +1,8 @@
 """flash-attn-4 (`flash_attn.cute.flash_attn_func`, the `peer` extra) as a peer.
 
-It gives our semantics natively: bottom-right causal masks, GQA, and LSE in our layout. Its first call
+It gives our semantics natively: bottom-right causal masks, GQA, LSE in our layout, sliding windows
+(`window_size`, None for an unbounded side where we write -1) and the softcap (applied, as ours, to
+the scaled score: `flash_attn/cute/utils.py` `create_softcap_scoremod`). Its first call
 of a shape JIT-compiles (seconds), and its host time per eager call (~80-90 us on an H200) is more
 than its kernel's at S=1024, which is why eager calls are judged by host time too (`fa4.dispatch`).
 """
@@ -32,11 +34,13 @@ class FlashAttn4:
     def supports(self, problem) -> Optional[str]:
         return None  # every call we take, LSE included
 
-    def runner(self, causal: bool):
+    def runner(self, causal: bool, window=None, softcap=None):
         from flash_attn.cute import flash_attn_func
 
+        mask = _mask_arguments(window, softcap)
+
         def run(q, k, v, scale, return_lse):
-            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=return_lse)
+            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=return_lse, **mask)
             out, lse = result if isinstance(result, tuple) else (result, None)
             return out, (lse if return_lse else None)
 
@@ -56,20 +60,35 @@ class FlashAttn4:
             return f"{self.title}'s backward is not used for {q.dtype} at head dim {q.shape[-1]}"
         return self.unavailable()
 
-    def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float, dlse=None):
+    def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float, dlse=None, window=None, softcap=None):
         """(dQ, dK, dV). A row that sees no key has our LSE -inf; its kernels take +inf there (P = 0)."""
         import torch
         from flash_attn.cute.interface import _flash_attn_bwd   # the entry point of its autograd
 
-        if causal and q.shape[1] > k.shape[1]:
+        if (causal or window is not None) and q.shape[1] > k.shape[1]:
             lse = torch.where(lse == -math.inf, math.inf, lse)
-        dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout.contiguous(), lse, scale, causal, dlse=dlse)
+        mask = _mask_arguments(window, softcap)
+        left, right = mask.pop("window_size", (None, None))
+        if left is not None or right is not None:
+            mask.update(window_size_left=left, window_size_right=right)
+        dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout.contiguous(), lse, scale, causal, dlse=dlse, **mask)
         return dq, dk, dv
 
     def direct_call(self, q, k, v, causal: bool):
         from flash_attn.cute import flash_attn_func
 
         return (lambda: flash_attn_func(q, k, v, causal=causal)), ""
+
+
+def _mask_arguments(window, softcap) -> dict:
+    """flash-attn-4's keyword arguments for our window and softcap (none for a dense call): its
+    `window_size` leaves an unbounded side None, where ours says -1 (its -1 would bound the side)."""
+    mask = {}
+    if window is not None:
+        mask["window_size"] = tuple(None if side < 0 else int(side) for side in window)
+    if softcap is not None:
+        mask["softcap"] = float(softcap)
+    return mask
 
 
 register(FlashAttn4())

@@ -5,9 +5,11 @@ How SDPA gives our semantics: our (B, S, H, D) tensors reach it transposed to (B
 copy); GQA as `enable_gqa=True` (some backends refuse it: the harness then times them on K and V
 expanded once, and the runtime never dispatches to that time); our bottom-right causal mask as
 `is_causal` where Sq == Sk, else as `causal_lower_right` (`is_causal` is top-left aligned). SDPA returns
-no LSE, so it supports no call with return_lse. torch runs `causal_lower_right` with its own flash or
-memory-efficient kernel where those take the inputs, whatever backend is pinned: a pinned backend that
-is neither would not be the one that runs (`runs_lower_right_causal`).
+no LSE, so it supports no call with return_lse; it has no softcap, and a sliding window would be an
+explicit mask, which neither cuDNN's nor the flash backend of torch takes, so it supports neither.
+torch runs `causal_lower_right` with its own flash or memory-efficient kernel where those take the
+inputs, whatever backend is pinned: a pinned backend that is neither would not be the one that runs
+(`runs_lower_right_causal`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class PinnedSdpa:
         why = []
         if problem.return_lse:
             why.append(f"{self.title} returns no LSE (return_lse=True)")
+        if problem.window is not None:
+            why.append(f"{self.title} has no sliding window (an explicit mask runs another SDPA backend)")
+        if problem.softcap is not None:
+            why.append(f"{self.title} has no softcap")
         if not self.runs_lower_right_causal and problem.causal and problem.seqlen_q != problem.seqlen_k:
             why.append(f"{self.title} with a bottom-right causal mask and Sq != Sk: torch runs its own flash "
                        f"or memory-efficient kernel for causal_lower_right, not {self.kernel}")
@@ -67,15 +73,15 @@ class PinnedSdpa:
 
         return getattr(SDPBackend, self.pinned)
 
-    def runner(self, causal: bool):
+    def runner(self, causal: bool, window=None, softcap=None):
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 
         backend, title = [self._backend()], self.title
 
         def run(q, k, v, scale, return_lse):
-            if return_lse:  # `supports` keeps such calls away; a guard, not a path
-                raise ValueError(f"{title} returns no LSE")
+            if return_lse or window is not None or softcap is not None:  # `supports` keeps such calls
+                raise ValueError(f"{title} returns no LSE and has no window or softcap")  # away: a guard
             mask_kw = _mask(q.shape[1], k.shape[1], causal)
             gqa = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
             with sdpa_kernel(backend):

@@ -2,9 +2,12 @@
 
 A shapes file is TOML, a list of `[[problem]]` tables. Each names the fields of
 `fa4.kernels.AttentionProblem` (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal,
-return_lse), plus two short forms: `seqlen` (query and key length alike) and `gqa` (query heads per KV
-head, instead of heads_kv). Any value may be a list: the table then stands for every combination. A
-table without `causal` stands for both masks, as the command line's default. Unknown names are errors.
+return_lse, window, softcap), plus two short forms: `seqlen` (query and key length alike) and `gqa`
+(query heads per KV head, instead of heads_kv). Any value may be a list: the table then stands for every
+combination. A table without `causal` stands for both masks, as the command line's default. Unknown
+names are errors. `window` is a pair [left, right] (flash-attn's convention: -1 for an unbounded side;
+under causal the right side is 0, and a window at least as wide as the sequences is none), or a list of
+pairs; `softcap` a number > 0.
 
     [[problem]]                     # 2 batches x 2 lengths x 2 masks: 8 problems
     heads_q = 32
@@ -29,9 +32,11 @@ from importlib import resources
 from pathlib import Path
 
 from fa4.kernels import AttentionProblem
+from fa4.kernels.problem import resolve_mask
 from fa4.record_shapes import problem_table  # noqa: F401  (the writer of the tables read here)
 
-_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal", "return_lse")
+_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal", "return_lse",
+           "window", "softcap")
 _SHORT_FORMS = ("seqlen", "gqa")
 _REQUIRED = ("batch", "heads_q", "head_dim")
 
@@ -40,7 +45,9 @@ class ShapeSetError(ValueError):
     """A shapes file or preset that cannot be read; the message names the file and the table."""
 
 
-def _as_list(value) -> list:
+def _as_list(value, name: str = "") -> list:
+    if name == "window" and isinstance(value, list) and value and not isinstance(value[0], list):
+        return [value]   # one window, [left, right]
     return list(value) if isinstance(value, list) else [value]
 
 
@@ -61,7 +68,7 @@ def _expand(table: dict, where: str) -> list[AttentionProblem]:
     table = {"causal": [False, True], **table}
     names = sorted(table)
     problems = []
-    for values in itertools.product(*(_as_list(table[n]) for n in names)):
+    for values in itertools.product(*(_as_list(table[n], n) for n in names)):
         fields = dict(zip(names, values))
         if "seqlen" in fields:
             fields["seqlen_q"] = fields["seqlen_k"] = fields.pop("seqlen")
@@ -78,6 +85,10 @@ def _expand(table: dict, where: str) -> list[AttentionProblem]:
             if not isinstance(fields[name], int) or isinstance(fields[name], bool) or fields[name] < 1:
                 raise ShapeSetError(f"{where}: {name} must be a positive integer, got {fields[name]!r}")
         try:
+            if "window" in fields or "softcap" in fields:   # flash-attn's arguments, as fa4.attention reads them
+                fields["causal"], fields["window"], fields["softcap"] = resolve_mask(
+                    fields.get("causal", False), fields.get("window"), fields.get("softcap"),
+                    fields["seqlen_q"], fields["seqlen_k"])
             problems.append(AttentionProblem(**fields))
         except ValueError as exc:
             raise ShapeSetError(f"{where}: {exc}") from exc

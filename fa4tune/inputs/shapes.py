@@ -1,7 +1,8 @@
 """Shape keys: one name per problem (the study name, the bench row), and reading one back.
 
 `shape_key(arch, problem)` is e.g. `sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not
-causal, `-lse` appended when the log-sum-exp is returned). `parse_shape` reads any dash-separated subset
+causal; a sliding window's bounded sides `-wl<left>` / `-wr<right>` and a softcap `-cap<c>` follow the
+mask; `-lse` appended when the log-sum-exp is returned). `parse_shape` reads any dash-separated subset
 of its tokens (and a few short forms: `s1024`, `gqa4`), the rest from defaults.
 """
 
@@ -15,26 +16,38 @@ from fa4.kernels import ARCHS, AttentionProblem
 
 def shape_key(arch: str, problem: AttentionProblem) -> str:
     mask = "causal" if problem.causal else "full"
+    if problem.window_left is not None:
+        mask += f"-wl{problem.window_left}"
+    if problem.window_right is not None and not problem.causal:
+        mask += f"-wr{problem.window_right}"
+    if problem.softcap is not None:
+        mask += f"-cap{problem.softcap:g}"
     key = (f"{arch}-{problem.dtype}-b{problem.batch}-hq{problem.heads_q}-hkv{problem.heads_kv}"
            f"-d{problem.head_dim}-sq{problem.seqlen_q}-sk{problem.seqlen_k}-{mask}")
     return key + ("-lse" if problem.return_lse else "")
 
 
-_TOKEN = re.compile(r"^(b|hq|hkv|d|sq|sk|s|gqa)(\d+)$")
+_TOKEN = re.compile(r"^(b|hq|hkv|d|sq|sk|s|gqa|wl|wr)(\d+)$")
+_SOFTCAP = re.compile(r"^cap(\d+(?:\.\d+)?)$")
 
 
 def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProblem]:
     """A shape from dash-separated tokens in any order, the rest from `defaults`:
     `[sm90|sm100] [fp16|bf16] b<batch> hq<heads> hkv<kv heads> gqa<ratio> d<head dim> s<seqlen>
-    sq<seqlen_q> sk<seqlen_k> [causal|full] [lse]`. Returns (arch or None, problem)."""
+    sq<seqlen_q> sk<seqlen_k> [causal|full] wl<left> wr<right> cap<softcap> [lse]` (`wl`/`wr`: a
+    sliding window's left and right sides, an absent one unbounded). Returns (arch or None, problem)."""
     values = dict(defaults)
     arch = None
     gqa = None
+    window = [-1, -1]
     for token in text.strip().split("-"):
         token = token.strip().lower()
         if not token:
             continue
-        if token in ARCHS:
+        cap = _SOFTCAP.match(token)
+        if cap:
+            values["softcap"] = float(cap.group(1))
+        elif token in ARCHS:
             arch = token
         elif token in ("fp16", "bf16"):
             values["dtype"] = token
@@ -47,7 +60,9 @@ def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProb
             if not m:
                 raise ValueError(f"shape {text!r}: cannot read {token!r}")
             name, number = m.group(1), int(m.group(2))
-            if name == "s":
+            if name in ("wl", "wr"):
+                window[name == "wr"] = number
+            elif name == "s":
                 values["seqlen_q"] = values["seqlen_k"] = number
             elif name == "gqa":
                 gqa = number
@@ -58,4 +73,8 @@ def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProb
         if values["heads_q"] % gqa:
             raise ValueError(f"shape {text!r}: {values['heads_q']} query heads are not divisible by gqa {gqa}")
         values["heads_kv"] = values["heads_q"] // gqa
+    if window != [-1, -1]:
+        if values.get("causal") and window[1] not in (-1, 0):
+            raise ValueError(f"shape {text!r}: a causal window has no right side (wr{window[1]})")
+        values["window"] = (window[0], 0 if values.get("causal") else window[1])
     return arch, AttentionProblem(**values)

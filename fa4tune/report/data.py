@@ -103,7 +103,7 @@ def problem_flops(problem: Mapping[str, Any]) -> int | None:
 
 
 _PROBLEM_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal",
-                   "return_lse")
+                   "return_lse", "window", "softcap")
 _INT_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
 # what a malformed input raises when it is read; such an input is skipped with a note, never fatal
 MALFORMED = (TypeError, ValueError, KeyError, AttributeError)
@@ -144,7 +144,8 @@ def tflops_of(problem: Mapping[str, Any], us: float | None) -> float | None:
 
 
 def problem_key(problem: Mapping[str, Any]) -> tuple:
-    return tuple(problem.get(k) for k in _PROBLEM_FIELDS)
+    # a window is a JSON list: hashable as a tuple
+    return tuple(tuple(v) if isinstance(v, list) else v for v in (problem.get(k) for k in _PROBLEM_FIELDS))
 
 
 def problem_label(problem: Mapping[str, Any]) -> str:
@@ -152,6 +153,10 @@ def problem_label(problem: Mapping[str, Any]) -> str:
     sq, sk = problem.get("seqlen_q"), problem.get("seqlen_k")
     seq = f"S{sq}" if sq == sk else f"Sq{sq} Sk{sk}"
     mask = "causal" if problem.get("causal") else "full"
+    if problem.get("window") is not None:
+        mask += f" window ({problem['window'][0]}, {problem['window'][1]})"
+    if problem.get("softcap") is not None:
+        mask += f" softcap {problem['softcap']:g}"
     lse = " +lse" if problem.get("return_lse") else ""
     return (f"B{problem.get('batch')} {seq} H{problem.get('heads_q')}/{problem.get('heads_kv')} "
             f"D{problem.get('head_dim')} {problem.get('dtype')} {mask}{lse}")

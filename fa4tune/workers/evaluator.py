@@ -68,7 +68,7 @@ class KernelEvaluator:
             self._inputs.clear()  # one problem at a time: keep the GPU memory of one set
             scale = softmax_scale(problem.head_dim)
             q, k, v = random_inputs(problem)
-            expected = Expected.of(q, k, v, problem.causal, scale)
+            expected = Expected.of(q, k, v, problem.causal, scale, window=problem.window, softcap=problem.softcap)
             torch.cuda.synchronize()
             self._inputs[key] = (q, k, v, expected, scale)
         return self._inputs[key]
@@ -76,6 +76,7 @@ class KernelEvaluator:
     def run_trial(self, kernel, config, problem, timing, validate: bool, perturb: bool) -> dict:
         import torch
 
+        from fa4.kernels.compiling import mask_values
         from fa4.reference import compare
         from fa4tune.workers.timing import time_cuda, tflops
 
@@ -83,7 +84,9 @@ class KernelEvaluator:
         out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
         lse = (torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
                           device=q.device, dtype=torch.float32) if problem.return_lse else None)
-        kernel.run(q, k, v, out, lse, scale)
+        masks = mask_values(problem)
+        run = kernel.run if masks is None else (lambda *args: kernel.run(*args, masks=masks))
+        run(q, k, v, out, lse, scale)
         torch.cuda.synchronize()
         if perturb:
             out.add_(1.0)
@@ -95,7 +98,7 @@ class KernelEvaluator:
             if not check["passed"]:
                 result["outcome"] = "mismatch"
                 return result
-        measured = time_cuda(lambda: kernel.run(q, k, v, out, lse, scale), timing)
+        measured = time_cuda(lambda: run(q, k, v, out, lse, scale), timing)
         result.update(outcome="ok", us=round(measured.us, 3),
                       tflops=round(tflops(problem.flops(), measured.us), 2),
                       replay_spread=round(measured.spread, 4))
@@ -117,7 +120,7 @@ class KernelEvaluator:
                 out[name] = {"error": portable_note(why_not)}
                 continue
             try:
-                call, notes = peer_call(name, q, k, v, problem.causal, scale)
+                call, notes = peer_call(name, q, k, v, problem.causal, scale, problem.window, problem.softcap)
                 got = call()
                 torch.cuda.synchronize()
                 max_err = float((got.float() - expected.out_fp32).abs().max())
@@ -157,9 +160,10 @@ class KernelEvaluator:
 
         q, k, v, expected, _ = self._cached_inputs(problem)
         fa4.use_config_db(db_path)  # None: the default layers, as a user's process reads them
+        masks = {"window_size": problem.window, "softcap": problem.softcap}
 
         def call():
-            return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse)
+            return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse, **masks)
 
         with torch.no_grad():
             first = call()
@@ -167,7 +171,7 @@ class KernelEvaluator:
             out, lse = first if problem.return_lse else (first, None)
             check = compare(out, lse, expected)
             result = {name: value for name, value in check.items() if name not in ("passed", "failures")}
-            plan = fa4.explain(q, k, v, causal=problem.causal, return_lse=problem.return_lse)
+            plan = fa4.explain(q, k, v, causal=problem.causal, return_lse=problem.return_lse, **masks)
             result["backend"] = dict(plan.runs)
             # the configuration ours runs here, to compare the dispatched row with the default row
             result["config"] = plan.config.to_dict() if plan.config is not None else None
@@ -181,7 +185,7 @@ class KernelEvaluator:
 
             def call_ours():
                 return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse,
-                                     backend="ours")
+                                     backend="ours", **masks)
 
             try:
                 result["ours_eager_us"] = round(time_eager(call_ours), 3)

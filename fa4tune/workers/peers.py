@@ -19,16 +19,19 @@ from fa4 import backends
 from fa4.checks import inspect_inputs
 
 
-def peer_call(name: str, q, k, v, causal: bool, scale: float) -> tuple[Callable[[], object], dict]:
-    """(callable returning O, notes) for one peer on these inputs, called as the runtime calls it
-    (`fa4.backends.runner`); raises when the peer cannot run them."""
+def peer_call(name: str, q, k, v, causal: bool, scale: float, window=None,
+              softcap=None) -> tuple[Callable[[], object], dict]:
+    """(callable returning O, notes) for one peer on these inputs (and the problem's window and
+    softcap), called as the runtime calls it (`fa4.backends.runner`); raises when the peer cannot run
+    them."""
     if name not in backends.peer_names():
         raise ValueError(f"unknown peer {name!r}; known: {', '.join(backends.peer_names())}")
     peer = backends.get(name)
-    why = backends.unsupported(name, inspect_inputs(q, k, v).problem(causal, False))
+    why = backends.unsupported(name, inspect_inputs(q, k, v).problem(causal, False, window, softcap))
     if why:  # it would time another implementation under this peer's name
         raise RuntimeError(why)
-    run = backends.runner(name, causal)
+    run = backends.runner(name, causal, **({} if window is None and softcap is None
+                                           else {"window": window, "softcap": softcap}))
     group = q.shape[2] // k.shape[2]
     errors = []
     for expand in ((False, True) if peer.expand_kv_if_refused and group > 1 else (False,)):

@@ -33,11 +33,13 @@ def forward_of(name: str, problem) -> tuple[Callable, dict]:
 
     scale = softmax_scale(problem.head_dim)
     if name == FA4:
-        return (lambda q, k, v: fa4.attention(q, k, v, causal=problem.causal)), {}
+        return (lambda q, k, v: fa4.attention(q, k, v, causal=problem.causal, window_size=problem.window,
+                                              softcap=problem.softcap)), {}
     why = backends.unsupported(name, problem)
     if why:
         raise RuntimeError(why)
-    run = backends.runner(name, problem.causal)
+    run = backends.runner(name, problem.causal, **({} if problem.window is None and problem.softcap is None
+                                                   else {"window": problem.window, "softcap": problem.softcap}))
     if backends.get(name).expand_kv_if_refused and problem.gqa_ratio > 1:
         group = problem.gqa_ratio
 
@@ -71,7 +73,8 @@ def time_training(problem, timing, names, inputs, healthy: Callable[[], bool]) -
             torch.cuda.synchronize()
             result = {**notes, "validated": reference_fits}
             if reference_fits:
-                failures = check_grads(grads, q, k, v, dout, problem.causal)
+                failures = check_grads(grads, q, k, v, dout, problem.causal, window=problem.window,
+                                       softcap=problem.softcap)
                 if failures:
                     out[name] = {**result, "error": "gradients: " + "; ".join(failures)}
                     continue
@@ -93,7 +96,7 @@ def time_training(problem, timing, names, inputs, healthy: Callable[[], bool]) -
             if name == FA4:
                 from fa4.backward import choose
 
-                result["backward"] = choose(q)[0]
+                result["backward"] = choose(q, window=problem.window, softcap=problem.softcap)[0]
             out[name] = result
             del saved, grads
         except Exception as exc:  # an implementation that cannot train this shape is a result, not a crash

@@ -25,7 +25,12 @@ REFERENCE_DEVICE = reference_device(ARCH)  # what a compile without a GPU is for
 
 def can_implement(problem: AttentionProblem) -> list[str]:
     """Reasons this kernel family cannot run the problem under any configuration (empty: it can)."""
-    return unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
+    reasons = unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
+    if problem.window is not None:
+        reasons.append("the sm100 kernel has no sliding window (the sm90 kernel has)")
+    if problem.softcap is not None:
+        reasons.append("the sm100 kernel has no softcap (the sm90 kernel has)")
+    return reasons
 
 
 def resources(config: Config, problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> dict:

@@ -65,12 +65,23 @@ def device_key(device: DeviceDescription) -> tuple:
 
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem the generated code depends on (never sequence lengths, batch or heads;
-    the GQA ratio only when rows are packed, where it shapes the tile)."""
+    the GQA ratio only when rows are packed, where it shapes the tile; which sides of a window are
+    bounded and whether there is a softcap, never their values: those are runtime arguments)."""
     key = (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal),
            ("return_lse", problem.return_lse))
     if config.pack_gqa:
         key += (("gqa_ratio", problem.gqa_ratio),)
+    features = _mask_features(problem)
+    if any(features.values()):   # a dense problem's key is what it was before windows existed
+        key += tuple(features.items())
     return key
+
+
+def _mask_features(problem: AttentionProblem) -> dict:
+    """The kernel's compile-time mask flags of `problem` (its constructor's arguments)."""
+    return {"bounded_left": problem.window_left is not None,
+            "bounded_right": problem.window_right is not None and not problem.causal,
+            "softcap": problem.softcap is not None}
 
 
 def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
@@ -83,7 +94,8 @@ def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescrip
     return FlashAttentionSm90(
         dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
         return_lse=problem.return_lse, gqa_pack_ratio=problem.gqa_ratio if pack_gqa else None,
-        num_sms=compiled_in["num_sms"], l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"], **knobs)
+        num_sms=compiled_in["num_sms"], l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"],
+        **_mask_features(problem), **knobs)
 
 
 def traced_smem_bytes(kernel) -> int:

@@ -51,6 +51,18 @@ def _tiles(config: Config, problem: AttentionProblem) -> tuple[int, int]:
     return m_blocks, m_blocks * (problem.heads_kv if config.pack_gqa else problem.heads_q) * problem.batch
 
 
+def key_blocks_per_tile(config: Config, problem: AttentionProblem) -> int:
+    """The most key blocks one tile visits, the measure of its work: every block of the keys, but under
+    a sliding window bounded on both sides (causal bounds the right) only the blocks its rows' windows
+    span, so a windowed tile costs the window, not the sequence (the kernel never loads the others)."""
+    every = -(-problem.seqlen_k // config.tile_n)
+    left, right = problem.window_left, problem.window_right
+    if left is None or right is None:
+        return every
+    positions = -(-config.tile_m // (problem.gqa_ratio if config.pack_gqa else 1))
+    return min(every, -(-(positions + left + right) // config.tile_n) + 1)   # +1: a span starting mid-block
+
+
 def wide_tiles_at_head_dim_64(config: Config, problem: AttentionProblem) -> Config:
     """Head dim 64: 192-row tiles (three consumer warpgroups), as flash-attn-4 does: 84.9 -> 80.1 us
     at B1 S2048 H32/8 full, 55.7 -> 48.6 causal; also where the GQA ratio does not divide 192 (the
@@ -111,9 +123,11 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
     fit one block: every tile then costs the same, longest-first has nothing to order and its
     head-grouped order costs (B64 S128 H32/8 fp16 69.8 -> 56.2 us, B128 S128 H16/4 bf16 69.4 ->
     53.9; cuDNN 59.9 and 57.9; results/h200/wide/short_causal_variants.json). Not where the second Q
-    buffer does not fit shared memory (head dims 192 and 256)."""
+    buffer does not fit shared memory (head dims 192 and 256). Under a sliding window a tile's key
+    range is its window's (`key_blocks_per_tile`): a narrow window over long sequences is short keys
+    (not yet timed with a window)."""
     m_blocks, tiles = _tiles(config, problem)
-    key_blocks = -(-problem.seqlen_k // config.tile_n)
+    key_blocks = key_blocks_per_tile(config, problem)
     if key_blocks > 8 or tiles < 2 * device.sm_count:
         return config
     longest_first = problem.causal and m_blocks < 16 and key_blocks > 1

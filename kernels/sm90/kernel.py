@@ -11,7 +11,11 @@ Math (docs/design.md, section 1): exp2 with scale * log2(e) folded; per row a ma
 only when the new block max exceeds it by more than `rescale_threshold` (log2 units); O and l stay
 on the row's basis and are normalised once, at the end. Causal is bottom-right aligned and split in
 three regions: blocks right of the diagonal are never loaded, blocks on it are masked before the
-max, blocks left of it do no mask work.
+max, blocks left of it do no mask work. A sliding window (compile-time: which sides are bounded;
+runtime: their widths) narrows each tile's block range from both sides, so blocks outside it are never
+loaded, and masks only the blocks its edges cross; a softcap (compile-time flag, runtime value) turns
+each score into tanh(s * scale / c) on the MUFU tanh before the mask, the softmax then working in
+units of c (docs/design.md, section 1).
 """
 
 
@@ -85,13 +89,20 @@ class TileContext(NamedTuple):
     q_prev: Any
     q_prev_pending: Any
     tidx: Any
+    # a sliding window's bounded sides (keys left / right of the diagonal) and the softcap's
+    # pre-tanh factor (scale / c): runtime values, None where the kernel has none
+    window_left: Any = None
+    window_right: Any = None
+    softcap_scale: Any = None
 
 
 class FlashAttentionSm90:
     """One compiled variant of the forward kernel.
 
     Problem constants (change the code): dtype ("fp16"/"bf16"), head_dim (64/128), causal,
-    return_lse, and the GQA ratio when rows are packed.
+    return_lse, the GQA ratio when rows are packed, which sides of a sliding window are bounded
+    (bounded_left, bounded_right: the widths are runtime values) and whether scores are soft-capped
+    (softcap; the cap is a runtime value).
     Device constants (the family's `device_key`): num_sms (the persistent grid), l2_bytes_for_kv (the
     longest-first orders' head groups).
     Knobs (kernels/knobs.py, sm90):
@@ -106,11 +117,16 @@ class FlashAttentionSm90:
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
                  gqa_pack_ratio: Optional[int], tile_m: int, tile_n: int, kv_stages: int,
                  q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
-                 softmax_overlap: bool, exp2_poly_columns: int, num_sms: int, l2_bytes_for_kv: int):
+                 softmax_overlap: bool, exp2_poly_columns: int, num_sms: int, l2_bytes_for_kv: int,
+                 bounded_left: bool = False, bounded_right: bool = False, softcap: bool = False):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
         self.return_lse = return_lse
+        assert not (causal and bounded_right), "under causal the right side is the causal bound"
+        self.bounded_left = bounded_left
+        self.bounded_right = bounded_right
+        self.softcap = softcap
         self.pack_ratio = gqa_pack_ratio  # None: one query head per tile
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -140,6 +156,10 @@ class FlashAttentionSm90:
         # With two Q buffers the store warp need not wait for its O store to be read before the next
         # tile: the wait (and the Q buffer's release) moves under the next tile's first S MMA.
         self.defer_q_release = self.q_stages > 1
+        # a window's masked blocks apply its whole mask (both sides, the key length): one mask code
+        self.has_window = self.bounded_left or self.bounded_right
+        # blocks right of some row's last key are skipped and the ones its edge crosses masked
+        self.mask_right = self.causal or self.bounded_right
 
     # ------------------------------------------------------------------------------------------
     # shared memory
@@ -188,7 +208,29 @@ class FlashAttentionSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: Optional[cute.Tensor], softmax_scale: Float32, stream: cuda.CUstream):
-        """Q, O: (B, Sq, Hq, D); K, V: (B, Sk, Hkv, D); LSE: (B, Hq, Sq) fp32 or None."""
+        """Q, O: (B, Sq, Hq, D); K, V: (B, Sk, Hkv, D); LSE: (B, Hq, Sq) fp32 or None. A kernel with a
+        window or softcap is called through `call_masked`."""
+        self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, None, None, None, stream)
+
+    @cute.jit
+    def call_masked(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                    mLSE: Optional[cute.Tensor], softmax_scale: Float32, window_left: Optional[Int32],
+                    window_right: Optional[Int32], softcap: Optional[Float32], stream: cuda.CUstream):
+        """`__call__` of a kernel with a sliding window or a softcap: the bounded sides' widths (keys
+        left / right of the diagonal) and the cap c > 0, each None where the kernel has none."""
+        self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, window_left, window_right, softcap,
+                              stream)
+
+    @cute.jit
+    def launch_attention(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                         mLSE: Optional[cute.Tensor], softmax_scale: Float32,
+                         window_left: Optional[Int32], window_right: Optional[Int32],
+                         softcap: Optional[Float32], stream: cuda.CUstream):
+        if const_expr((window_left is not None) != self.bounded_left
+                      or (window_right is not None) != self.bounded_right
+                      or (softcap is not None) != self.softcap):
+            raise TypeError("the window's sides and the softcap must be given exactly where the kernel "
+                            "was built with them")
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
             raise TypeError("Q, K, V and O must all have the kernel's dtype")
@@ -238,12 +280,18 @@ class FlashAttentionSm90:
         sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, seqlen_k,
                                      self.head_dim, self.num_sms, self.l2_bytes_for_kv)
         scale_log2 = softmax_scale * Float32(LOG2_E)
+        softcap_scale = None
+        if const_expr(self.softcap):
+            # s -> c * tanh(s * scale / c): the kernel keeps tanh(s * scale / c) and works in units
+            # of c, so its exponent factor is c * log2(e)
+            softcap_scale = softmax_scale / softcap
+            scale_log2 = softcap * Float32(LOG2_E)
 
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, seqlen_q, seqlen_k, ratio_rt, num_m_blocks, heads_tile, batch,
-            sched.group_heads, tiled_mma_qk, tiled_mma_pv, self.sQ_layout, self.sK_layout, self.sV_layout,
-            self.sP_layout, SharedStorage,
+            sched.group_heads, window_left, window_right, softcap_scale, tiled_mma_qk, tiled_mma_pv,
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sP_layout, SharedStorage,
         ).launch(grid=sched.grid_shape(), block=[self.num_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -255,7 +303,8 @@ class FlashAttentionSm90:
                mLSE: Optional[cute.Tensor], tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
                tma_atom_V: cute.CopyAtom, tma_atom_O: cute.CopyAtom, scale_log2: Float32,
                seqlen_q: Int32, seqlen_k: Int32, ratio_rt: Int32, num_m_blocks: Int32,
-               num_heads: Int32, batch: Int32, group_heads: Int32,
+               num_heads: Int32, batch: Int32, group_heads: Int32, window_left: Optional[Int32],
+               window_right: Optional[Int32], softcap_scale: Optional[Float32],
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: Optional[cute.ComposedLayout],
@@ -300,39 +349,66 @@ class FlashAttentionSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             pipe_q, pipe_k, pipe_v, sched, seqlen_q, seqlen_k, ratio_rt)
+                             pipe_q, pipe_k, pipe_v, sched, seqlen_q, seqlen_k, ratio_rt,
+                             window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v, sched,
-                         tiled_mma_qk, tiled_mma_pv, scale_log2, seqlen_q, seqlen_k)
+                         tiled_mma_qk, tiled_mma_pv, scale_log2, seqlen_q, seqlen_k,
+                         window_left, window_right, softcap_scale)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
-    def kv_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """[n_min, n_max): the K/V blocks this tile must visit (causal skips those right of it)."""
+    def kv_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                       window_left: Optional[Int32] = None, window_right: Optional[Int32] = None):
+        """[n_min, n_max): the K/V blocks this tile must visit (causal and a window's right side skip
+        those right of it, a window's left side those left of it; the range may be empty)."""
         n_max = (seqlen_k + self.tile_n - 1) // self.tile_n
-        if const_expr(self.causal):
+        if const_expr(self.mask_right):
             last_row = (m_block + 1) * self.tile_m  # one past the tile's last (packed) row
             if const_expr(self.pack_ratio is not None):
                 last_row = (last_row + self.pack_ratio - 1) // self.pack_ratio
             last_col = last_row + seqlen_k - seqlen_q  # one past the last visible key
+            if const_expr(self.bounded_right):
+                last_col = last_col + window_right
             n_max = cutlass.min(n_max, (last_col + self.tile_n - 1) // self.tile_n)
+        if const_expr(self.bounded_left):
+            first_row = m_block * self.tile_m
+            if const_expr(self.pack_ratio is not None):
+                first_row = first_row // self.pack_ratio
+            first_col = first_row + seqlen_k - seqlen_q - window_left  # the first row's first key
+            return cutlass.max(first_col, 0) // self.tile_n, n_max
         return Int32(0), n_max
 
     @cute.jit
-    def first_masked_block(self, m_block: Int32, n_min: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """Blocks below this index are left of the diagonal for every row of the tile: no mask."""
+    def first_masked_block(self, m_block: Int32, n_min: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                           window_right: Optional[Int32] = None):
+        """Blocks below this index are left of the diagonal (plus a window's right side) for every row
+        of the tile: no mask on that side."""
         first_row = m_block * self.tile_m
         if const_expr(self.pack_ratio is not None):
             first_row = first_row // self.pack_ratio
         first_row_limit = first_row + seqlen_k - seqlen_q  # last visible key of the first row
+        if const_expr(self.bounded_right):
+            first_row_limit = first_row_limit + window_right
         return cutlass.max(n_min, cutlass.max(first_row_limit, 0) // self.tile_n)
+
+    @cute.jit
+    def left_masked_blocks_end(self, m_block: Int32, n_min: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                               window_left: Int32):
+        """Blocks below this index hold keys left of the last row's window: the window's left edge
+        crosses them (or passes right of them for some row), so they carry its mask."""
+        last_row = (m_block + 1) * self.tile_m - 1  # the tile's last (packed) row
+        if const_expr(self.pack_ratio is not None):
+            last_row = last_row // self.pack_ratio
+        last_row_first = last_row + seqlen_k - seqlen_q - window_left  # its first visible key
+        return cutlass.max(n_min, (cutlass.max(last_row_first, 0) + self.tile_n - 1) // self.tile_n)
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                 pipe_v, sched: cutlass.Constexpr, seqlen_q: Int32, seqlen_k: Int32,
-                ratio_rt: Int32):
+                ratio_rt: Int32, window_left: Optional[Int32], window_right: Optional[Int32]):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
@@ -352,7 +428,7 @@ class FlashAttentionSm90:
             tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
             tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
 
-            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k)
+            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
             n_count = n_max - n_min
             # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
             # previous tile's O store, and this K load need not.
@@ -401,7 +477,8 @@ class FlashAttentionSm90:
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v,
                 sched: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv, scale_log2: Float32,
-                seqlen_q: Int32, seqlen_k: Int32):
+                seqlen_q: Int32, seqlen_k: Int32, window_left: Optional[Int32],
+                window_right: Optional[Int32], softcap_scale: Optional[Float32]):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -452,7 +529,7 @@ class FlashAttentionSm90:
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
-            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k)
+            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
             n_count = n_max - n_min
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
@@ -462,12 +539,18 @@ class FlashAttentionSm90:
             ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
                               tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
                               scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next,
-                              pipe_q, q_prev, q_prev_pending, tidx)
+                              pipe_q, q_prev, q_prev_pending, tidx, window_left, window_right,
+                              softcap_scale)
             if n_count > 0:
                 n_mask_from = n_min
-                if const_expr(self.causal):
-                    n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k)
-                kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from)
+                if const_expr(self.mask_right):
+                    n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k,
+                                                          window_right)
+                n_left_end = n_min
+                if const_expr(self.bounded_left):
+                    n_left_end = self.left_masked_blocks_end(m_block, n_min, seqlen_q, seqlen_k,
+                                                             window_left)
+                kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from, n_left_end)
             else:
                 self.release_previous_q(ctx)
             self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, mO, mLSE, tma_atom_O,
@@ -495,27 +578,43 @@ class FlashAttentionSm90:
                     ctx.pipe_q.consumer_release(ctx.q_prev)
 
     @cute.jit
-    def mainloop(self, ctx, kv_state, n_min: Int32, n_max: Int32, n_mask_from: Int32):
+    def mainloop(self, ctx, kv_state, n_min: Int32, n_max: Int32, n_mask_from: Int32,
+                 n_left_end: Int32):
         """All K/V blocks of one tile, rightmost first: the first block carries the seqlen (and
-        causal) mask, then the diagonal blocks the causal mask, then the full blocks none."""
+        causal) mask, then the diagonal blocks the causal mask, then the full blocks none. With a
+        window, the first block and those its right edge crosses carry its whole mask (`n_mask_from`
+        up), the full blocks none, and the blocks its left edge crosses (below `n_left_end`) its whole
+        mask again."""
         if const_expr(not self.overlap):
             self.pingpong_wait(ctx)
             kv_state = self.block_step(ctx, kv_state, n_max - 1, is_first=True, mask_seqlen=True,
-                                       mask_causal=self.causal)
+                                       mask_causal=self.causal, mask_window=self.has_window)
             n_after_first = n_max - 1
-            if const_expr(self.causal):
+            if const_expr(self.mask_right):
                 n_diag = cutlass.max(n_after_first - n_mask_from, 0)
                 for i in cutlass.range(n_diag, unroll=1):
                     kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i,
                                                is_first=False, mask_seqlen=False,
-                                               mask_causal=True)
+                                               mask_causal=self.causal, mask_window=self.has_window)
                 n_after_first = cutlass.min(n_after_first, n_mask_from)
-            for i in cutlass.range(n_after_first - n_min, unroll=1):
-                kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i, is_first=False,
-                                           mask_seqlen=False, mask_causal=False)
+            if const_expr(self.bounded_left):
+                n_full = cutlass.max(n_after_first - n_left_end, 0)
+                for i in cutlass.range(n_full, unroll=1):
+                    kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i, is_first=False,
+                                               mask_seqlen=False, mask_causal=False)
+                n_after_full = cutlass.min(n_after_first, n_left_end)
+                for i in cutlass.range(n_after_full - n_min, unroll=1):
+                    kv_state = self.block_step(ctx, kv_state, n_after_full - 1 - i, is_first=False,
+                                               mask_seqlen=False, mask_causal=False, mask_window=True)
+            else:
+                for i in cutlass.range(n_after_first - n_min, unroll=1):
+                    kv_state = self.block_step(ctx, kv_state, n_after_first - 1 - i, is_first=False,
+                                               mask_seqlen=False, mask_causal=False)
             self.pingpong_pass(ctx)
         else:
-            if const_expr(self.causal):
+            if const_expr(self.has_window):
+                self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
+            elif const_expr(self.causal):
                 self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
             else:
                 # the first (rightmost) block needs the key-length mask only when Sk is not a
@@ -525,15 +624,25 @@ class FlashAttentionSm90:
                 else:
                     self.overlap_first_block(ctx, kv_state, n_max - 1, mask_seqlen=True)
             n_after_first = n_max - 1
-            if const_expr(self.causal):
+            if const_expr(self.mask_right):
                 n_diag = cutlass.max(n_after_first - n_mask_from, 0)
                 for i in cutlass.range(n_diag, unroll=1):
                     kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
-                                                 mask_causal=True)
+                                                 mask_causal=self.causal, mask_window=self.has_window)
                 n_after_first = cutlass.min(n_after_first, n_mask_from)
-            for i in cutlass.range(n_after_first - n_min, unroll=1):
-                kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
-                                             mask_causal=False)
+            if const_expr(self.bounded_left):
+                n_full = cutlass.max(n_after_first - n_left_end, 0)
+                for i in cutlass.range(n_full, unroll=1):
+                    kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
+                                                 mask_causal=False)
+                n_after_full = cutlass.min(n_after_first, n_left_end)
+                for i in cutlass.range(n_after_full - n_min, unroll=1):
+                    kv_state = self.overlap_step(ctx, kv_state, n_after_full - 1 - i,
+                                                 mask_causal=False, mask_window=True)
+            else:
+                for i in cutlass.range(n_after_first - n_min, unroll=1):
+                    kv_state = self.overlap_step(ctx, kv_state, n_after_first - 1 - i,
+                                                 mask_causal=False)
             kv_state = self.overlap_last_pv(ctx, kv_state)
         return kv_state
 
@@ -553,7 +662,8 @@ class FlashAttentionSm90:
     # ---- one block without overlap -------------------------------------------------------------
     @cute.jit
     def block_step(self, ctx, kv_state, n_block: Int32, is_first: cutlass.Constexpr,
-                   mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
+                   mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr,
+                   mask_window: cutlass.Constexpr = False):
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
          seqlen_k, *_) = ctx
@@ -566,11 +676,16 @@ class FlashAttentionSm90:
         self.pingpong_pass(ctx)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(kv_state)
-        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
-                        mask_causal)
+        if const_expr(self.softcap):
+            self.apply_softcap(acc_S, ctx.softcap_scale)
+        if const_expr(mask_window):
+            self.apply_window_mask(ctx, acc_S, n_block, mask_seqlen)
+        else:
+            self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
+                            mask_causal)
         row_scale, any_moved = self.online_softmax(
             acc_S, row_max, row_sum, scale_log2, is_first,
-            all_keys_visible=not (is_first or mask_seqlen or mask_causal))
+            all_keys_visible=not (is_first or mask_seqlen or mask_causal or mask_window))
         self.write_p(acc_S, tOrP, tPsP, p_store)
         if const_expr(not is_first):
             self.rescale_o(acc_O, row_scale, any_moved)
@@ -598,8 +713,13 @@ class FlashAttentionSm90:
         self.release_previous_q(ctx)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(kv_state)
-        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
-                        self.causal)
+        if const_expr(self.softcap):
+            self.apply_softcap(acc_S, ctx.softcap_scale)
+        if const_expr(self.has_window):
+            self.apply_window_mask(ctx, acc_S, n_block, mask_seqlen)
+        else:
+            self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
+                            self.causal)
         self.online_softmax(acc_S, row_max, row_sum, scale_log2, True, all_keys_visible=False)
         self.write_p(acc_S, tOrP, tPsP, p_store)
         if const_expr(self.pv_from_smem):
@@ -607,7 +727,8 @@ class FlashAttentionSm90:
             cute.arch.sync_warp()
 
     @cute.jit
-    def overlap_step(self, ctx, kv_state, n_block: Int32, mask_causal: cutlass.Constexpr):
+    def overlap_step(self, ctx, kv_state, n_block: Int32, mask_causal: cutlass.Constexpr,
+                     mask_window: cutlass.Constexpr = False):
         """S of block n_block is computed while P V of the previous block runs."""
         (tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape,
          tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, scale_log2, m_block, seqlen_q,
@@ -625,10 +746,15 @@ class FlashAttentionSm90:
         self.pingpong_pass(ctx)
         warpgroup.wait_group(1)  # S is ready; P V may still run
         pipe_k.consumer_release(kv_state)
-        self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False,
-                        mask_causal)
+        if const_expr(self.softcap):
+            self.apply_softcap(acc_S, ctx.softcap_scale)
+        if const_expr(mask_window):
+            self.apply_window_mask(ctx, acc_S, n_block, False)
+        else:
+            self.apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False,
+                            mask_causal)
         row_scale, any_moved = self.online_softmax(acc_S, row_max, row_sum, scale_log2, False,
-                                                   all_keys_visible=not mask_causal)
+                                                   all_keys_visible=not (mask_causal or mask_window))
         warpgroup.wait_group(0)  # P V done: its P registers / smem and O may be touched
         pipe_v.consumer_release(prev_state)
         self.write_p(acc_S, tOrP, tPsP, p_store)
@@ -690,6 +816,68 @@ class FlashAttentionSm90:
                     for i in cutlass.range_constexpr(min(32, num_cols - chunk * 32)):
                         c = chunk * 32 + i
                         S[r, c] = S[r, c] if Boolean(keep & Uint32(1 << i)) else -Float32.inf
+
+    @cute.jit
+    def apply_window_mask(self, ctx, acc_S, n_block: Int32, mask_seqlen: cutlass.Constexpr):
+        """A window's whole mask on one block: per row, the keys from diag - left (a bounded left
+        side) to diag + right (causal: right 0; an unbounded right side: no bound) and, with
+        mask_seqlen, below Sk stay; the rest become -inf. The visible keys of a thread's row are a
+        contiguous run of its fragment: two counts (fragment elements left of the run, elements up to
+        its end) give one 32-bit keep word per 32 elements, each element selected on its bit (R2P),
+        as `apply_mask` does for a prefix."""
+        S = L.acc_rows_cols(acc_S)
+        num_cols = cute.size(S.shape[1])
+        tScS = ctx.tScS
+        # fragment element c holds column c // 2 * 8 + c % 2 of thread 0 (L.acc_rows_cols); keys are
+        # counted from this thread's fragment column 0
+        block_key = n_block * self.tile_n + tScS[0, 0][1]
+        bounded_above = mask_seqlen or self.mask_right
+        for r in cutlass.range_constexpr(cute.size(S.shape[0])):
+            row = ctx.m_block * self.tile_m + tScS[r, 0][0]
+            if const_expr(self.pack_ratio is not None):
+                row = row // self.pack_ratio
+            diag = row + ctx.seqlen_k - ctx.seqlen_q - block_key  # the row's diagonal key
+            end = Int32(0)  # one past the last visible key
+            if const_expr(mask_seqlen):
+                end = ctx.seqlen_k - block_key
+            if const_expr(self.mask_right):
+                right_end = diag + 1
+                if const_expr(self.bounded_right):
+                    right_end = right_end + ctx.window_right
+                if const_expr(mask_seqlen):
+                    end = cutlass.min(end, right_end)
+                else:
+                    end = right_end
+            # key limits -> counts of fragment elements (columns come in pairs every 8)
+            upto = Int32(0)
+            if const_expr(bounded_above):
+                end = cutlass.max(end, 0)
+                upto = end // 8 * 2 + cutlass.min(end % 8, 2)
+            before = Int32(0)
+            if const_expr(self.bounded_left):
+                start = cutlass.max(diag - ctx.window_left, 0)
+                before = start // 8 * 2 + cutlass.min(start % 8, 2)
+            for chunk in cutlass.range_constexpr((num_cols + 31) // 32):
+                keep = Uint32(0xFFFFFFFF)
+                if const_expr(bounded_above):
+                    hidden = cutlass.min(cutlass.max(Int32((chunk + 1) * 32) - upto, 0), 32)
+                    keep = Uint32(0xFFFFFFFF) >> Uint32(cutlass.min(hidden, 31))
+                    if hidden == 32:
+                        keep = Uint32(0)
+                if const_expr(self.bounded_left):
+                    skipped = cutlass.min(cutlass.max(before - Int32(chunk * 32), 0), 32)
+                    keep = keep & (Uint32(0xFFFFFFFF) << Uint32(cutlass.min(skipped, 31)))
+                    if skipped == 32:
+                        keep = Uint32(0)
+                for i in cutlass.range_constexpr(min(32, num_cols - chunk * 32)):
+                    c = chunk * 32 + i
+                    S[r, c] = S[r, c] if Boolean(keep & Uint32(1 << i)) else -Float32.inf
+
+    @cute.jit
+    def apply_softcap(self, acc_S, softcap_scale: Float32):
+        """S -> tanh(S * scale / c) in place, on the MUFU tanh (as flash-attn-4's softcap): the capped
+        score in units of c, which the softmax's exponent factor (c * log2(e)) carries."""
+        acc_S.store(cute.math.tanh(acc_S.load() * softcap_scale, fastmath=True))
 
     # ---- softmax -------------------------------------------------------------------------------
     @cute.jit

@@ -22,10 +22,12 @@ def shard(cases: list) -> list:
 
 
 def run_and_check(config, problem, logit_scale: float = 1.0, softmax_scale=None) -> list[str]:
-    """Compile and run one configuration on random inputs; the failures by `fa4.reference.check`."""
+    """Compile and run one configuration on random inputs (a window's widths and a softcap's cap as the
+    kernel takes them); the failures by `fa4.reference.check`."""
     import torch
 
     from fa4.kernels import compile_attention
+    from fa4.kernels.compiling import mask_values
     from fa4.reference import check, random_inputs
 
     q, k, v = random_inputs(problem, logit_scale=logit_scale)
@@ -34,6 +36,6 @@ def run_and_check(config, problem, logit_scale: float = 1.0, softmax_scale=None)
     if problem.return_lse:
         lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
                          device="cuda", dtype=torch.float32)
-    compile_attention(config, problem).run(q, k, v, out, lse, softmax_scale)
+    compile_attention(config, problem).run(q, k, v, out, lse, softmax_scale, masks=mask_values(problem))
     torch.cuda.synchronize()
-    return check(out, lse, q, k, v, problem.causal, softmax_scale)
+    return check(out, lse, q, k, v, problem.causal, softmax_scale, window=problem.window, softcap=problem.softcap)
