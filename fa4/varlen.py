@@ -8,7 +8,8 @@ offsets, batch + 1 of them, starting at 0). Each sequence is its own attention p
 are bottom-right aligned per sequence, GQA as in `fa4.attention`, a sequence may be empty, and a query
 row that sees no key (its sequence has no keys, or a causal sequence with more queries than keys) gets
 O = 0 and LSE = -inf; so do rows after the last sequence. LSE is (Hq, total_q) fp32, flash-attn's
-varlen layout.
+varlen layout. `window_size` and `softcap` as in `fa4.attention` (flash-attn's conventions), per
+sequence.
 
 Implementations (`backend=`):
 - "flash_attn_4": flash-attn-4's varlen kernel (the `peer` extra; one launch for the whole batch).
@@ -32,6 +33,7 @@ import torch
 
 from fa4 import backends
 from fa4.checks import InvalidInputError, UnsupportedInputError
+from fa4.kernels.problem import UNBOUNDED, resolve_mask, softcap_value, window_pair
 from fa4.reference import attention_fp32, softmax_scale as default_scale
 
 FLASH_ATTN_4 = "flash_attn_4"
@@ -42,11 +44,17 @@ IMPLEMENTATIONS = (FLASH_ATTN_4, PER_SEQUENCE)
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                      softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto",
-                     fallback: str = "none"):
+                     fallback: str = "error", *, window_size: Optional[tuple] = None,
+                     softcap: Optional[float] = None):
     """O (total_q, Hq, D), and LSE (Hq, total_q) fp32 if `return_lse` (module docstring). `fallback`
     is passed to each per-sequence `fa4.attention` call ("sdpa": PyTorch SDPA where our kernels cannot
     run, e.g. on a CPU)."""
     _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    try:
+        window_size = None if window_size is None else window_pair(window_size)
+        softcap = None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap_value(softcap)
+    except ValueError as exc:
+        raise InvalidInputError(f"fa4.attention_varlen: {exc}") from None
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     offsets = None
     if not (capturing and cu_seqlens_q.is_cuda):
@@ -54,12 +62,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     implementation = choose(q, backend)
     if implementation == FLASH_ATTN_4:
         return _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                             return_lse)
+                             return_lse, window_size, softcap)
     if offsets is None:
         raise UnsupportedInputError("fa4.attention_varlen (per_sequence) reads the offsets on the host, which "
                                     "cannot happen during a CUDA-graph capture: pass cu_seqlens_q and "
                                     "cu_seqlens_k as CPU tensors there")
-    return _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback)
+    return _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback, window_size, softcap)
 
 
 def choose(q: torch.Tensor, backend: str = "auto") -> str:
@@ -87,7 +95,8 @@ def flash_attn_4_unsupported(q: torch.Tensor) -> Optional[str]:
         "flash-attn-4 is not registered as a peer"
 
 
-def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None):
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None, *,
+                     window_size=None, softcap: Optional[float] = None):
     """(O, LSE) in fp32, sequence by sequence with `fa4.reference.attention_fp32`; rows outside every
     sequence get O = 0 and LSE = -inf."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
@@ -98,7 +107,9 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: O
         q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
         if q1 == q0:
             continue
-        o, l = attention_fp32(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale)
+        causal_b, window_b, softcap_b = resolve_mask(causal, window_size, softcap, q1 - q0, k1 - k0)
+        o, l = attention_fp32(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal_b, scale, window=window_b,
+                              softcap=softcap_b)
         out[q0:q1], lse[:, q0:q1] = o[0], l[0]
     return out, lse
 
@@ -156,7 +167,7 @@ def _checked_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max
     return both[0], both[1]
 
 
-def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback):
+def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback, window_size, softcap):
     import fa4
 
     starts_q, starts_k = offsets
@@ -170,7 +181,8 @@ def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback)
             lses.append(torch.full((q.shape[1], q1 - q0), -torch.inf, dtype=torch.float32, device=q.device))
             continue
         result = fa4.attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
-                               softmax_scale=softmax_scale, return_lse=return_lse, fallback=fallback)
+                               softmax_scale=softmax_scale, return_lse=return_lse, fallback=fallback,
+                               window_size=window_size, softcap=softcap)
         out, lse = result if return_lse else (result, None)
         outs.append(out[0])
         if return_lse:
@@ -187,27 +199,32 @@ def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback)
 
 
 def _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                  return_lse):
+                  return_lse, window_size, softcap):
     from flash_attn.cute import flash_attn_varlen_func
 
     device_offsets = [cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k)]
     result = flash_attn_varlen_func(q, k, v, cu_seqlens_q=device_offsets[0], cu_seqlens_k=device_offsets[1],
                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                    softmax_scale=softmax_scale, causal=causal, return_lse=return_lse)
+                                    softmax_scale=softmax_scale, causal=causal, return_lse=return_lse,
+                                    window_size=tuple(None if side == UNBOUNDED else side for side in window_size)
+                                    if window_size is not None else (None, None), softcap=softcap or 0.0)
     out, lse = result if isinstance(result, tuple) else (result, None)
     # its rows without keys, and the rows after the last sequence, hold whatever it left there: ours
     # are O = 0 and LSE = -inf (device ops only, so a capture can hold them)
-    hidden = rows_without_keys(device_offsets[0], device_offsets[1], q.shape[0], causal)
+    right_bound = 0 if causal else (window_size[1] if window_size is not None else UNBOUNDED)
+    hidden = rows_without_keys(device_offsets[0], device_offsets[1], q.shape[0], causal,
+                               None if right_bound == UNBOUNDED else right_bound)
     out = torch.where(hidden[:, None, None], 0.0, out)
     if not return_lse:
         return out
     return out, torch.where(hidden[None, :], -torch.inf, lse)
 
 
-def rows_without_keys(cu_seqlens_q, cu_seqlens_k, total_q: int, causal: bool) -> torch.Tensor:
+def rows_without_keys(cu_seqlens_q, cu_seqlens_k, total_q: int, causal: bool,
+                      right: Optional[int] = None) -> torch.Tensor:
     """(total_q,) bool on the offsets' device: the query rows that see no key (their sequence has no
-    keys; causal, the first Sq - Sk rows of a sequence with more queries than keys; rows after the last
-    sequence). No host sync."""
+    keys; with a right bound r (causal: 0), the first Sq - Sk - r rows of a sequence, whose window ends
+    left of key 0; rows after the last sequence). A left bound never empties a row. No host sync."""
     batch = cu_seqlens_q.numel() - 1
     rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int32)
     if batch == 0:
@@ -218,6 +235,7 @@ def rows_without_keys(cu_seqlens_q, cu_seqlens_k, total_q: int, causal: bool) ->
     length_q = cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence]
     length_k = cu_seqlens_k[sequence + 1] - cu_seqlens_k[sequence]
     hidden = outside | (length_k == 0)
-    if causal:
-        hidden |= (rows - cu_seqlens_q[sequence]) < (length_q - length_k)
+    right = 0 if causal else right
+    if right is not None:
+        hidden |= (rows - cu_seqlens_q[sequence]) < (length_q - length_k - right)
     return hidden

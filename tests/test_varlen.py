@@ -47,6 +47,20 @@ def test_per_sequence_matches_the_reference(case, causal):
     assert hidden[-3:].all()   # the rows after the last sequence
 
 
+@pytest.mark.parametrize("window, softcap", [((4, 0), None), ((3, 2), 5.0), ((-1, 1), None), (None, 2.0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows_and_softcaps_per_sequence(window, softcap, causal):
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES["mixed"], tail=2)
+    out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
+                                    fallback="sdpa", window_size=window, softcap=softcap)
+    want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal, window_size=window, softcap=softcap)
+    torch.testing.assert_close(out.float(), want_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
+    right = None if window is None or window[1] == -1 else window[1]
+    hidden = varlen.rows_without_keys(cu_q, cu_k, q.shape[0], causal, right)
+    assert hidden.tolist() == (want_lse == -torch.inf).all(0).tolist()   # the rule flash-attn-4's rows get
+
+
 def test_rows_without_keys_rule():
     _, _, _, cu_q, cu_k, _, _ = _packed(*CASES["mixed"])
     got = varlen.rows_without_keys(cu_q, cu_k, int(cu_q[-1]) + 2, causal=True).tolist()
@@ -86,14 +100,18 @@ def test_gradients_match_fp32_autograd_per_sequence():
     (lambda a: a.update(q=torch.zeros(1, 8, 4, 64)), "q must be a 3-d tensor"),
     (lambda a: a.update(max_q=-1), "max_seqlen_q must be a non-negative int"),
     (lambda a: a.update(backend="fastest"), "backend='fastest' is not one of auto"),
+    (lambda a: a.update(window=(3,)), "window_size must be a pair"),
+    (lambda a: a.update(softcap=-1.0), "softcap must be a finite number > 0"),
 ])
 def test_bad_input_is_named(change, message):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([3, 5], [4, 4])
-    args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, backend="auto")
+    args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, backend="auto", window=None,
+                softcap=None)
     change(args)
     with pytest.raises(InvalidInputError, match=message):
         fa4.attention_varlen(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"], args["max_q"],
-                             args["max_k"], backend=args["backend"], fallback="sdpa")
+                             args["max_k"], backend=args["backend"], fallback="sdpa", window_size=args["window"],
+                             softcap=args["softcap"])
 
 
 def test_flash_attn_4_forced_on_cpu_says_why():

@@ -54,6 +54,20 @@ def test_matches_the_reference(case, causal, dtype, implementation):
 
 
 @pytest.mark.parametrize("implementation", varlen.IMPLEMENTATIONS)
+@pytest.mark.parametrize("window, softcap, causal", [((128, 0), None, True), ((200, 64), 30.0, False),
+                                                     (None, 30.0, True), ((-1, 16), None, False)])
+def test_windows_and_softcaps_match_the_reference(window, softcap, causal, implementation):
+    if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
+        pytest.skip("flash-attn-4 is not installed")
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[0], torch.bfloat16)
+    out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
+                                    backend=implementation, window_size=window, softcap=softcap)
+    want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal, window_size=window, softcap=softcap)
+    torch.testing.assert_close(out.float(), want_out, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("implementation", varlen.IMPLEMENTATIONS)
 def test_gradients_follow_flash_attns_rule_per_sequence(implementation):
     if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
         pytest.skip("flash-attn-4 is not installed")
