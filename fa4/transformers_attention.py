@@ -11,11 +11,13 @@ D) and K, V (B, Hkv, S, D); they are passed on as (B, S, H, D) views, no copy.
 A layer's sliding window (`sliding_window`: a query sees itself and the `sliding_window - 1` keys
 before it, as transformers' masks say) and logit softcap (`softcap`, on the scaled scores) go to
 `fa4.attention` as flash-attn gets them from transformers (`window_size=(w - 1, w - 1)`, the causal
-mask bounding the right side). What `fa4.attention` cannot take yet goes to torch SDPA with the same
-semantics, said once by a warning: a batch with padding (transformers gives such layers a (B, Sk) key
-mask, as it does to flash-attn: `flash_attention_mask`), inputs our kernels cannot run
-(`fallback="sdpa"`: CPU tensors, fp32, other head dims). Attention dropout raises instead: the result
-would differ from the model's.
+mask bounding the right side). A batch with padding (transformers gives such layers a (B, Sk) key
+mask, as it does to flash-attn: `flash_attention_mask`) goes to `fa4.attention_varlen` with its real
+tokens packed, as flash-attn's integration does (padded query rows get O = 0); a mask whose real
+tokens are not one run per row, or a call inside a CUDA-graph capture (packing reads the mask on the
+host), goes to torch SDPA with the same semantics, said once by a warning. Inputs our kernels cannot
+run go to SDPA too (`fallback="sdpa"`: CPU tensors, fp32, other head dims). Attention dropout raises
+instead: the result would differ from the model's.
 """
 
 from __future__ import annotations
@@ -45,11 +47,45 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))   # (B, S, H, D) views
     if attention_mask is not None:
-        warn_once("transformers-padding", f"fa4: a padded batch (attention_mask with padding) runs on torch "
-                                          f"SDPA: attn_implementation='{NAME}' has no variable-length path yet")
+        packed = _padded_varlen(q, k, v, attention_mask, causal, scaling, window_size, softcap)
+        if packed is not None:
+            return packed, None
+        warn_once("transformers-padding", f"fa4: a padded batch whose real tokens are not one run per row (or "
+                                          f"one inside a CUDA-graph capture) runs on torch SDPA")
         return _padded_sdpa(q, k, v, attention_mask, causal, scaling, window_size, softcap), None
     return fa4.attention(q, k, v, causal=causal, softmax_scale=scaling, fallback="sdpa", window_size=window_size,
                          softcap=softcap), None
+
+
+def _padded_varlen(q, k, v, key_mask, causal: bool, scaling, window_size=None, softcap=None):
+    """O (B, Sq, Hq, D) by `fa4.attention_varlen` on the real tokens, or None where packing does not
+    apply. Row b's real keys must be one run (left or right padding); its queries are the last Sq key
+    positions (transformers' layout, a cache included), the real ones those over real keys, so the
+    bottom-right causal mask of each packed sequence is the padded batch's."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    if seqlen_q > seqlen_k or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    keys = key_mask[:, -seqlen_k:].bool()
+    queries = keys[:, seqlen_k - seqlen_q:]
+    positions = torch.arange(seqlen_k, device=keys.device)
+    first = torch.where(keys, positions, seqlen_k).amin(1)
+    last = torch.where(keys, positions, -1).amax(1)
+    lengths_k, lengths_q = keys.sum(1), queries.sum(1)
+    summary = torch.stack([first, last, lengths_k, lengths_q]).tolist()   # the one host sync
+    if any(n and z - a + 1 != n for a, z, n in zip(*summary[:3])):
+        return None   # real tokens in more than one run: no packed form
+    offsets_q, offsets_k = ([0] + torch.tensor(lengths).cumsum(0).tolist() for lengths in summary[3:1:-1])
+    query_rows = queries.reshape(-1).nonzero().squeeze(1)
+    key_rows = keys.reshape(-1).nonzero().squeeze(1)
+    packed_q = q.reshape(batch * seqlen_q, heads_q, head_dim).index_select(0, query_rows)
+    packed_k, packed_v = (t.reshape(batch * seqlen_k, *t.shape[2:]).index_select(0, key_rows) for t in (k, v))
+    out = fa4.attention_varlen(packed_q, packed_k, packed_v, torch.tensor(offsets_q, dtype=torch.int32),
+                               torch.tensor(offsets_k, dtype=torch.int32), max(summary[3]), max(summary[2]),
+                               causal=causal, softmax_scale=scaling, fallback="sdpa", window_size=window_size,
+                               softcap=softcap)
+    padded = out.new_zeros(batch * seqlen_q, heads_q, out.shape[-1]).index_copy(0, query_rows, out)
+    return padded.view(batch, seqlen_q, heads_q, out.shape[-1])
 
 
 def _padded_sdpa(q, k, v, key_mask, causal: bool, scaling, window_size=None, softcap=None):

@@ -51,6 +51,35 @@ def test_a_padded_batch_matches_sdpa_on_its_real_tokens():
     torch.testing.assert_close(ours[1, 6:], sdpa[1, 6:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("padding", ["left", "right", "holes"])
+def test_padded_batches_pack_into_attention_varlen(padding, monkeypatch):
+    """Left or right padding (one run of real tokens per row) runs as a packed varlen batch; a mask with
+    holes runs on SDPA, saying so. Real tokens' logits match SDPA's either way."""
+    import fa4
+
+    calls = []
+    real_varlen = fa4.attention_varlen
+    monkeypatch.setattr(fa4, "attention_varlen", lambda *a, **kw: calls.append(a[3].tolist()) or real_varlen(*a, **kw))
+    tokens = torch.randint(0, 101, (3, 16), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    real = torch.ones(3, 16, dtype=torch.bool)
+    if padding == "left":
+        mask[1, :5] = 0
+        mask[2, :15] = 0
+    elif padding == "right":
+        mask[1, 11:] = 0
+    else:
+        mask[1, 4:7] = 0
+    real &= mask.bool()
+    with torch.no_grad():
+        ours, sdpa = (_llama(name)(tokens, attention_mask=mask).logits for name in ("fa4", "sdpa"))
+    torch.testing.assert_close(ours[real], sdpa[real], rtol=1e-4, atol=1e-4)
+    if padding == "holes":
+        assert not calls
+    else:
+        assert calls and calls[0] == [0, 16, 16 + int(mask[1].sum()), 16 + int(mask[1].sum()) + int(mask[2].sum())]
+
+
 def test_generation_with_a_cache_matches_sdpa():
     prompt = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(3))
     ours, sdpa = (_llama(name).generate(prompt, max_new_tokens=6, do_sample=False) for name in ("fa4", "sdpa"))

@@ -48,3 +48,16 @@ def test_a_training_step_tracks_sdpa():
         losses[name] = loss.item()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
     assert abs(losses["fa4"] - losses["sdpa"]) <= 0.01 * losses["sdpa"]
+
+
+def test_a_padded_prefill_packs_into_varlen_and_agrees_with_sdpa():
+    tokens = torch.randint(0, 1000, (3, 600), device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    mask = torch.ones(3, 600, dtype=torch.long, device="cuda")
+    mask[1, :250] = 0     # left padding
+    mask[2, 411:] = 0     # right padding
+    real = mask.bool()
+    with torch.no_grad():
+        sdpa = _model("sdpa").eval()(tokens, attention_mask=mask).logits.float()[real]
+        ours = _model("fa4").eval()(tokens, attention_mask=mask).logits.float()[real]
+    assert (ours - sdpa).abs().max() <= 0.05 * sdpa.abs().max()
+    assert (ours.argmax(-1) == sdpa.argmax(-1)).float().mean() > 0.98
