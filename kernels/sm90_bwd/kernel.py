@@ -66,13 +66,21 @@ class FlashAttentionBackwardSm90:
     """One compiled variant of the main backward kernel.
 
     Problem constants: dtype ("fp16"/"bf16"), head_dim (64/128), causal.
-    Parameters (`BackwardParams`): tile_m (query rows per inner block, 64/128), tile_n (key rows per
-    CTA, 64/128), q_stages (Q/dO ring depth, 1/2).
+    Knobs (declared in `fa4.kernels.knobs`, knob set "sm90_bwd"): tile_m (query rows per inner block,
+    64/128), tile_n (key rows per CTA, 64/128), q_stages (Q/dO ring depth, 1/2), dq_accum (how dQ
+    reaches global memory: "atomic").
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
-                 q_stages: int):
-        from . import MMA_WARPGROUPS, REGISTER_SPLIT
+                 q_stages: int, dq_accum: str):
+        from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
+        # what this code implements; anything else is refused, never changed into something it runs
+        for name, value, implemented in (("tile_m", tile_m, (64, 128)), ("tile_n", tile_n, (64, 128)),
+                                         ("q_stages", q_stages, (1, 2)), ("dq_accum", dq_accum, ("atomic",)),
+                                         ("head_dim", head_dim, SUPPORTED_HEAD_DIMS)):
+            if value not in implemented:
+                raise ValueError(f"sm90 backward: {name}={value!r} is not implemented (one of {implemented})")
+        self.dq_accum = dq_accum
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal

@@ -36,7 +36,7 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
 def _compiled(head_dim: int, dtype: str, causal: bool):
     # one compile per (head dim, dtype, causal): batch, lengths and heads are runtime values
     problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, dtype, causal)
-    return sm90_bwd.compile_backward(sm90_bwd.default_params(head_dim), problem)
+    return sm90_bwd.compile_backward(sm90_bwd.default_config(problem), problem)
 
 
 def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0):
