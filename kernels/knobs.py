@@ -131,9 +131,24 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q_stages", (1, 2), 2,
          "depth of the shared-memory ring of Q and dO tiles the backward's producer warp fills by TMA",
          codegen=True, archs=SM90_BWD),
-    Knob("dq_accum", ("atomic",), "atomic",
+    Knob("dq_accum", ("atomic", "bulk"), "atomic",
          "how each block's dQ = dS K reaches the fp32 dQ accumulator in global memory: atomic = one "
-         "red.global.add.f32 per element from the MMA warpgroups",
+         "red.global.add.f32 per element from the MMA warpgroups; bulk = an fp32 shared-memory tile "
+         "that a producer warp adds with one TMA reduce-add",
+         codegen=True, archs=SM90_BWD),
+    Knob("sdp_swap", (False, True), False,
+         "compute S^T = K Q^T and dP^T = V dO^T (keys as the wgmma's M, tile_n = 128): P^T and dS^T "
+         "feed dV and dK from registers (no P in shared memory), exp2 runs under dP's wgmma, dQ is "
+         "added under dK's",
+         codegen=True, archs=SM90_BWD),
+    Knob("scheduler", ("single", "single_lpt"), "single",
+         "order of the backward's CTAs (one per key block, KV head, batch) on the grid the hardware "
+         "hands out greedily: key blocks fastest (single), or key block outermost, the longest first "
+         "(single_lpt: under causal, key block 0 sees the most query blocks)",
+         codegen=True, archs=SM90_BWD),
+    Knob("pds_stages", (1, 2), 1,
+         "P / dS shared-memory buffers: 2 lets a block write its P and dS while the previous block's "
+         "are still read, one named barrier a block fewer",
          codegen=True, archs=SM90_BWD),
 )
 

@@ -51,33 +51,41 @@ def test_the_default_backward_compiles_clean(problem):
     assert not any(reports["preprocess"]["ptx_markers"].values())
 
 
-def _check_main(config: Config, problem: AttentionProblem) -> dict:
-    """Compile the main kernel (whatever the model says) and hold the model to what came out."""
+def _compile_main(config: Config, problem: AttentionProblem) -> dict:
+    """Compile the main kernel (whatever the model says) and hold the model to what came out: shared
+    memory byte for byte; what it admits compiles clean, with the PTX of its dQ path. Returns the
+    report with `broken` (spills or serialised wgmma)."""
     report = sm90_bwd.compile_report(config, problem, only=("main",), check=False)["main"]
-    why = sm90_bwd.reasons(config, problem)
-    broken = report["spill_stores"] or report["spill_loads"] or report["wgmma_serialized"]
+    broken = bool(report["spill_stores"] or report["spill_loads"] or report["wgmma_serialized"])
     assert report["smem_bytes"] == sm90_bwd.smem_bytes(config, problem), config.label()
-    if not why:
+    if not sm90_bwd.reasons(config, problem):
         assert not broken, f"the model admits {config.label()} at {problem.label()}, which compiles to {report}"
-        # the PTX holds what this configuration's dQ path is built from
-        assert report["ptx_markers"]["wgmma"] and report["ptx_markers"]["tma_load"]
-        assert report["ptx_markers"]["dq_atomics"] == (config.dq_accum == "atomic")
-    elif all(reason.startswith("registers") for reason in why):
-        # refused for registers alone: it really spills (the limits are not loose guesses)
-        assert broken, f"the model refuses {config.label()} at {problem.label()} ({why}), which compiles clean"
-    return report
+        markers = report["ptx_markers"]
+        assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"], markers
+        assert markers["dq_atomics"] == (config.dq_accum == "atomic"), markers
+        assert markers["dq_tma_reduce"] == (config.dq_accum == "bulk"), markers
+    return {**report, "broken": broken}
+
+
+def _refused_for_registers_alone(config: Config, problem: AttentionProblem) -> bool:
+    why = sm90_bwd.reasons(config, problem)
+    return bool(why) and all(reason.startswith("registers") for reason in why)
 
 
 # every value of every backward knob at least once, each feasible on its problem, plus the defaults
 SAMPLE = [
     (dict(), _problem(128)),
-    (dict(tile_m=128, tile_n=64, q_stages=1), _problem(64, "fp16", causal=False)),
-    (dict(tile_m=64, tile_n=64, q_stages=1), _problem(128, "fp16")),
-    (dict(tile_m=128, tile_n=64), _problem(128, causal=False)),
+    (dict(tile_m=128, tile_n=64, q_stages=1, scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
+    (dict(tile_m=64, tile_n=64, q_stages=1, dq_accum="bulk"), _problem(128, "fp16")),
+    (dict(sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128)),
+    (dict(tile_m=128, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(64, causal=False)),
+    (dict(pds_stages=2, scheduler="single_lpt"), _problem(64, "fp16")),
 ]
-# refused for registers, and compiled anyway: they spill
+# refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
+# all four accumulators at 128 x 128 and head dim 128)
 REFUSED = [
     (dict(tile_m=128, tile_n=128), _problem(64, "fp16")),
+    (dict(tile_m=128, tile_n=128, sdp_swap=True, q_stages=1), _problem(128)),
 ]
 
 
@@ -90,24 +98,47 @@ def test_sample_covers_every_knob_value():
         assert set(k.choices) <= seen[k.name], f"{k.name}: the sample misses {set(k.choices) - seen[k.name]}"
 
 
-@pytest.mark.parametrize("over, problem", SAMPLE + REFUSED,
-                         ids=[f"{Config.make('sm90_bwd', **o).label()}-{_case_id(p)}" for o, p in SAMPLE + REFUSED])
-def test_a_sample_holds_the_model_to_the_compiler(over, problem):
+@pytest.mark.parametrize("over, problem", SAMPLE,
+                         ids=[f"{Config.make('sm90_bwd', **o).label()}-{_case_id(p)}" for o, p in SAMPLE])
+def test_a_sample_compiles_clean_as_the_model_says(over, problem):
     config = Config.make("sm90_bwd", **over)
-    assert bool(sm90_bwd.reasons(config, problem)) == ((over, problem) in REFUSED)
-    _check_main(config, problem)
+    assert sm90_bwd.reasons(config, problem) == []
+    _compile_main(config, problem)
+
+
+@pytest.mark.parametrize("over, problem", REFUSED,
+                         ids=[f"{Config.make('sm90_bwd', **o).label()}-{_case_id(p)}" for o, p in REFUSED])
+def test_what_the_register_model_refuses_spills(over, problem):
+    config = Config.make("sm90_bwd", **over)
+    assert _refused_for_registers_alone(config, problem)
+    assert _compile_main(config, problem)["broken"]
+
+
+# the whole space at each head dim, on one compiled-in kind each (the mask and dtype move ptxas's
+# register count by a few; the sample above and the defaults cover the other kinds)
+SPACE_KINDS = [_problem(128, "bf16", causal=True), _problem(64, "fp16", causal=False)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("problem", CASES, ids=_case_id)
+@pytest.mark.parametrize("problem", SPACE_KINDS, ids=_case_id)
 def test_the_whole_space_holds_the_model_to_the_compiler(problem):
-    """Every configuration of search_spaces/sm90_bwd.toml at every compiled-in problem kind: what the
-    model admits compiles clean, what it refuses for registers spills, shared memory is exact."""
-    admitted = 0
+    """Every configuration of search_spaces/sm90_bwd.toml that the model admits, or refuses for
+    registers alone, compiled: what it admits compiles clean (shared memory exact), and of what it
+    refuses for registers at most a tenth would have compiled clean (the limits are not loose
+    guesses). Refusals for shared memory or a tile the layout needs are the model's arithmetic alone."""
+    admitted, refused, refused_clean = 0, 0, []
     for config in load_space("sm90_bwd").configs():
-        _check_main(config, problem)
-        admitted += not sm90_bwd.reasons(config, problem)
-    assert admitted > 0
+        if sm90_bwd.reasons(config, problem):
+            if not _refused_for_registers_alone(config, problem):
+                continue
+            refused += 1
+            if not _compile_main(config, problem)["broken"]:
+                refused_clean.append(config.label())
+        else:
+            admitted += 1
+            _compile_main(config, problem)
+    assert admitted > 0 and refused > 0
+    assert len(refused_clean) <= refused // 10, refused_clean
 
 
 def test_what_the_kernel_cannot_run_is_refused_loudly():
@@ -126,12 +157,22 @@ def test_what_the_kernel_cannot_run_is_refused_loudly():
     for compile_fn in (sm90_bwd.compile_report, sm90_bwd.compile_backward):
         with pytest.raises(ValueError, match="S and dP hold 128"):
             compile_fn(big, _problem(64))
+    # a grid beyond CUDA's limits: longest first puts the key blocks on the grid's z (65,535 at most)
+    long_keys = AttentionProblem(1, 128, 65_536 * 128 + 1, 4, 2, 128, "bf16", False)
+    assert any("grid z" in r for r in sm90_bwd.reasons(Config.make("sm90_bwd", scheduler="single_lpt"), long_keys))
+    assert sm90_bwd.reasons(Config.make("sm90_bwd"), long_keys) == []
     # the kernel object itself refuses what its code does not implement, whatever a caller checked
     from fa4.kernels.sm90_bwd.kernel import FlashAttentionBackwardSm90
 
     knobs = Config.make("sm90_bwd").to_dict()
     with pytest.raises(ValueError, match="dq_accum='tma' is not implemented"):
         FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False, **{**knobs, "dq_accum": "tma"})
+    with pytest.raises(ValueError, match="sdp_swap needs tile_n=128"):
+        FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False,
+                                   **{**knobs, "sdp_swap": True, "tile_n": 64})
+    # ... and the model says so before compiling
+    swapped_64 = Config.make("sm90_bwd", sdp_swap=True, tile_n=64)
+    assert any("sdp_swap needs tile_n=128" in r for r in sm90_bwd.reasons(swapped_64, problem))
 
 
 def test_the_defaults_are_runnable_at_every_supported_head_dim():

@@ -40,7 +40,8 @@ KERNELS = ("preprocess", "main", "postprocess")  # in launch order
 PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
     "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
-    "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),
+    "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),               # dq_accum "atomic"
+    "dq_tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk"
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
 }
@@ -80,14 +81,16 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in range(3)) + (1,)
         return make_fake_tensor(element, (batch, seq, heads, d), stride=stride, assumed_align=16)
 
-    def rows(seq):  # (B, Hq, S) fp32, rows contiguous
-        return make_fake_tensor(cutlass.Float32, (batch, heads_q, seq),
-                                stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    def rows(seq, divisibility=1):  # (B, Hq, S) fp32, rows contiguous
+        stride = (cute.sym_int64(divisibility=divisibility), cute.sym_int64(divisibility=divisibility), 1)
+        return make_fake_tensor(cutlass.Float32, (batch, heads_q, seq), stride=stride,
+                                assumed_align=4 * divisibility)
 
     return dict(
         q=bshd(seq_q, heads_q), k=bshd(seq_k, heads_kv), v=bshd(seq_k, heads_kv),
         out=bshd(seq_q, heads_q), dout=bshd(seq_q, heads_q), lse=rows(seq_q),
-        lse2=rows(seq_q_padded), delta=rows(seq_q_padded),
+        # the padded workspaces hold whole query blocks: 16-byte rows, which their TMA loads need
+        lse2=rows(seq_q_padded, 4), delta=rows(seq_q_padded, 4),
         dq_accum=bshd(seq_q, heads_q, cutlass.Float32, divisibility=4), dq=bshd(seq_q, heads_q),
         dk=bshd(seq_k, heads_kv), dv=bshd(seq_k, heads_kv),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
