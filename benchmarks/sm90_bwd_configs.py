@@ -6,7 +6,8 @@ On the H200, with the project and its `peer` extra installed (one 10-minute devi
 
 Which configurations: `--config` labels (knob=value pairs over the default of the knob set "sm90_bwd";
 "default" alone is the default), else every configuration of search_spaces/sm90_bwd.toml the model
-admits at the shapes' head dims (`fa4.kernels.sm90_bwd.reasons`).
+admits at one of the shapes' head dims (`fa4.kernels.sm90_bwd.reasons`; a shape whose head dim it is
+not admitted at is that configuration's "infeasible" row).
 
 Each configuration runs in its own child process (a hang, a fault or a compile error is that
 configuration's result, with its reason; `--timeout` seconds each), several at once (`--jobs`) so
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 SHAPES = [  # (batch, seqlen, heads_q, heads_kv, head_dim, causal): benchmarks/backward_impls.py's
     (4, 2048, 16, 4, 128, True),
@@ -66,13 +67,19 @@ def parse_config(text: str):
     return Config.make("sm90_bwd", **values)
 
 
+def _kind(shape):
+    from fa4.kernels import AttentionProblem
+
+    return AttentionProblem(1, 128, 128, 4, 2, shape[4], DTYPE, shape[5])
+
+
 def admitted_configs(shapes) -> list:
-    """Every configuration of the packaged space the model admits at every head dim of `shapes`."""
-    from fa4.kernels import AttentionProblem, sm90_bwd
+    """Every configuration of the packaged space the model admits at the head dim of some shape."""
+    from fa4.kernels import sm90_bwd
     from fa4tune.inputs.space import load_space
 
-    kinds = {AttentionProblem(1, 128, 128, 4, 2, s[4], DTYPE, s[5]) for s in shapes}
-    return [c for c in load_space("sm90_bwd").configs() if all(not sm90_bwd.reasons(c, p) for p in kinds)]
+    kinds = {_kind(s) for s in shapes}
+    return [c for c in load_space("sm90_bwd").configs() if any(not sm90_bwd.reasons(c, p) for p in kinds)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,10 +173,16 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
 
     from fa4.reference import check_grads, softmax_scale
 
+    from fa4.kernels import sm90_bwd
+
     rows, compiled, checked = [], {}, {}
     for shape in shapes:
         b, s, hq, hkv, d, causal = shape
         row = {"shape": shape_label(shape), "kernel": kind, "config": config_label}
+        why = [] if kind == PEER else sm90_bwd.reasons(parse_config(config_label), _kind(shape))
+        if why:
+            rows.append({**row, "outcome": "infeasible", "reason": "; ".join(why)})
+            continue
         try:
             fn = _backward_fn(kind, config_label, d, causal, compiled)
         except Exception as exc:  # noqa: BLE001  (a failing configuration is a result)
@@ -262,18 +275,23 @@ def main(argv=None):
     rows = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_child, kind, label, shapes, lock_path, args.timeout) for kind, label in tasks]
-        for future in futures:
+        for future in as_completed(futures):
             got = future.result()
             rows += got
             for r in got:
                 print(json.dumps(r, sort_keys=True), file=sys.stderr, flush=True)
+            if args.json:   # after every configuration: a run cut short keeps what it measured
+                write_json(args.json, rows)
     print(format_table(rows))
     print(f"({time.time() - start:.0f} s; bf16; best of 5 x 10 back-to-back calls, L2 warm)")
-    if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(rows, handle, indent=1, sort_keys=True)
-        os.replace(tmp, args.json)
+
+
+def write_json(path: str, rows: list) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(sorted(rows, key=lambda r: (r["kernel"] != PEER, r["config"], r["shape"])), handle,
+                  indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
