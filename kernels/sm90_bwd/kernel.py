@@ -200,6 +200,17 @@ class FlashAttentionBackwardSm90:
             tiler_mn=(64, self.head_dim // self.dq_atoms[1]))
         return sdp, dkv, dq
 
+    def pds_store_atom(self):
+        """stmatrix of the 16-bit P / dS fragments: transposed with sdp_swap, whose fragments are
+        (key, query) while the buffers hold rows of keys per query (tests/test_sm90_bwd_layouts.py
+        replays its lanes against the PTX semantics)."""
+        return cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.sdp_swap, num_matrices=4), self.dtype)
+
+    def pds_store_view(self, buffer):
+        """The P / dS buffer (tile_m x tile_n) as the S fragments index it: transposed with sdp_swap."""
+        return L.transpose_smem_view(buffer) if self.sdp_swap else buffer
+
     # ------------------------------------------------------------------------------------------
     # launch
     # ------------------------------------------------------------------------------------------
@@ -454,12 +465,9 @@ class FlashAttentionBackwardSm90:
             tdKrdSt = cute.make_rmem_tensor(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
             s_shape = wg_sdp.partition_shape_C((self.tile_n, self.tile_m))
             ident_S = cute.make_identity_tensor((self.tile_n, self.tile_m))
-            # dS^T in registers -> dS (tile_m x tile_n, keys contiguous) in shared memory: transposed
-            pds_store = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                    self.dtype), tiled_mma_sdp).get_slice(tidx)
+            pds_store = cute.make_tiled_copy_C(self.pds_store_atom(), tiled_mma_sdp).get_slice(tidx)
             tPsP = None
-            tdSsdS = pds_store.partition_D(L.transpose_smem_view(sdS))
+            tdSsdS = pds_store.partition_D(self.pds_store_view(sdS))
         else:
             # operands: S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K
             tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
@@ -470,9 +478,9 @@ class FlashAttentionBackwardSm90:
             tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_smem_view(sdS)))
             s_shape = wg_sdp.partition_shape_C((self.tile_m, self.tile_n))
             ident_S = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            pds_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype), tiled_mma_sdp).get_slice(tidx)
-            tPsP = pds_store.partition_D(sP)
-            tdSsdS = pds_store.partition_D(sdS)
+            pds_store = cute.make_tiled_copy_C(self.pds_store_atom(), tiled_mma_sdp).get_slice(tidx)
+            tPsP = pds_store.partition_D(self.pds_store_view(sP))
+            tdSsdS = pds_store.partition_D(self.pds_store_view(sdS))
         tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sdO)))
         tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sQ)))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
