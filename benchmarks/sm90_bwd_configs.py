@@ -17,7 +17,8 @@ each kind (odd lengths, GQA 4) and times only what passed: the backward alone (p
 postprocess, workspaces included) on each shape, the best of 5 runs of 10 back-to-back calls after 3
 warm-up calls, CUDA events, L2 warm (back-to-back calls leave it so). flash-attn-4's backward
 (`flash_attn.cute.interface._flash_attn_bwd`, what `fa4.backends` calls) is timed the same way, in a
-child of its own. Timed inputs are random (O too; LSE log Sk): neither kernel's time depends on them. Output: a table (us, ratio to flash-attn-4) and, with --json, the rows.
+child of its own. Timed inputs are random (O too; LSE log Sk): neither kernel's time depends on them.
+Output: a table (us, ratio to flash-attn-4) and, with --json, the rows.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SHAPES = [  # (batch, seqlen, heads_q, heads_kv, head_dim, causal): benchmarks/b
     (8, 1024, 16, 16, 64, False),
     (1, 8192, 32, 8, 128, True),
 ]
-PEER = "flash-attn-4"
+OURS = "ours"
 DTYPE = "bf16"
 
 
@@ -143,14 +144,21 @@ def _inputs(shape, seq_k=None, seed=0, exact=False):
     return q, k, v, out, lse, dout
 
 
+def peer_with_backward(name=None):
+    """The peer whose backward is timed beside ours: `name`, else the first registered one with a
+    backward (`fa4.backward.peers_with_backward`: flash-attn-4's), or None."""
+    from fa4.backward import peers_with_backward
+
+    peers = [p for p in peers_with_backward() if name in (None, p.name)]
+    return peers[0] if peers else None
+
+
 def _backward_fn(kind: str, config_label: str, head_dim: int, causal: bool, compiled: dict):
-    """A function (q, k, v, out, lse, dout, scale) -> (dq, dk, dv) for ours or the peer."""
+    """A function (q, k, v, out, lse, dout, scale) -> (dq, dk, dv) for ours or the peer named `kind`."""
     import torch
 
-    if kind == PEER:
-        from fa4.backends import peers
-
-        peer = next(p for p in peers() if p.name == "flash_attn_4")
+    if kind != OURS:
+        peer = peer_with_backward(kind)
         return lambda q, k, v, out, lse, dout, scale: peer.backward(dout, q, k, v, out, lse, causal, scale)
     from fa4.kernels import AttentionProblem, sm90_bwd
 
@@ -179,7 +187,7 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
     for shape in shapes:
         b, s, hq, hkv, d, causal = shape
         row = {"shape": shape_label(shape), "kernel": kind, "config": config_label}
-        why = [] if kind == PEER else sm90_bwd.reasons(parse_config(config_label), _kind(shape))
+        why = [] if kind != OURS else sm90_bwd.reasons(parse_config(config_label), _kind(shape))
         if why:
             rows.append({**row, "outcome": "infeasible", "reason": "; ".join(why)})
             continue
@@ -224,12 +232,16 @@ def run_child(kind: str, label: str, shapes: list, lock_path: str, timeout: floa
 
 
 def format_table(rows: list[dict]) -> str:
-    peer = {r["shape"]: r.get("us") for r in rows if r["kernel"] == PEER}
+    """Markdown: a row per configuration, a column per shape; the peer's times first, each of ours
+    with its ratio to the peer's (a configuration that did not run shows its outcome)."""
+    peer_rows = [r for r in rows if r["kernel"] != OURS]
+    peer = {r["shape"]: r.get("us") for r in peer_rows}
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    labels = list(dict.fromkeys(r["config"] for r in rows if r["kernel"] != PEER))
-    by = {(r["shape"], r["config"]): r for r in rows if r["kernel"] != PEER}
-    lines = ["| configuration | " + " | ".join(shapes) + " |", "|---|" + "---|" * len(shapes),
-             f"| {PEER} (us) | " + " | ".join(str(peer.get(s, "-")) for s in shapes) + " |"]
+    labels = list(dict.fromkeys(r["config"] for r in rows if r["kernel"] == OURS))
+    by = {(r["shape"], r["config"]): r for r in rows if r["kernel"] == OURS}
+    lines = ["| configuration | " + " | ".join(shapes) + " |", "|---|" + "---|" * len(shapes)]
+    if peer_rows:
+        lines.append(f"| {peer_rows[0]['config']} (us) | " + " | ".join(str(peer.get(s, "-")) for s in shapes) + " |")
     for label in labels:
         cells = []
         for s in shapes:
@@ -251,7 +263,9 @@ def main(argv=None):
                     help="a shape to time (repeatable; default: benchmarks/backward_impls.py's four)")
     ap.add_argument("--jobs", type=int, default=6, help="configurations compiled at once")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per configuration")
-    ap.add_argument("--no-peer", action="store_true", help="skip flash-attn-4's backward")
+    ap.add_argument("--peer", default=None, help="the peer backward timed beside ours, by name (default: "
+                    "the first registered peer with a backward)")
+    ap.add_argument("--no-peer", action="store_true", help="ours only")
     ap.add_argument("--json", default=None, help="also write the rows here (sorted keys)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--lock", default=None, help=argparse.SUPPRESS)
@@ -270,7 +284,10 @@ def main(argv=None):
         [c.label() for c in admitted_configs(shapes)]
     lock_path = os.path.join(tempfile.gettempdir(), "fa4-sm90-bwd-configs.lock")
     start = time.time()
-    tasks = ([] if args.no_peer else [(PEER, PEER)]) + [("ours", label) for label in labels]
+    peer = None if args.no_peer else peer_with_backward(args.peer)
+    if peer is None and not args.no_peer:
+        print("no peer backward is registered: ours only", file=sys.stderr)
+    tasks = ([(peer.name, peer.title)] if peer else []) + [(OURS, label) for label in labels]
     print(f"{len(tasks)} backward(s) x {len(shapes)} shape(s), {args.jobs} at once", file=sys.stderr, flush=True)
     rows = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -289,7 +306,7 @@ def main(argv=None):
 def write_json(path: str, rows: list) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as handle:
-        json.dump(sorted(rows, key=lambda r: (r["kernel"] != PEER, r["config"], r["shape"])), handle,
+        json.dump(sorted(rows, key=lambda r: (r["kernel"] == OURS, r["config"], r["shape"])), handle,
                   indent=1, sort_keys=True)
     os.replace(tmp, path)
 
