@@ -5,9 +5,12 @@
 #                                             # FA4_BACKWARD=ours), transformers, the forward's new head dims
 #   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
 #   bash benchmarks/h200_training.sh extras   # autotune vs search on a held-out shape; transformers prefill
+#   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
+#                                                 # (each checked by flash-attn's rule first; hangs time out)
+#   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|grid|extras}
+STEP=${1:?usage: h200_training.sh tests|grid|extras|bwd-configs|bwd-tests}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -36,8 +39,17 @@ case "$STEP" in
     timeout 280 python3 benchmarks/transformers_prefill.py --out "$OUT/prefill.json" --layers 4 \
         --seqlens 2048,4096,8192 2>&1 | quiet | tail -n 20
     ;;
+  bwd-configs)
+    timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \
+        2> >(quiet > "$OUT/bwd_configs.log") | tee "$OUT/bwd_configs.txt"
+    ;;
+  bwd-tests)
+    timeout 570 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_sm90_bwd.txt"
+    tail -n 15 "$OUT/tests_sm90_bwd.txt"
+    ;;
   *)
-    echo "unknown step $STEP (tests|grid|extras)" >&2
+    echo "unknown step $STEP (tests|grid|extras|bwd-configs|bwd-tests)" >&2
     exit 2
     ;;
 esac

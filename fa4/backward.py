@@ -143,13 +143,15 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 
 # compiled backward kernels by (dtype, head dim, causal, device index): one compile serves every
-# batch, length and head count
+# batch, length and head count, and the default configuration depends on nothing else
+# (`sm90_bwd.default_config`)
 _COMPILED: dict = {}
 
 
 def ours_backward(dout, q, k, v, out, lse, causal, scale):
-    """Our sm90 backward kernels on the saved tensors (compiled on first use of a kind)."""
-    from fa4.kernels import AttentionProblem, sm90_bwd
+    """Our sm90 backward kernels, in their default configuration, on the saved tensors (compiled on
+    first use of a kind)."""
+    from fa4.kernels import AttentionProblem, device_from_torch, sm90_bwd
 
     dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
     key = (dtype, q.shape[-1], causal, q.device.index)
@@ -157,8 +159,10 @@ def ours_backward(dout, q, k, v, out, lse, causal, scale):
     if compiled is None:
         problem = AttentionProblem(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
                                    heads_kv=k.shape[2], head_dim=q.shape[-1], dtype=dtype, causal=causal)
+        config = sm90_bwd.default_config(problem)
         with torch.cuda.device(q.device):
-            compiled = _COMPILED[key] = sm90_bwd.compile_backward(sm90_bwd.default_params(q.shape[-1]), problem)
+            compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem,
+                                                                  device_from_torch(q.device.index))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale)
     return dq, dk, dv

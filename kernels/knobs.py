@@ -5,6 +5,11 @@ code, and the architectures it applies to. Everything else derives from this tab
 (`search_spaces/*.toml` may only narrow the choices), validation of a configuration, the compile key,
 the database columns and the report axes. Nothing here knows about budgets: feasibility is a separate
 function (`fa4.kernels.feasible`) because it depends on the problem too.
+
+A knob belongs to knob sets (its `archs`): a forward family's architecture ("sm90", "sm100"), or a
+backward kernel's key (`BACKWARD_KERNELS`: "sm90_bwd", our sm90 backward, `fa4.kernels.sm90_bwd`).
+A backward kernel is another kernel with its own knobs, so it is one more key of the same table, and
+`Config`, `knobs_for`, the search-space files and the labels serve it unchanged.
 """
 
 from __future__ import annotations
@@ -29,14 +34,19 @@ class Knob:
     def __post_init__(self) -> None:
         if self.default not in self.choices:
             raise ValueError(f"knob {self.name}: default {self.default!r} not in {self.choices}")
-        unknown = set(self.archs) - set(ARCHS)
+        unknown = set(self.archs) - set(KNOB_SETS)
         if unknown:
             raise ValueError(f"knob {self.name}: unknown architectures {sorted(unknown)}")
 
 
+# the backward kernels' knob sets, beside the forward families' (ARCHS)
+BACKWARD_KERNELS = ("sm90_bwd",)
+KNOB_SETS = ARCHS + BACKWARD_KERNELS
+
 SM90 = ("sm90",)
 SM100 = ("sm100",)
 BOTH = ARCHS
+SM90_BWD = ("sm90_bwd",)
 
 # Order matters only for display: it is the column order of tables and reports.
 KNOBS: tuple[Knob, ...] = (
@@ -110,13 +120,43 @@ KNOBS: tuple[Knob, ...] = (
     Knob("softmax_regs", (176, 184, 192, 200), 192,
          "setmaxnreg for the softmax warpgroups; correction and the load/MMA/store warps get the rest",
          codegen=True, archs=SM100),
+    # --- the sm90 backward (fa4.kernels.sm90_bwd) -------------------------------------------------
+    Knob("tile_m", (64, 128), 64,
+         "query rows per block of the backward's inner loop (the M of S = Q K^T, the K of dV and dK)",
+         codegen=True, archs=SM90_BWD),
+    Knob("tile_n", (64, 128), 128,
+         "key rows per backward CTA: the K and V block it loads once and whose dK and dV it "
+         "accumulates in registers",
+         codegen=True, archs=SM90_BWD),
+    Knob("q_stages", (1, 2), 2,
+         "depth of the shared-memory ring of Q and dO tiles the backward's producer warp fills by TMA",
+         codegen=True, archs=SM90_BWD),
+    Knob("dq_accum", ("atomic", "bulk"), "atomic",
+         "how each block's dQ = dS K reaches the fp32 dQ accumulator in global memory: atomic = one "
+         "red.global.add.f32 per element from the MMA warpgroups; bulk = an fp32 shared-memory tile "
+         "that a producer warp adds with one TMA reduce-add",
+         codegen=True, archs=SM90_BWD),
+    Knob("sdp_swap", (False, True), False,
+         "compute S^T = K Q^T and dP^T = V dO^T (keys as the wgmma's M, tile_n = 128): P^T and dS^T "
+         "feed dV and dK from registers (no P in shared memory), exp2 runs under dP's wgmma, dQ is "
+         "added under dK's",
+         codegen=True, archs=SM90_BWD),
+    Knob("scheduler", ("single", "single_lpt"), "single",
+         "order of the backward's CTAs (one per key block, KV head, batch) on the grid the hardware "
+         "hands out greedily: key blocks fastest (single), or key block outermost, the longest first "
+         "(single_lpt: under causal, key block 0 sees the most query blocks)",
+         codegen=True, archs=SM90_BWD),
+    Knob("pds_stages", (1, 2), 1,
+         "P / dS shared-memory buffers: 2 lets a block write its P and dS while the previous block's "
+         "are still read, one named barrier a block fewer",
+         codegen=True, archs=SM90_BWD),
 )
 
 
 def knobs_for(arch: str) -> tuple[Knob, ...]:
-    """The knobs of one architecture, in declaration order."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
+    """The knobs of one knob set (an architecture's forward, or a backward kernel), in declaration order."""
+    if arch not in KNOB_SETS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(KNOB_SETS)}")
     return tuple(k for k in KNOBS if arch in k.archs)
 
 
@@ -129,7 +169,7 @@ def knob(arch: str, name: str) -> Knob:
 
 
 def _check_declarations() -> None:
-    for arch in ARCHS:
+    for arch in KNOB_SETS:
         names = [k.name for k in knobs_for(arch)]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -234,6 +234,8 @@ def test_the_host_table_the_report_and_the_record_read_the_registry(tmp_path, fa
 NAMES_A_PEER = {
     # compiles flash-attn-4's own sm100 kernel to compare its SASS with ours: a tool about that package
     "fa4tune/sm100/sass_build.py": {"flash-attn-4", "flash_attn.cute"},
+    # compiles flash-attn-4's own sm90 backward kernel to count its SASS beside ours: the same
+    "benchmarks/sm90_bwd_sass.py": {"flash-attn-4", "flash_attn.cute"},
     # writes database entries and bench rows as a run would, to damage them
     "benchmarks/fault_injection.py": {"sdpa_cudnn", "flash_attn_4"},
 }

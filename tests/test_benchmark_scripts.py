@@ -40,3 +40,42 @@ def test_the_cpu_fast_path_bench_runs_every_row(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["name"] for r in rows if "error" in r] == []
     assert rows[0]["note"] == "as shipped"  # the call took the kernel path
+
+
+def _load(name: str):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_backward_configuration_bench_names_and_tabulates_configurations():
+    """benchmarks/sm90_bwd_configs.py on CPU: labels parse back to their configurations, the default
+    set is what the model admits at every timed head dim, and the table puts each time beside
+    flash-attn-4's (a failing configuration shows its outcome, not a time)."""
+    from fa4.kernels import AttentionProblem, Config, sm90_bwd
+
+    bench = _load("sm90_bwd_configs")
+    every = Config.make("sm90_bwd", sdp_swap=True, dq_accum="bulk", pds_stages=2)
+    assert bench.parse_config(every.label()) == every
+    assert bench.parse_config("default") == Config.make("sm90_bwd")
+    assert bench.parse_config("sdp_swap=on dq_accum=bulk pds_stages=2") == every
+    with pytest.raises(ValueError, match="dq_accum takes one of"):
+        bench.parse_config("dq_accum=fast")
+    admitted = bench.admitted_configs(bench.SHAPES)
+    assert Config.make("sm90_bwd") in admitted and every in admitted
+    assert all(c.tile_n == 128 for c in admitted if c.sdp_swap)
+    kinds = [AttentionProblem(1, 128, 128, 4, 2, d, "bf16", True) for d in (64, 128)]
+    assert all(any(not sm90_bwd.reasons(c, p) for p in kinds) for c in admitted)
+    # flash-attn-4's head-dim-64 tile is admitted there only, and timed there only
+    d64_tile = Config.make("sm90_bwd", tile_m=128, sdp_swap=True)
+    assert d64_tile in admitted and sm90_bwd.reasons(d64_tile, kinds[1])
+    rows = [{"shape": "s", "kernel": "some_peer", "config": "Some Peer", "outcome": "ok", "us": 100.0},
+            {"shape": "s", "kernel": bench.OURS, "config": "a", "outcome": "ok", "us": 150.0},
+            {"shape": "s", "kernel": bench.OURS, "config": "b", "outcome": "timeout", "reason": "hang"}]
+    table = bench.format_table(rows)
+    assert "| a | 150.0 (1.50x) |" in table and "| b | timeout |" in table and "| Some Peer (us) | 100.0 |" in table
+    # the peer timed beside ours comes from the registry of backends
+    from fa4.backward import peers_with_backward
+    assert bench.peer_with_backward() in (peers_with_backward() or (None,))

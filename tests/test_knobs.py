@@ -3,9 +3,10 @@
 import pytest
 
 from fa4.kernels import ARCHS, KNOBS, AttentionProblem, Config, compile_key, knob, knobs_for
+from fa4.kernels.knobs import KNOB_SETS
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", KNOB_SETS)
 def test_defaults_make_a_valid_config(arch):
     cfg = Config.make(arch)
     assert [name for name, _ in cfg] == [k.name for k in knobs_for(arch)]
@@ -30,6 +31,17 @@ def test_unknown_knob_and_value_are_errors():
         Config.make("sm80")
     with pytest.raises(KeyError, match="unknown knob"):
         knob("sm90", "rescale_tile")  # an sm100-only knob
+
+
+def test_the_backward_is_a_knob_set_of_its_own():
+    """The sm90 backward's knobs share names with the forward's (tile_m, tile_n, q_stages) but are
+    other declarations: its choices and defaults, and no forward knob leaks into it."""
+    fwd, bwd = knobs_for("sm90"), knobs_for("sm90_bwd")
+    assert {"tile_m", "tile_n", "q_stages", "dq_accum"} <= {k.name for k in bwd}
+    assert not {k.name for k in bwd} & {"pv_operand", "kv_stages", "pack_gqa"}
+    assert knob("sm90_bwd", "tile_m").choices != knob("sm90", "tile_m").choices
+    assert all("sm90_bwd" not in k.archs for k in fwd) and all(k.archs == ("sm90_bwd",) for k in bwd)
+    assert Config.make("sm90_bwd") != Config.make("sm90") and "sm90_bwd" not in ARCHS
 
 
 def test_bool_and_int_do_not_alias():

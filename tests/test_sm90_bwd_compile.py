@@ -1,7 +1,12 @@
 """Our sm90 attention backward (`fa4.kernels.sm90_bwd`) compiles for sm_90a on a CPU: preprocess, main
 kernel and postprocess, for both head dims, both 16-bit dtypes, causal and full, with no register
-spills; and it rejects, loudly, parameters it cannot run. (Whether its gradients are right is
-tests/gpu/test_sm90_bwd_gpu.py's question, on an H200.)"""
+spills; its knobs are the knob set "sm90_bwd" of `fa4.kernels.knobs`; its resource model
+(`sm90_bwd.feasibility`) agrees with the compiler (shared memory byte for byte, registers: what it
+admits compiles clean, what it refuses for registers spills); and it rejects, loudly, what it cannot
+run. (Whether its gradients are right is tests/gpu/test_sm90_bwd_gpu.py's question, on an H200.)
+
+The whole space x every compiled-in problem kind is `slow` (minutes on CI's two cores); the default run
+compiles the defaults and a sample that takes every knob value once."""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ import itertools
 
 import pytest
 
-from fa4.kernels import sm90_bwd
+from fa4.kernels import Config, knobs_for, sm90_bwd
 from fa4.kernels.problem import AttentionProblem
+from fa4tune.inputs.space import load_space
 
 # GQA ratio 4, odd lengths, Sq != Sk: what is compiled in is only dtype, head dim and causal (the
 # rest is symbolic), but the problem a test names is one the kernel must run
@@ -22,39 +28,164 @@ def _case_id(problem: AttentionProblem) -> str:
     return f"d{problem.head_dim}-{problem.dtype}-{'causal' if problem.causal else 'full'}"
 
 
+def _problem(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
+    return AttentionProblem(2, 177, 301, 8, 2, head_dim, dtype, causal)
+
+
 @pytest.mark.parametrize("problem", CASES, ids=_case_id)
-def test_the_backward_compiles_clean(problem):
-    params = sm90_bwd.default_params(problem.head_dim)
-    reports = sm90_bwd.compile_report(params, problem)
+def test_the_default_backward_compiles_clean(problem):
+    config = sm90_bwd.default_config(problem)
+    reports = sm90_bwd.compile_report(config, problem)
     assert tuple(reports) == sm90_bwd.KERNELS
     for name, report in reports.items():
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (name, report)
         assert not report["wgmma_serialized"], (name, report)
         assert report["registers"] is not None, (name, report)
     main = reports["main"]
-    assert all(main["ptx_markers"].values()), main["ptx_markers"]
-    # the traced shared memory is what the model that validates parameters expects, at most
-    assert 0 < main["smem_bytes"] <= sm90_bwd.smem_bytes(params, problem.head_dim) <= sm90_bwd.SMEM_LIMIT_BYTES
+    assert main["ptx_markers"]["wgmma"] and main["ptx_markers"]["tma_load"], main["ptx_markers"]
+    assert main["ptx_markers"]["setmaxnreg"] and main["ptx_markers"]["stmatrix"], main["ptx_markers"]
+    # the traced shared memory is the model's, byte for byte
+    assert main["smem_bytes"] == sm90_bwd.smem_bytes(config, problem) <= sm90_bwd.REFERENCE_DEVICE.smem_per_block_bytes
     # the elementwise kernels use no tensor cores and no shared memory
     assert reports["preprocess"]["smem_bytes"] == reports["postprocess"]["smem_bytes"] == 0
     assert not any(reports["preprocess"]["ptx_markers"].values())
 
 
-@pytest.mark.parametrize("params, head_dim, why", [
-    (sm90_bwd.BackwardParams(tile_m=96), 128, "tile_m=96"),
-    (sm90_bwd.BackwardParams(tile_n=256), 128, "tile_n=256"),
-    (sm90_bwd.BackwardParams(q_stages=3), 128, "q_stages=3"),
-    (sm90_bwd.BackwardParams(tile_m=128, tile_n=128), 64, "S and dP hold 128"),
-    (sm90_bwd.BackwardParams(), 96, "head_dim=96"),
-])
-def test_parameters_it_cannot_run_are_rejected(params, head_dim, why):
-    problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, "bf16", True)
-    assert any(why in reason for reason in sm90_bwd.reasons(params, problem))
-    with pytest.raises(ValueError, match=why):
-        sm90_bwd.compile_report(params, problem)
+def _compile_main(config: Config, problem: AttentionProblem) -> dict:
+    """Compile the main kernel (whatever the model says) and hold the model to what came out: shared
+    memory byte for byte; what it admits compiles clean, with the PTX of its dQ path. Returns the
+    report with `broken` (spills or serialised wgmma)."""
+    report = sm90_bwd.compile_report(config, problem, only=("main",), check=False)["main"]
+    broken = bool(report["spill_stores"] or report["spill_loads"] or report["wgmma_serialized"])
+    assert report["smem_bytes"] == sm90_bwd.smem_bytes(config, problem), config.label()
+    if not sm90_bwd.reasons(config, problem):
+        assert not broken, f"the model admits {config.label()} at {problem.label()}, which compiles to {report}"
+        markers = report["ptx_markers"]
+        assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"], markers
+        assert markers["dq_atomics"] == (config.dq_accum == "atomic"), markers
+        assert markers["dq_tma_reduce"] == (config.dq_accum == "bulk"), markers
+    return {**report, "broken": broken}
+
+
+def _refused_for_registers_alone(config: Config, problem: AttentionProblem) -> bool:
+    why = sm90_bwd.reasons(config, problem)
+    return bool(why) and all(reason.startswith("registers") for reason in why)
+
+
+# every value of every backward knob at least once, each feasible on its problem, plus the defaults
+SAMPLE = [
+    (dict(), _problem(128)),
+    (dict(tile_m=128, tile_n=64, q_stages=1, scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
+    (dict(tile_m=64, tile_n=64, q_stages=1, dq_accum="bulk"), _problem(128, "fp16")),
+    (dict(sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128)),
+    (dict(tile_m=128, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(64, causal=False)),
+    (dict(pds_stages=2, scheduler="single_lpt"), _problem(64, "fp16")),
+]
+# refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
+# all four accumulators at 128 x 128 and head dim 128)
+REFUSED = [
+    (dict(tile_m=128, tile_n=128), _problem(64, "fp16")),
+    (dict(tile_m=128, tile_n=128, sdp_swap=True, q_stages=1), _problem(128)),
+]
+
+
+def test_sample_covers_every_knob_value():
+    seen = {k.name: set() for k in knobs_for("sm90_bwd")}
+    for over, _ in SAMPLE:
+        for name, value in Config.make("sm90_bwd", **over).items:
+            seen[name].add(value)
+    for k in knobs_for("sm90_bwd"):
+        assert set(k.choices) <= seen[k.name], f"{k.name}: the sample misses {set(k.choices) - seen[k.name]}"
+
+
+@pytest.mark.parametrize("over, problem", SAMPLE,
+                         ids=[f"{Config.make('sm90_bwd', **o).label()}-{_case_id(p)}" for o, p in SAMPLE])
+def test_a_sample_compiles_clean_as_the_model_says(over, problem):
+    config = Config.make("sm90_bwd", **over)
+    assert sm90_bwd.reasons(config, problem) == []
+    _compile_main(config, problem)
+
+
+@pytest.mark.parametrize("over, problem", REFUSED,
+                         ids=[f"{Config.make('sm90_bwd', **o).label()}-{_case_id(p)}" for o, p in REFUSED])
+def test_what_the_register_model_refuses_spills(over, problem):
+    config = Config.make("sm90_bwd", **over)
+    assert _refused_for_registers_alone(config, problem)
+    assert _compile_main(config, problem)["broken"]
+
+
+# the whole space at each head dim, on one compiled-in kind each (the mask and dtype move ptxas's
+# register count by a few; the sample above and the defaults cover the other kinds)
+SPACE_KINDS = [_problem(128, "bf16", causal=True), _problem(64, "fp16", causal=False)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", SPACE_KINDS, ids=_case_id)
+def test_the_whole_space_holds_the_model_to_the_compiler(problem):
+    """Every configuration of search_spaces/sm90_bwd.toml that the model admits, or refuses for
+    registers alone, compiled: what it admits compiles clean (shared memory exact), and it admits at
+    least 90 % of what compiles clean (the register limits are not loose guesses: at head dim 64 it
+    refuses one 128 x 128 variant through shared memory that ptxas fits). Refusals for shared memory or
+    a tile the layout needs are the model's arithmetic alone."""
+    admitted, refused, refused_clean = 0, 0, []
+    for config in load_space("sm90_bwd").configs():
+        if sm90_bwd.reasons(config, problem):
+            if not _refused_for_registers_alone(config, problem):
+                continue
+            refused += 1
+            if not _compile_main(config, problem)["broken"]:
+                refused_clean.append(config.label())
+        else:
+            admitted += 1
+            _compile_main(config, problem)
+    assert admitted > 0 and refused > 0
+    assert admitted >= 0.9 * (admitted + len(refused_clean)), refused_clean
+
+
+def test_what_the_kernel_cannot_run_is_refused_loudly():
+    # a value outside the declared choices is not a configuration at all
+    with pytest.raises(ValueError, match="tile_m=96"):
+        Config.make("sm90_bwd", tile_m=96)
+    with pytest.raises(ValueError, match="unknown knob"):
+        Config.make("sm90_bwd", pv_operand="rs")   # a forward knob
+    # a forward configuration is not a backward one
+    problem = _problem(128)
+    assert any("not sm90_bwd" in r for r in sm90_bwd.reasons(Config.make("sm90"), problem))
+    # a head dim without code; a tile the registers cannot hold
+    assert any("head_dim=96" in r for r in sm90_bwd.reasons(Config.make("sm90_bwd"), _problem(96)))
+    big = Config.make("sm90_bwd", tile_m=128, tile_n=128)
+    assert any("registers" in r for r in sm90_bwd.reasons(big, _problem(64)))
+    for compile_fn in (sm90_bwd.compile_report, sm90_bwd.compile_backward):
+        with pytest.raises(ValueError, match="S and dP hold 128"):
+            compile_fn(big, _problem(64))
+    # a grid beyond CUDA's limits: longest first puts the key blocks on the grid's z (65,535 at most)
+    long_keys = AttentionProblem(1, 128, 65_536 * 128 + 1, 4, 2, 128, "bf16", False)
+    assert any("grid z" in r for r in sm90_bwd.reasons(Config.make("sm90_bwd", scheduler="single_lpt"), long_keys))
+    assert sm90_bwd.reasons(Config.make("sm90_bwd"), long_keys) == []
+    # the kernel object itself refuses what its code does not implement, whatever a caller checked
+    from fa4.kernels.sm90_bwd.kernel import FlashAttentionBackwardSm90
+
+    knobs = Config.make("sm90_bwd").to_dict()
+    with pytest.raises(ValueError, match="dq_accum='tma' is not implemented"):
+        FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False, **{**knobs, "dq_accum": "tma"})
+    with pytest.raises(ValueError, match="sdp_swap needs tile_n=128"):
+        FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False,
+                                   **{**knobs, "sdp_swap": True, "tile_n": 64})
+    # ... and the model says so before compiling
+    swapped_64 = Config.make("sm90_bwd", sdp_swap=True, tile_n=64)
+    assert any("sdp_swap needs tile_n=128" in r for r in sm90_bwd.reasons(swapped_64, problem))
 
 
 def test_the_defaults_are_runnable_at_every_supported_head_dim():
     for head_dim in sm90_bwd.SUPPORTED_HEAD_DIMS:
-        problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, "bf16", False)
-        assert sm90_bwd.reasons(sm90_bwd.default_params(head_dim), problem) == []
+        for causal in (True, False):
+            problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, "bf16", causal)
+            assert sm90_bwd.reasons(sm90_bwd.default_config(problem), problem) == []
+
+
+def test_the_compile_key_is_the_codegen_knobs_and_what_is_compiled_in():
+    a, b = AttentionProblem(1, 128, 4096, 4, 2, 128, "bf16", True), AttentionProblem(8, 77, 5, 32, 32, 128, "bf16", True)
+    config = Config.make("sm90_bwd")
+    assert sm90_bwd.compile_key(config, a) == sm90_bwd.compile_key(config, b)
+    assert sm90_bwd.compile_key(config, a) != sm90_bwd.compile_key(config.replace(q_stages=1), a)
+    assert sm90_bwd.compile_key(config, a) != sm90_bwd.compile_key(config, AttentionProblem(1, 128, 128, 4, 2, 64, "bf16", True))

@@ -2,9 +2,11 @@
 
 The tile algorithm (the math and its accumulation order) is `fa4.kernels.backward_emulation`'s;
 `kernel.py` runs it (design in its docstring), `prepost.py` holds the two small kernels around it.
-Importing this module does not import the DSL; compiling does.
+Its knobs are declared in `fa4.kernels.knobs` (knob set "sm90_bwd"); a configuration is a `Config`
+of that set, judged by `feasibility.reasons`. Importing this module does not import the DSL;
+compiling does.
 
-    kernels = compile_backward(BackwardParams(), problem)     # on a machine with the GPU
+    kernels = compile_backward(default_config(problem), problem)     # on a machine with the GPU
     kernels.run(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale)
 
 Workspaces (`.run` allocates them, on torch's caching allocator, so a caller needs to know nothing
@@ -21,110 +23,43 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from typing import Optional
 
 from .. import compiling
 from ..device import DeviceDescription
+from ..knobs import Config
 from ..problem import AttentionProblem
+# the resource model and the one check of a configuration
+from .feasibility import (KNOB_SET, REFERENCE_DEVICE, can_implement, reasons, resource_reasons,  # noqa: F401
+                          resources, smem_bytes, validate)
+from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F401
 
 ARCH = "sm90"
-SUPPORTED_HEAD_DIMS = (64, 128)
-# setmaxnreg split (producer warpgroup, each of the two MMA warpgroups): 128 * (24 + 2 * 240) <= 64K
-REGISTER_SPLIT = (24, 240)
-MMA_WARPGROUPS = 2
-# fp32 accumulator registers per MMA thread, under the 240 a thread gets: S and dP together (live
-# through the elementwise part beside dK, dV and the wgmma descriptors: 128 x 128 tiles, 128 of
-# them, spill 16-34 registers at head dim 64, measured), and all four (S, dP, dK, dV) together
-SCORE_REGISTER_LIMIT = 64
-ACCUMULATOR_REGISTER_LIMIT = 192
-SMEM_LIMIT_BYTES = 227 * 1024
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
 # what the main kernel's sm_90a PTX holds when it is built as designed
 PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
     "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
-    "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),
+    "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),               # dq_accum "atomic"
+    "dq_tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk"
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
 }
 
 
-@dataclass(frozen=True)
-class BackwardParams:
-    """The main kernel's parameters (compiled in).
-
-    tile_m:    query rows per block of the inner loop (64 or 128)
-    tile_n:    key rows per CTA (64 or 128)
-    q_stages:  Q / dO buffers in the TMA pipeline (1 or 2)
-    """
-
-    tile_m: int = 64
-    tile_n: int = 128
-    q_stages: int = 2
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def label(self) -> str:
-        return f"{self.tile_m}x{self.tile_n} q_stages={self.q_stages}"
+def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
+    """The knobs' declared defaults (`fa4.kernels.knobs`, knob set "sm90_bwd"): 64 x 128 tiles, two
+    Q/dO stages, at both head dims (flash-attn takes 128 x 128 at head dim 64; this kernel's S and dP
+    at 128 x 128 exceed the register model). A rule here may read only what is compiled in (dtype,
+    head dim, causal): `fa4.backward` caches the compiled default by those."""
+    return Config.make(KNOB_SET)
 
 
-def default_params(head_dim: int) -> BackwardParams:
-    """64 x 128 at both head dims (flash-attn takes 128 x 128 at head dim 64; this kernel's S and
-    dP at 128 x 128 exceed `SCORE_REGISTER_LIMIT`)."""
-    return BackwardParams(tile_m=64, tile_n=128, q_stages=2)
-
-
-def score_registers(params: BackwardParams) -> int:
-    """fp32 registers per MMA thread for S and dP (tile_m x tile_n each)."""
-    return 2 * params.tile_m * params.tile_n // (128 * MMA_WARPGROUPS)
-
-
-def accumulator_registers(params: BackwardParams, head_dim: int) -> int:
-    """fp32 registers per MMA thread for S, dP (tile_m x tile_n) and dK, dV (tile_n x D)."""
-    return score_registers(params) + 2 * params.tile_n * head_dim // (128 * MMA_WARPGROUPS)
-
-
-def smem_bytes(params: BackwardParams, head_dim: int) -> int:
-    """Q and dO stages, K, V, P and dS (16-bit), plus barriers and 1 KiB alignment per buffer."""
-    elems = (2 * params.q_stages * params.tile_m * head_dim + 2 * params.tile_n * head_dim
-             + 2 * params.tile_m * params.tile_n)
-    return elems * 2 + 6 * 1024
-
-
-def reasons(params: BackwardParams, problem: AttentionProblem) -> list[str]:
-    """Why the kernel cannot run `params` on `problem` (empty: it can)."""
-    out = []
-    if params.tile_m not in (64, 128):
-        out.append(f"tile_m={params.tile_m} is not 64 or 128")
-    if params.tile_n not in (64, 128):
-        out.append(f"tile_n={params.tile_n} is not 64 or 128")
-    if params.q_stages not in (1, 2):
-        out.append(f"q_stages={params.q_stages} is not 1 or 2")
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        out.append(f"head_dim={problem.head_dim} is not one of {SUPPORTED_HEAD_DIMS}")
-    if out:
-        return out
-    if score_registers(params) > SCORE_REGISTER_LIMIT:
-        out.append(f"{params.label()}: S and dP hold {score_registers(params)} fp32 registers per "
-                   f"thread > {SCORE_REGISTER_LIMIT}")
-    regs = accumulator_registers(params, problem.head_dim)
-    if regs > ACCUMULATOR_REGISTER_LIMIT:
-        out.append(f"{params.label()} at head dim {problem.head_dim} holds {regs} fp32 accumulator "
-                   f"registers per thread > {ACCUMULATOR_REGISTER_LIMIT}")
-    smem = smem_bytes(params, problem.head_dim)
-    if smem > SMEM_LIMIT_BYTES:
-        out.append(f"{params.label()} at head dim {problem.head_dim} needs {smem} bytes of shared "
-                   f"memory > {SMEM_LIMIT_BYTES}")
-    return out
-
-
-def validate(params: BackwardParams, problem: AttentionProblem) -> None:
-    why = reasons(params, problem)
-    if why:
-        raise ValueError(f"the sm90 backward cannot run {params.label()} on {problem.label()}: "
-                         + "; ".join(why))
+def compile_key(config: Config, problem: AttentionProblem) -> tuple:
+    """What the generated code depends on: the codegen knobs, dtype, head dim and causal (never
+    lengths, batch or heads: they are symbolic in the compile)."""
+    return (KNOB_SET, config.codegen_items(),
+            (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,39 +81,40 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in range(3)) + (1,)
         return make_fake_tensor(element, (batch, seq, heads, d), stride=stride, assumed_align=16)
 
-    def rows(seq):  # (B, Hq, S) fp32, rows contiguous
-        return make_fake_tensor(cutlass.Float32, (batch, heads_q, seq),
-                                stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    def rows(seq, divisibility=1):  # (B, Hq, S) fp32, rows contiguous
+        stride = (cute.sym_int64(divisibility=divisibility), cute.sym_int64(divisibility=divisibility), 1)
+        return make_fake_tensor(cutlass.Float32, (batch, heads_q, seq), stride=stride,
+                                assumed_align=4 * divisibility)
 
     return dict(
         q=bshd(seq_q, heads_q), k=bshd(seq_k, heads_kv), v=bshd(seq_k, heads_kv),
         out=bshd(seq_q, heads_q), dout=bshd(seq_q, heads_q), lse=rows(seq_q),
-        lse2=rows(seq_q_padded), delta=rows(seq_q_padded),
+        # the padded workspaces hold whole query blocks: 16-byte rows, which their TMA loads need
+        lse2=rows(seq_q_padded, 4), delta=rows(seq_q_padded, 4),
         dq_accum=bshd(seq_q, heads_q, cutlass.Float32, divisibility=4), dq=bshd(seq_q, heads_q),
         dk=bshd(seq_k, heads_kv), dv=bshd(seq_k, heads_kv),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
 
-def _make_kernel(name: str, params: BackwardParams, problem: AttentionProblem):
+def _make_kernel(name: str, config: Config, problem: AttentionProblem):
     d, dtype = problem.head_dim, problem.dtype
     if name == "main":
         from .kernel import FlashAttentionBackwardSm90
+        # every knob reaches the kernel under its own name: a new knob needs no line here
         return FlashAttentionBackwardSm90(dtype=dtype, head_dim=d, causal=problem.causal,
-                                          tile_m=params.tile_m, tile_n=params.tile_n,
-                                          q_stages=params.q_stages)
+                                          **config.to_dict())
     from . import prepost
     return {"preprocess": prepost.Preprocess, "postprocess": prepost.Postprocess}[name](
         dtype=dtype, head_dim=d)
 
 
-def _compile_all(params: BackwardParams, problem: AttentionProblem, options: str, tvm_ffi: bool,
+def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ffi: bool,
                  only: Optional[tuple] = None) -> dict:
     """{name: (compiled function, kernel object, seconds)} for the three kernels (or `only` those)."""
     import cutlass
     import cutlass.cute as cute
     from ..family import DSL_TARGET
 
-    validate(params, problem)
     if tvm_ffi:
         options = f"--enable-tvm-ffi {options}"
     out = {}
@@ -190,7 +126,7 @@ def _compile_all(params: BackwardParams, problem: AttentionProblem, options: str
                   a["dv"], cutlass.Float32(1.0), a["stream"]),
             postprocess=(a["dq_accum"], a["dq"], cutlass.Float32(1.0), a["stream"]))
         for name in only or KERNELS:
-            kernel = _make_kernel(name, params, problem)
+            kernel = _make_kernel(name, config, problem)
             start = time.perf_counter()
             compiled = cute.compile[cute.GPUArch(DSL_TARGET[ARCH])](
                 kernel, *arguments[name], options=options.strip())
@@ -201,9 +137,9 @@ def _compile_all(params: BackwardParams, problem: AttentionProblem, options: str
 class CompiledBackward:
     """The three compiled kernels; `.run` launches them on torch's current stream (TVM-FFI)."""
 
-    def __init__(self, compiled: dict, params: BackwardParams, problem: AttentionProblem):
+    def __init__(self, compiled: dict, config: Config, problem: AttentionProblem):
         self.compiled = compiled
-        self.params = params
+        self.config = config
         self.problem = problem
 
     def run(self, q, k, v, out, dout, lse, dq, dk, dv, softmax_scale: Optional[float] = None) -> None:
@@ -215,7 +151,7 @@ class CompiledBackward:
             raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
         batch, seqlen_q, heads_q, head_dim = q.shape
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-        padded = -(-max(seqlen_q, 1) // self.params.tile_m) * self.params.tile_m
+        padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
         dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -224,27 +160,34 @@ class CompiledBackward:
         self.compiled["postprocess"](dq_accum, dq, scale)
 
 
-def compile_backward(params: BackwardParams, problem: AttentionProblem,
+def compile_backward(config: Config, problem: AttentionProblem,
                      device: Optional[DeviceDescription] = None) -> CompiledBackward:
-    """The launchable backward of `params` for `problem`'s dtype, head dim and causal flag (one compile
-    serves every batch, length and head count). `device` is accepted for symmetry with the forward;
-    nothing of it is compiled in (the grid is one CTA per key block, not persistent)."""
-    compiled = _compile_all(params, problem, options="", tvm_ffi=True)
-    return CompiledBackward({name: c for name, (c, _, _) in compiled.items()}, params, problem)
+    """The launchable backward of `config` for `problem`'s dtype, head dim and causal flag (one compile
+    serves every batch, length and head count); refuses a configuration it cannot run (`reasons`).
+    Nothing of `device` is compiled in (the grid is one CTA per key block, not persistent); its
+    shared memory per block judges the configuration (default: the H200)."""
+    validate(config, problem, device)
+    compiled = _compile_all(config, problem, options="", tvm_ffi=True)
+    return CompiledBackward({name: c for name, (c, _, _) in compiled.items()}, config, problem)
 
 
-def compile_report(params: BackwardParams, problem: AttentionProblem,
-                   device: Optional[DeviceDescription] = None, only: Optional[tuple] = None) -> dict:
+def compile_report(config: Config, problem: AttentionProblem,
+                   device: Optional[DeviceDescription] = None, only: Optional[tuple] = None,
+                   check: bool = True) -> dict:
     """Compile the three kernels for sm_90a with fake tensors (a CPU is enough): {kernel name:
     {registers, spill_stores, spill_loads, stack_frame, wgmma_serialized, ptxas_warnings, smem_bytes,
     compile_seconds, ptx_markers}}. `registers` is ptxas's count for the whole kernel (168: 64K over
-    384 threads); the MMA warpgroups run under setmaxnreg's 240 (`REGISTER_SPLIT`). `only`: a subset of ("preprocess", "main", "postprocess")."""
+    384 threads); the MMA warpgroups run under setmaxnreg's 240 (`REGISTER_SPLIT`). `only`: a subset
+    of ("preprocess", "main", "postprocess"). `check=False` compiles a configuration the model refuses
+    (to hold the model to the compiler); otherwise it is refused like `compile_backward` refuses it."""
+    if check:
+        validate(config, problem, device)
     reports = {}
     for name in only or KERNELS:
         with tempfile.TemporaryDirectory(prefix="fa4-sm90-bwd-") as tmp:
             remarks_path = os.path.join(tmp, "remarks.yaml")
             (compiled, kernel, seconds), = _compile_all(
-                params, problem, tvm_ffi=False, only=(name,),
+                config, problem, tvm_ffi=False, only=(name,),
                 options=f"--keep-ptx --dump-dir {tmp} remarks{{ptx}} --remark-output {remarks_path}",
             ).values()
             remarks = open(remarks_path).read() if os.path.exists(remarks_path) else ""

@@ -7,10 +7,12 @@ aligned; blocks left of the first visible row are skipped). dK and dV accumulate
 whole group (GQA is reduced inside the CTA), and are written once at the end.
 
 Warp roles (384 threads): warpgroup 0 is the producer (warp 0 issues the TMA loads: K and V once, then
-Q and dO of each (head, query block) into a `q_stages` ring; the warpgroup gives its registers away
-with setmaxnreg); warpgroups 1 and 2 run the MMAs (wgmma) and the elementwise math.
+Q and dO of each (head, query block) into a `q_stages` ring, with their rows' LSE2 and D when
+`sdp_swap`; warp 1 adds each block's dQ to global memory when `dq_accum` is "bulk"; the warpgroup
+gives its registers away with setmaxnreg); warpgroups 1 and 2 run the MMAs (wgmma) and the
+elementwise math.
 
-Per (query block, key block), in the two MMA warpgroups:
+Per (query block, key block), in the two MMA warpgroups, with `sdp_swap` off:
   S = Q K^T, dP = dO V^T                  (fp32, each warpgroup a half of the tile_m x tile_n tile)
   P = exp2(S * scale_log2 - LSE2)         (LSE2 = LSE * log2 e from the preprocess: +inf on rows that
                                            see no key and on padding rows, so P = 0 there)
@@ -18,8 +20,21 @@ Per (query block, key block), in the two MMA warpgroups:
   P, dS -> 16-bit -> shared memory        (both warpgroups' halves; named barriers around it)
   dV += P^T dO, dK += dS^T Q              (fp32 registers; each warpgroup owns half of the key rows
                                            or of the head dim)
-  dQ_accum += dS K                        (fp32, red.global.add.f32 per element into (B, Sq, Hq, D);
-                                           the scale is applied by the postprocess)
+  dQ = dS K                               (fp32, added to the (B, Sq, Hq, D) accumulator: `dq_accum`)
+With `sdp_swap` on (tile_n = 128: each warpgroup owns 64 key rows throughout):
+  S^T = K Q^T, dP^T = V dO^T              (the same tile transposed: keys are the wgmma's M)
+  P^T = exp2(S^T * scale_log2 - LSE2)     (while dP^T's wgmma still runs; LSE2 and D come from
+                                           shared memory, loaded with Q and dO)
+  dV += P^T dO                            (P^T from registers: it already is the A operand; no P in
+                                           shared memory; issued before the dS math at tile_m 64,
+                                           after it at 128, where registers are short)
+  dS^T = P^T * (dP^T - D); dS -> shared memory (transposed stmatrix), one named barrier
+  dQ = dS K, then dK += dS^T Q            (dS^T from registers; dQ is added while dK's wgmma runs)
+dQ reaches the accumulator (`dq_accum`) by one red.global.add.f32 per element ("atomic"), or
+("bulk") through an fp32 shared-memory tile that warp 1 adds with one TMA reduce-add
+(cp.reduce.async.bulk.tensor .add) per block; the scale is applied by the postprocess.
+`pds_stages` = 2 double-buffers P and dS, so the barrier that waits for the previous block's readers
+before they are overwritten goes.
 At the end: dK * scale and dV -> 16-bit -> shared memory (the K and V buffers) -> TMA store.
 
 Masks are applied only on boundary blocks: the query blocks that cross the causal diagonal, and every
@@ -49,6 +64,12 @@ LOG2_E = math.log2(math.e)
 BAR_PDS_FREE = 1   # every MMA warpgroup is done reading the previous block's P and dS
 BAR_PDS_READY = 2  # this block's P and dS are in shared memory
 BAR_EPILOGUE = 3
+BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA warpgroups may write it
+BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
+
+# what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
+IMPLEMENTED = {"tile_m": (64, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
+               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt"), "pds_stages": (1, 2)}
 
 
 def smem_layout(dtype, rows: int, cols: int, major_mode_size: int, stages=None):
@@ -66,25 +87,48 @@ class FlashAttentionBackwardSm90:
     """One compiled variant of the main backward kernel.
 
     Problem constants: dtype ("fp16"/"bf16"), head_dim (64/128), causal.
-    Parameters (`BackwardParams`): tile_m (query rows per inner block, 64/128), tile_n (key rows per
-    CTA, 64/128), q_stages (Q/dO ring depth, 1/2).
+    Knobs (declared in `fa4.kernels.knobs`, knob set "sm90_bwd"): tile_m (query rows per inner block),
+    tile_n (key rows per CTA), q_stages (Q/dO ring depth), dq_accum (how dQ reaches global memory:
+    "atomic" or "bulk"), sdp_swap (S^T = K Q^T, P^T and dS^T as register operands), pds_stages (P/dS
+    buffers). A value this code does not implement (`IMPLEMENTED`) or a combination it cannot build
+    raises; nothing is changed into something else.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
-                 q_stages: int):
-        from . import MMA_WARPGROUPS, REGISTER_SPLIT
+                 q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int):
+        from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
+        for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
+                ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
+                ("sdp_swap", sdp_swap), ("scheduler", scheduler), ("pds_stages", pds_stages))] + [
+                ("head_dim", head_dim, SUPPORTED_HEAD_DIMS)]:
+            if value not in implemented:
+                raise ValueError(f"sm90 backward: {name}={value!r} is not implemented (one of {implemented})")
+        if sdp_swap and tile_n != 64 * MMA_WARPGROUPS:
+            raise ValueError(f"sm90 backward: sdp_swap needs tile_n={64 * MMA_WARPGROUPS} (each MMA "
+                             f"warpgroup owns 64 key rows); got tile_n={tile_n}")
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.q_stages = q_stages
+        self.dq_bulk = dq_accum == "bulk"
+        self.sdp_swap = sdp_swap
+        self.longest_first = scheduler == "single_lpt"
+        # sdp_swap issues dV as soon as P^T is in registers, so its wgmma runs under the dS math; at
+        # 128 query rows that keeps too much live (S^T, dP^T, P^T, dK, dV: 384 bytes of spills and
+        # serialised wgmma at head dim 64), so dV waits until dS^T is computed there
+        self.early_dv = tile_m == 64
+        self.pds_stages = pds_stages
         self.num_mma_threads = 128 * MMA_WARPGROUPS
         self.num_threads = 128 + self.num_mma_threads
         self.producer_regs, self.mma_regs = REGISTER_SPLIT
         # how the two MMA warpgroups split each product (M, N, K atoms): a 64-row wgmma per
         # warpgroup, so a 64-row side is split along the other dimension
-        self.sdp_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)   # S, dP: tile_m x tile_n
+        if sdp_swap:
+            self.sdp_atoms = (2, 1, 1)                                # S^T, dP^T: tile_n x tile_m
+        else:
+            self.sdp_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)   # S, dP: tile_m x tile_n
         self.dkv_atoms = (2, 1, 1) if tile_n == 128 else (1, 2, 1)   # dK, dV: tile_n x D
         self.dq_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)    # dQ: tile_m x D
 
@@ -98,19 +142,25 @@ class FlashAttentionBackwardSm90:
         sdp_n = self.tile_n // self.sdp_atoms[1]
         dkv_m = self.tile_n // self.dkv_atoms[0]
         # Q and dO are read transposed by dK / dV (N = head dim), K transposed by dQ, P and dS
-        # transposed by dV / dK (M = keys)
+        # transposed by dV / dK (M = keys); with sdp_swap dS is written transposed, 64 keys a warpgroup
         self.sQ_layout = smem_layout(self.dtype, self.tile_m, d, dkv_n, self.q_stages)
         self.sdO_layout = smem_layout(self.dtype, self.tile_m, d, dkv_n, self.q_stages)
         self.sK_layout = smem_layout(self.dtype, self.tile_n, d, dq_n)
         self.sV_layout = smem_layout(self.dtype, self.tile_n, d, d)
-        self.sPdS_layout = smem_layout(self.dtype, self.tile_m, self.tile_n, math.gcd(sdp_n, dkv_m))
+        pds_major = 64 if self.sdp_swap else math.gcd(sdp_n, dkv_m)
+        stages = None if self.pds_stages == 1 else self.pds_stages
+        self.sPdS_layout = smem_layout(self.dtype, self.tile_m, self.tile_n, pds_major, stages)
+        # fp32 dQ tile of the bulk reduce: rows of 128-byte swizzled 32-column atoms (TMA's widest)
+        self.sdQ_layout = smem_layout(Float32, self.tile_m, d, d)
+        # the rows' LSE2 and D, one tile_m vector per Q stage (sdp_swap)
+        self.sRow_layout = cute.make_layout((self.tile_m, self.q_stages))
 
     def shared_storage(self):
         self._make_layouts()
         align = 1024
 
-        def buffer(layout):
-            return cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], align]
+        def buffer(layout, dtype=self.dtype, used=True):
+            return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout) if used else 0], align]
 
         @cute.struct
         class SharedStorage:
@@ -120,23 +170,46 @@ class FlashAttentionBackwardSm90:
             sdO: buffer(self.sdO_layout)
             sK: buffer(self.sK_layout)
             sV: buffer(self.sV_layout)
-            sP: buffer(self.sPdS_layout)
+            sP: buffer(self.sPdS_layout, used=not self.sdp_swap)
             sdS: buffer(self.sPdS_layout)
+            sdQ: buffer(self.sdQ_layout, Float32, used=self.dq_bulk)
+            sLSE2: buffer(self.sRow_layout, Float32, used=self.sdp_swap)
+            sDelta: buffer(self.sRow_layout, Float32, used=self.sdp_swap)
 
         return SharedStorage
 
     def _tiled_mmas(self):
         K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        sdp = hopper_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K, K, Float32, atom_layout_mnk=self.sdp_atoms,
-            tiler_mn=(64, self.tile_n // self.sdp_atoms[1]))
-        dkv = hopper_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, MN, MN, Float32, atom_layout_mnk=self.dkv_atoms,
-            tiler_mn=(64, self.head_dim // self.dkv_atoms[1]))
+        if const_expr(self.sdp_swap):
+            sdp = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K, K, Float32, atom_layout_mnk=self.sdp_atoms,
+                tiler_mn=(64, self.tile_m))
+            # P^T and dS^T are the A operands, in the registers of the warpgroup that computed them
+            dkv = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K, MN, Float32, atom_layout_mnk=self.dkv_atoms,
+                tiler_mn=(64, self.head_dim // self.dkv_atoms[1]), a_source=warpgroup.OperandSource.RMEM)
+        else:
+            sdp = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K, K, Float32, atom_layout_mnk=self.sdp_atoms,
+                tiler_mn=(64, self.tile_n // self.sdp_atoms[1]))
+            dkv = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN, MN, Float32, atom_layout_mnk=self.dkv_atoms,
+                tiler_mn=(64, self.head_dim // self.dkv_atoms[1]))
         dq = hopper_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K, MN, Float32, atom_layout_mnk=self.dq_atoms,
             tiler_mn=(64, self.head_dim // self.dq_atoms[1]))
         return sdp, dkv, dq
+
+    def pds_store_atom(self):
+        """stmatrix of the 16-bit P / dS fragments: transposed with sdp_swap, whose fragments are
+        (key, query) while the buffers hold rows of keys per query (tests/test_sm90_bwd_layouts.py
+        replays its lanes against the PTX semantics)."""
+        return cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.sdp_swap, num_matrices=4), self.dtype)
+
+    def pds_store_view(self, buffer):
+        """The P / dS buffer (tile_m x tile_n) as the S fragments index it: transposed with sdp_swap."""
+        return L.transpose_smem_view(buffer) if self.sdp_swap else buffer
 
     # ------------------------------------------------------------------------------------------
     # launch
@@ -180,17 +253,33 @@ class FlashAttentionBackwardSm90:
         self.qdo_bytes = cute.size_in_bytes(self.dtype, sQ_one) + cute.size_in_bytes(self.dtype, sdO_one)
         self.kv_bytes = (cute.size_in_bytes(self.dtype, self.sK_layout)
                          + cute.size_in_bytes(self.dtype, self.sV_layout))
+        tma_atom_dQ, tma_dQ = None, mdQaccum
+        if const_expr(self.dq_bulk):
+            tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, self.sdQ_layout, (self.tile_m, d))
+        tma_atom_LSE2, tma_LSE2, tma_atom_Delta, tma_Delta = None, mLSE2, None, mDelta
+        if const_expr(self.sdp_swap):
+            row_one = cute.select(self.sRow_layout, mode=[0])
+            tma_atom_LSE2, tma_LSE2 = cpasync.make_tiled_tma_atom(load_op, mLSE2, row_one, (self.tile_m,))
+            tma_atom_Delta, tma_Delta = cpasync.make_tiled_tma_atom(load_op, mDelta, row_one, (self.tile_m,))
+            self.qdo_bytes += 2 * cute.size_in_bytes(Float32, row_one)
 
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
         scale_log2 = softmax_scale * Float32(LOG2_E)
+        # the hardware hands CTAs out in grid order, x fastest: longest first puts the key blocks
+        # outermost, block 0 (the most query blocks under causal) first for every head and batch
+        grid = (num_n_blocks, heads_kv, batch)
+        if const_expr(self.longest_first):
+            grid = (heads_kv, batch, num_n_blocks)
         self.kernel(
-            tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, mLSE2, mDelta, mdQaccum,
+            tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, tma_LSE2, tma_Delta, tma_dQ,
             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
+            tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ,
             softmax_scale, scale_log2, seqlen_q, seqlen_k, ratio,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
-            SharedStorage,
-        ).launch(grid=(num_n_blocks, heads_kv, batch), block=[self.num_threads, 1, 1],
+            self.sdQ_layout, self.sRow_layout, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------
@@ -201,17 +290,21 @@ class FlashAttentionBackwardSm90:
                mdK: cute.Tensor, mdV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                mdQaccum: cute.Tensor, tma_atom_Q: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
                tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, tma_atom_dK: cute.CopyAtom,
-               tma_atom_dV: cute.CopyAtom, softmax_scale: Float32, scale_log2: Float32,
+               tma_atom_dV: cute.CopyAtom, tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ,
+               softmax_scale: Float32, scale_log2: Float32,
                seqlen_q: Int32, seqlen_k: Int32, ratio: Int32,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
                tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout,
+               sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV):
-                cpasync.prefetch_descriptor(atom)
+            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
+                         tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ):
+                if const_expr(atom is not None):
+                    cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -231,25 +324,40 @@ class FlashAttentionBackwardSm90:
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sP = None
+        if const_expr(not self.sdp_swap):
+            sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sdQ = None
+        if const_expr(self.dq_bulk):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sLSE2, sDelta = None, None
+        if const_expr(self.sdp_swap):
+            sLSE2 = storage.sLSE2.get_tensor(sRow_layout)
+            sDelta = storage.sDelta.get_tensor(sRow_layout)
         pipeline.pipeline_init_wait(cluster_shape_mn=None)
 
         n_block, head_kv, batch_idx = cute.arch.block_idx()
+        if const_expr(self.longest_first):
+            head_kv, batch_idx, n_block = cute.arch.block_idx()
         m_min, m_max, m_mask_end = self.query_block_range(n_block, seqlen_q, seqlen_k)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.produce(mQ, mdO, mK, mV, sQ, sdO, sK, sV, tma_atom_Q, tma_atom_dO, tma_atom_K,
-                             tma_atom_V, pipe_qdo, pipe_kv, n_block, head_kv, batch_idx, ratio,
+                self.produce(mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta,
+                             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2,
+                             tma_atom_Delta, pipe_qdo, pipe_kv, n_block, head_kv, batch_idx, ratio,
                              m_min, m_max)
+            if const_expr(self.dq_bulk):
+                if warp_idx == 1:
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_kv, batch_idx, ratio, m_min, m_max)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, tma_atom_dK,
-                         tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp, tiled_mma_dkv,
-                         tiled_mma_dq, softmax_scale, scale_log2, seqlen_q, seqlen_k, ratio,
-                         n_block, head_kv, batch_idx, m_min, m_max, m_mask_end)
+            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2,
+                         sDelta, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
+                         tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2, seqlen_q, seqlen_k,
+                         ratio, n_block, head_kv, batch_idx, m_min, m_max, m_mask_end)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
@@ -272,9 +380,10 @@ class FlashAttentionBackwardSm90:
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
-    def produce(self, mQ, mdO, mK, mV, sQ, sdO, sK, sV, tma_atom_Q, tma_atom_dO, tma_atom_K,
-                tma_atom_V, pipe_qdo, pipe_kv, n_block: Int32, head_kv: Int32, batch_idx: Int32,
-                ratio: Int32, m_min: Int32, m_max: Int32):
+    def produce(self, mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta, tma_atom_Q,
+                tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2, tma_atom_Delta, pipe_qdo,
+                pipe_kv, n_block: Int32, head_kv: Int32, batch_idx: Int32, ratio: Int32,
+                m_min: Int32, m_max: Int32):
         d = self.head_dim
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         gK = cute.local_tile(mK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
@@ -299,12 +408,40 @@ class FlashAttentionBackwardSm90:
                       tma_bar_ptr=pipe_qdo.producer_get_barrier(q_state))
             cute.copy(tma_atom_dO, tdOg, tdOs[None, q_state.index],
                       tma_bar_ptr=pipe_qdo.producer_get_barrier(q_state))
+            if const_expr(self.sdp_swap):
+                for atom, m_rows, s_rows in ((tma_atom_LSE2, mLSE2, sLSE2), (tma_atom_Delta, mDelta, sDelta)):
+                    g_rows = cute.local_tile(m_rows[None, head, batch_idx], (self.tile_m,), (m_block,))
+                    t_s, t_g = L.tma_copier(atom, s_rows, g_rows, smem_staged=True, gmem_tiled=False)
+                    cute.copy(atom, t_g, t_s[None, q_state.index],
+                              tma_bar_ptr=pipe_qdo.producer_get_barrier(q_state))
             q_state.advance()
+
+    # ---- the dQ warp ---------------------------------------------------------------------------
+    @cute.jit
+    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, head_kv: Int32, batch_idx: Int32, ratio: Int32,
+                 m_min: Int32, m_max: Int32):
+        """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
+        accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
+        release the tile once the reduce has read it."""
+        d = self.head_dim
+        both = self.num_mma_threads + 32
+        m_count = cutlass.max(m_max - m_min, 0)
+        for t in cutlass.range(ratio * m_count, unroll=1):
+            head = head_kv * ratio + t // m_count
+            m_block = m_min + t % m_count
+            gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
+            tdQs, tdQg = L.tma_copier(tma_atom_dQ, sdQ, gdQ, smem_staged=False, gmem_tiled=False)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)   # the last reduce has read the tile
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=both)
+            cute.copy(tma_atom_dQ, tdQs, tdQg)
+            cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- MMA warpgroups ------------------------------------------------------------------------
     @cute.jit
-    def consume(self, mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, tma_atom_dK,
-                tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+    def consume(self, mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2, sDelta,
+                tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                 softmax_scale: Float32, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32,
                 ratio: Int32, n_block: Int32, head_kv: Int32, batch_idx: Int32, m_min: Int32,
                 m_max: Int32, m_mask_end: Int32):
@@ -318,33 +455,53 @@ class FlashAttentionBackwardSm90:
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dq = tiled_mma_dq.get_slice(tidx)
 
-        # operands: S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K
-        tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
-        tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
-        tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
-        tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
-        tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_smem_view(sP)))
+        if const_expr(self.sdp_swap):
+            # S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and dK += dS^T Q (A from registers), dQ = dS K
+            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+            tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+            tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            tdVrPt = cute.make_rmem_tensor(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+            tdKrdSt = cute.make_rmem_tensor(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+            s_shape = wg_sdp.partition_shape_C((self.tile_n, self.tile_m))
+            ident_S = cute.make_identity_tensor((self.tile_n, self.tile_m))
+            pds_store = cute.make_tiled_copy_C(self.pds_store_atom(), tiled_mma_sdp).get_slice(tidx)
+            tPsP = None
+            tdSsdS = pds_store.partition_D(self.pds_store_view(sdS))
+        else:
+            # operands: S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K
+            tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+            tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+            tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+            tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
+            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_smem_view(sP)))
+            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_smem_view(sdS)))
+            s_shape = wg_sdp.partition_shape_C((self.tile_m, self.tile_n))
+            ident_S = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            pds_store = cute.make_tiled_copy_C(self.pds_store_atom(), tiled_mma_sdp).get_slice(tidx)
+            tPsP = pds_store.partition_D(self.pds_store_view(sP))
+            tdSsdS = pds_store.partition_D(self.pds_store_view(sdS))
         tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sdO)))
-        tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_smem_view(sdS)))
         tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sQ)))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
         tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_smem_view(sK)))
 
-        s_shape = wg_sdp.partition_shape_C((self.tile_m, self.tile_n))
         dq_shape = wg_dq.partition_shape_C((self.tile_m, d))
         acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((self.tile_n, d)), Float32)
         acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((self.tile_n, d)), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
 
-        # (row, col) of this thread's S and dQ fragment elements
-        ident_S = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        # (row, col) of this thread's S (S^T) and dQ fragment elements
         tScS = L.acc_rows_cols(thr_sdp.partition_C(ident_S))
         t0ScS = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(ident_S))  # compile-time
         tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, d)))
-        pds_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype), tiled_mma_sdp).get_slice(tidx)
-        tPsP = pds_store.partition_D(sP)
-        tdSsdS = pds_store.partition_D(sdS)
+        dq_store, tdQsdQ = None, None
+        if const_expr(self.dq_bulk):
+            dq_store = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+                tiled_mma_dq).get_slice(tidx)
+            tdQsdQ = dq_store.partition_D(sdQ)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -353,34 +510,54 @@ class FlashAttentionBackwardSm90:
         for t in cutlass.range(ratio * m_count, unroll=1):
             head = head_kv * ratio + t // m_count
             m_block = m_min + t % m_count
-            operands = (tSrQ[None, None, None, q_state.index], tSrK,
-                        tdPrdO[None, None, None, q_state.index], tdPrV, tdVrPt,
-                        tdVrdOt[None, None, None, q_state.index], tdKrdSt,
-                        tdKrQt[None, None, None, q_state.index], tdQrdS, tdQrKt)
+            pds = 0 if const_expr(self.pds_stages == 1) else t % self.pds_stages
+            step = (tSrQ[None, None, None, q_state.index], tSrK,
+                    tdPrdO[None, None, None, q_state.index], tdPrV, tdVrPt,
+                    tdVrdOt[None, None, None, q_state.index], tdKrdSt,
+                    tdKrQt[None, None, None, q_state.index], tdQrdS, tdQrKt, tPsP, tdSsdS, pds)
             if m_block < m_mask_end:
-                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                pds_store, tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
-                                tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state,
-                                scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
+                self.block_step(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                                pds_store, dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum,
+                                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo,
+                                q_state, scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
                                 batch_idx, masked=True)
             else:
-                self.block_step(operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                pds_store, tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
-                                tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state,
-                                scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
+                self.block_step(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                                pds_store, dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum,
+                                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo,
+                                q_state, scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
                                 batch_idx, masked=False)
             q_state.advance()
         self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
 
     @cute.jit
-    def block_step(self, operands, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
-                   tPsP, tdSsdS, mLSE2, mDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
-                   tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32, seqlen_q: Int32,
-                   seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32, batch_idx: Int32,
-                   masked: cutlass.Constexpr):
+    def block_step(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
+                   dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                   tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
+                   seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32,
+                   batch_idx: Int32, masked: cutlass.Constexpr):
         """One (query block, key block) of one query head: the module docstring's five products."""
-        tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt = operands
+        if const_expr(self.sdp_swap):
+            self.block_step_swapped(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                                    pds_store, dq_store, tdQsdQ, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                                    tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2,
+                                    seqlen_q, seqlen_k, n_block, m_block, head, batch_idx, masked)
+        else:
+            self.block_step_direct(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                                   pds_store, dq_store, tdQsdQ, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
+                                   tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2,
+                                   seqlen_q, seqlen_k, n_block, m_block, head, batch_idx, masked)
+
+    @cute.jit
+    def block_step_direct(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                          pds_store, dq_store, tdQsdQ, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
+                          tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
+                          seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32,
+                          batch_idx: Int32, masked: cutlass.Constexpr):
+        """sdp_swap off: S and dP with query rows as M; P and dS through shared memory."""
+        (tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, tPsP, tdSsdS,
+         pds) = step
         # this thread's rows' LSE2 and D (the workspaces are padded to whole query blocks)
         rows = cute.size(tScS.shape[0])  # 2: an m64 wgmma gives each thread rows r and r + 8
         lse2 = cute.make_rmem_tensor(rows, Float32)
@@ -408,19 +585,103 @@ class FlashAttentionBackwardSm90:
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
 
-        # both warpgroups' previous dV / dK / dQ products have read P and dS
-        cute.arch.barrier(barrier_id=BAR_PDS_FREE, number_of_threads=self.num_mma_threads)
-        cute.copy(pds_store, pds_store.retile(rP), tPsP)
-        cute.copy(pds_store, pds_store.retile(rdS), tdSsdS)
+        if const_expr(self.pds_stages == 1):
+            # both warpgroups' previous dV / dK / dQ products have read P and dS
+            cute.arch.barrier(barrier_id=BAR_PDS_FREE, number_of_threads=self.num_mma_threads)
+            cute.copy(pds_store, pds_store.retile(rP), tPsP)
+            cute.copy(pds_store, pds_store.retile(rdS), tdSsdS)
+        else:
+            # the other buffer: its last readers (two blocks ago) finished before this block's
+            # previous BAR_PDS_READY, which both warpgroups passed
+            cute.copy(pds_store, pds_store.retile(rP), tPsP[None, None, None, pds])
+            cute.copy(pds_store, pds_store.retile(rdS), tdSsdS[None, None, None, pds])
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_PDS_READY, number_of_threads=self.num_mma_threads)
 
-        L.wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, zero_init=False, wait_pending=-1)
-        L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, zero_init=False, wait_pending=-1)
+        tdVrPt_cur, tdKrdSt_cur, tdQrdS_cur = tdVrPt, tdKrdSt, tdQrdS
+        if const_expr(self.pds_stages > 1):
+            tdVrPt_cur = tdVrPt[None, None, None, pds]
+            tdKrdSt_cur = tdKrdSt[None, None, None, pds]
+            tdQrdS_cur = tdQrdS[None, None, None, pds]
         acc_dQ = cute.make_rmem_tensor(dq_shape, Float32)
-        L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait_pending=0)
+        L.wgmma(tiled_mma_dkv, acc_dV, tdVrPt_cur, tdVrdOt, zero_init=False, wait_pending=-1)
+        if const_expr(not self.dq_bulk):
+            L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt_cur, tdKrQt, zero_init=False, wait_pending=-1)
+            L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=0)
+            pipe_qdo.consumer_release(q_state)
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
+        else:
+            # dQ before dK: its tile goes to shared memory while dK's wgmma runs
+            L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
+            L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt_cur, tdKrQt, zero_init=False, wait_pending=1)
+            self.stage_dq(acc_dQ, dq_store, tdQsdQ)
+            warpgroup.wait_group(0)
+            pipe_qdo.consumer_release(q_state)
+
+    @cute.jit
+    def block_step_swapped(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
+                           pds_store, dq_store, tdQsdQ, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                           tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
+                           seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32,
+                           head: Int32, batch_idx: Int32, masked: cutlass.Constexpr):
+        """sdp_swap on: S^T and dP^T with key rows as M; P^T and dS^T feed dV and dK from registers,
+        only dS goes through shared memory (for dQ)."""
+        (tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, _, tdSsdS,
+         pds) = step
+        pipe_qdo.consumer_wait(q_state)
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        acc_dP = cute.make_rmem_tensor(s_shape, Float32)
+        L.wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ, zero_init=True, wait_pending=-1)
+        L.wgmma(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO, zero_init=True, wait_pending=1)
+        # S^T is ready; dP^T's wgmma may still run
+        if const_expr(masked):
+            self.apply_mask_swapped(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k)
+        S = L.acc_rows_cols(acc_S)    # rows: keys, columns: queries
+        cols = cute.size(S.shape[1])
+        stage = q_state.index
+        for c in cutlass.range_constexpr(cols):
+            lse2 = sLSE2[tScS[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(S.shape[0])):
+                S[r, c] = cute.math.exp2(S[r, c] * scale_log2 - lse2, fastmath=True)
+        # P^T -> 16-bit A operand of dV += P^T dO, one K block at a time (see the forward's write_p)
+        P_view = L.acc_as_operand_a(acc_S)
+        for k in cutlass.range_constexpr(cute.size(tdVrPt.shape[2])):
+            tdVrPt[None, None, k].store(P_view[None, None, k].load().to(self.dtype))
+        if const_expr(self.early_dv):
+            L.wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, zero_init=False, wait_pending=1)
+        else:
+            warpgroup.wait_group(0)
+        # dP^T is ready (dV's wgmma may still run)
+        dP = L.acc_rows_cols(acc_dP)
+        for c in cutlass.range_constexpr(cols):
+            delta = sDelta[tScS[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(dP.shape[0])):
+                dP[r, c] = S[r, c] * (dP[r, c] - delta)
+        dS_view = L.acc_as_operand_a(acc_dP)
+        for k in cutlass.range_constexpr(cute.size(tdKrdSt.shape[2])):
+            tdKrdSt[None, None, k].store(dS_view[None, None, k].load().to(self.dtype))
+        tdQrdS_cur = tdQrdS
+        if const_expr(self.pds_stages == 1):
+            # both warpgroups' previous dQ products have read dS
+            cute.arch.barrier(barrier_id=BAR_PDS_FREE, number_of_threads=self.num_mma_threads)
+            cute.copy(pds_store, pds_store.retile(tdKrdSt), tdSsdS)
+        else:
+            cute.copy(pds_store, pds_store.retile(tdKrdSt), tdSsdS[None, None, None, pds])
+            tdQrdS_cur = tdQrdS[None, None, None, pds]
+        if const_expr(not self.early_dv):
+            L.wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, zero_init=False, wait_pending=-1)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_PDS_READY, number_of_threads=self.num_mma_threads)
+        # dQ, then dK: dQ is added while dK's wgmma runs
+        acc_dQ = cute.make_rmem_tensor(dq_shape, Float32)
+        L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
+        L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, zero_init=False, wait_pending=1)
+        if const_expr(self.dq_bulk):
+            self.stage_dq(acc_dQ, dq_store, tdQsdQ)
+        else:
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
+        warpgroup.wait_group(0)
         pipe_qdo.consumer_release(q_state)
-        self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
 
     @cute.jit
     def apply_mask(self, acc_S, tScS, t0ScS, m_block: Int32, n_block: Int32, seqlen_q: Int32,
@@ -440,6 +701,34 @@ class FlashAttentionBackwardSm90:
             for c in cutlass.range_constexpr(cute.size(S.shape[1])):
                 if t0ScS[r, c][1] >= limit:
                     S[r, c] = -Float32.inf
+
+    @cute.jit
+    def apply_mask_swapped(self, acc_S, tScS, t0ScS, m_block: Int32, n_block: Int32, seqlen_q: Int32,
+                           seqlen_k: Int32):
+        """`apply_mask` on S^T (rows: keys, columns: queries): a key row >= Sk is masked whole; under
+        causal, element (key j, query i) is masked when i < j - (Sk - Sq), compared against thread
+        0's column (a compile-time constant) as `apply_mask` does."""
+        S = L.acc_rows_cols(acc_S)
+        col_base = m_block * self.tile_m + tScS[0, 0][1]
+        for r in cutlass.range_constexpr(cute.size(S.shape[0])):
+            key = n_block * self.tile_n + tScS[r, 0][0]
+            # element c is visible when its thread-0 column >= first (and the key exists)
+            first = key - (seqlen_k - seqlen_q) - col_base if const_expr(self.causal) else Int32(0)
+            if key >= seqlen_k:
+                first = Int32(self.tile_m)
+            for c in cutlass.range_constexpr(cute.size(S.shape[1])):
+                if t0ScS[r, c][1] < first:
+                    S[r, c] = -Float32.inf
+
+    @cute.jit
+    def stage_dq(self, acc_dQ, dq_store, tdQsdQ):
+        """dq_accum="bulk": wait until the dQ warp's last reduce has read the tile, write this block's
+        dQ fragment into it and hand it over."""
+        both = self.num_mma_threads + 32
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
+        cute.copy(dq_store, dq_store.retile(acc_dQ), tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=both)
 
     @cute.jit
     def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block: Int32, head: Int32,

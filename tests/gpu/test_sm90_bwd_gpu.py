@@ -1,7 +1,10 @@
 """Our sm90 attention backward kernels (`fa4.kernels.sm90_bwd`: preprocess, main, postprocess) on the
 H200: dQ, dK, dV from O and LSE of the fp32 reference, held to flash-attn's gradient rule
 (`fa4.reference.check_grads`) over odd lengths, Sq < Sk, Sq > Sk (rows that see no key), GQA 4/5/8,
-MQA, head dims 64/128, fp16/bf16, causal and full; and on strided (packed QKV) views.
+MQA, head dims 64/128, fp16/bf16, causal and full; and on strided (packed QKV) views. The default
+configuration runs every case in both dtypes; every other value of every backward knob
+(`fa4.kernels.knobs`, knob set "sm90_bwd") runs every case of a head dim it can run, in bf16, in the
+configuration nearest the default that admits it (`_variants`), and so do a few combinations.
 
     python -m pytest -m gpu -q tests/gpu/test_sm90_bwd_gpu.py
 """
@@ -13,9 +16,10 @@ import functools
 import pytest
 import torch
 
-from fa4.kernels import sm90_bwd
+from fa4.kernels import Config, knobs_for, sm90_bwd
 from fa4.kernels.problem import AttentionProblem
 from fa4.reference import attention_fp32, check_grads, softmax_scale
+from fa4tune.inputs.space import load_space
 
 pytestmark = pytest.mark.gpu
 
@@ -32,11 +36,41 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
 ]
 
 
+# the structural combinations the knobs were made for, beside one knob at a time
+COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accum="bulk"),
+                dict(sdp_swap=True, dq_accum="bulk", pds_stages=2)]
+
+
+def _kind(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
+    return AttentionProblem(1, 128, 128, 4, 2, head_dim, dtype, causal)
+
+
+def _variants(head_dim: int) -> list[Config]:
+    """For every value of every backward knob other than the default's, the configuration of the
+    search space nearest the default (fewest knobs changed) that the model admits at this head dim;
+    then the combinations. Feasibility depends on the head dim alone, not on dtype or mask."""
+    problem = _kind(head_dim)
+    default = sm90_bwd.default_config(problem)
+    space = [c for c in load_space("sm90_bwd").configs() if not sm90_bwd.reasons(c, problem)]
+    out = []
+    for knob in knobs_for("sm90_bwd"):
+        for value in knob.choices:
+            fits = [c for c in space if getattr(c, knob.name) == value]
+            if value == getattr(default, knob.name) or not fits:
+                continue
+            out.append(min(fits, key=lambda c: sum(a != b for (_, a), (_, b) in zip(c.items, default.items))))
+    out += [c for c in (default.replace(**combo) for combo in COMBINATIONS) if c in space]
+    return list(dict.fromkeys(out))
+
+
+VARIANTS = [(d, config) for d in sm90_bwd.SUPPORTED_HEAD_DIMS for config in _variants(d)]
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled(head_dim: int, dtype: str, causal: bool):
-    # one compile per (head dim, dtype, causal): batch, lengths and heads are runtime values
-    problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, dtype, causal)
-    return sm90_bwd.compile_backward(sm90_bwd.default_params(head_dim), problem)
+def _compiled(head_dim: int, dtype: str, causal: bool, config: Config = None):
+    # one compile per (configuration, head dim, dtype, causal): batch, lengths and heads are runtime values
+    problem = _kind(head_dim, dtype, causal)
+    return sm90_bwd.compile_backward(config or sm90_bwd.default_config(problem), problem)
 
 
 def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0):
@@ -45,12 +79,12 @@ def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0):
     return [torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in shapes]
 
 
-def _run(q, k, v, dout, causal, dtype_name):
+def _run(q, k, v, dout, causal, dtype_name, config=None):
     scale = softmax_scale(q.shape[-1])
     out, lse = attention_fp32(q, k, v, causal, scale)
     out = out.to(q.dtype)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _compiled(q.shape[-1], dtype_name, causal).run(q, k, v, out, dout, lse, dq, dk, dv, scale)
+    _compiled(q.shape[-1], dtype_name, causal, config).run(q, k, v, out, dout, lse, dq, dk, dv, scale)
     torch.cuda.synchronize()
     return [dq, dk, dv]
 
@@ -65,6 +99,33 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
     assert all(torch.isfinite(g).all() for g in grads)
     failures = check_grads(grads, q, k, v, dout, causal)
     assert not failures, failures
+
+
+def test_the_variants_cover_every_knob_value():
+    seen = {k.name: set() for k in knobs_for("sm90_bwd")}
+    for _, config in VARIANTS:
+        for name, value in config.items:
+            seen[name].add(value)
+    for k in knobs_for("sm90_bwd"):
+        assert set(k.choices) <= seen[k.name], f"{k.name}: no variant runs {set(k.choices) - seen[k.name]}"
+
+
+def _case_id(case) -> str:
+    return "b{}-sq{}-sk{}-hq{}-hkv{}-d{}-{}".format(*case[:6], "causal" if case[6] else "full")
+
+
+VARIANT_CASES = [(config, case) for d, config in VARIANTS for case in CASES if case[5] == d]
+
+
+@pytest.mark.parametrize("config, case", VARIANT_CASES,
+                         ids=[f"{c.label().replace(' ', ',')}-{_case_id(case)}" for c, case in VARIANT_CASES])
+def test_every_knob_value_follows_flash_attns_rule(config, case):
+    *shape, causal = case
+    q, k, v, dout = _inputs(*shape, torch.bfloat16, seed=sum(shape))
+    grads = _run(q, k, v, dout, causal, "bf16", config)
+    assert all(torch.isfinite(g).all() for g in grads)
+    failures = check_grads(grads, q, k, v, dout, causal)
+    assert not failures, (config.label(), failures)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])

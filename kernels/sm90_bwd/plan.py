@@ -1,0 +1,9 @@
+"""What the sm90 backward compiles in beside its knobs: the head dims it implements, its warpgroups and
+their setmaxnreg split. The kernel sets these; the feasibility model (`feasibility.py`) reads them."""
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+DTYPES = ("fp16", "bf16")
+MMA_WARPGROUPS = 2
+# setmaxnreg split (producer warpgroup, each MMA warpgroup): 128 * (24 + 2 * 240) <= 64K
+REGISTER_SPLIT = (24, 240)
+THREADS = 128 * (1 + MMA_WARPGROUPS)

@@ -1,0 +1,133 @@
+"""The sm90 backward's register <-> shared-memory layouts, checked on a CPU: the DSL evaluates static
+layouts while tracing, so each lane's fragment coordinates can be read out and its data movement
+replayed by the PTX semantics, without a GPU.
+
+- P / dS stores (`pds_store_atom`, `pds_store_view`): stmatrix.x4 moves lane t's 32-bit register r of
+  instruction k (fragment row t // 4, columns 2 (t % 4) + {0, 1} of 8x8 matrix r) to the memory row
+  (column, with .trans) whose address lane 8 r + row provides, 16 contiguous bytes. Replayed for
+  every lane of a warp of each warpgroup: every value lands at its own (query, key) and every row the
+  lanes address is contiguous in the swizzled buffer, with sdp_swap's transposed store and without
+  (the layout that passed on the H200).
+- P^T and dS^T as the A operand of dV and dK (sdp_swap): the register view `acc_as_operand_a` of an
+  S^T accumulator holds, element for element, the coordinates the register-sourced wgmma's A
+  fragment expects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+from fa4.kernels.dsl_internals import dsl_target  # noqa: E402
+from fa4.kernels.sm90 import layouts as L  # noqa: E402
+from fa4.kernels.sm90_bwd.kernel import FlashAttentionBackwardSm90  # noqa: E402
+
+LANES = tuple(range(32)) + tuple(range(128, 160))   # the first warp of each MMA warpgroup
+
+
+def _kernel(sdp_swap: bool, tile_m: int) -> FlashAttentionBackwardSm90:
+    return FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=True, tile_m=tile_m, tile_n=128,
+                                      q_stages=2, dq_accum="atomic", sdp_swap=sdp_swap, scheduler="single",
+                                      pds_stages=1)
+
+
+def _trace(fn) -> None:
+    """Trace `fn` as DSL code, its Python loops as Python (no AST rewriting): static layouts evaluate to
+    integers while it runs."""
+    with dsl_target("sm_90a"):
+        cute.compile(cute.jit(preprocess=False)(fn))
+
+
+def _store_lanes(kern: FlashAttentionBackwardSm90, the_other_stmatrix: bool = False) -> dict:
+    """{thread: (the tile coordinate of each value it stores, in copy order; the coordinates of the
+    address runs it provides; their offsets in the P/dS buffer)}, for the kernel's S tiled MMA, P/dS
+    buffer and view, and stmatrix (or the other stmatrix: transposed where the kernel's is not, and
+    the reverse)."""
+    lanes = {}
+
+    def probe():
+        kern._make_layouts()
+        sdp, _, _ = kern._tiled_mmas()
+        shape = (kern.tile_n, kern.tile_m) if kern.sdp_swap else (kern.tile_m, kern.tile_n)
+        ident = cute.make_identity_tensor(shape)
+        atom = kern.pds_store_atom()
+        assert atom.op.transpose == kern.sdp_swap
+        if the_other_stmatrix:
+            atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=not kern.sdp_swap,
+                                                                         num_matrices=4), kern.dtype)
+        store = cute.make_tiled_copy_C(atom, sdp)
+        for t in LANES:
+            acc = sdp.get_slice(t).partition_C(ident)
+            thr = store.get_slice(t)
+            runs = thr.partition_D(ident)
+            order = thr.retile(cute.make_identity_tensor(acc.shape))
+            n = cute.size(runs)
+            # the buffer is (query, key); S^T's coordinates are (key, query)
+            offsets = [cute.crd2idx(tuple(reversed(runs[j])) if kern.sdp_swap else runs[j], kern.sPdS_layout)
+                       for j in range(n)]
+            lanes[t] = ([acc[order[j]] for j in range(n)], [runs[j] for j in range(n)], offsets)
+
+    _trace(probe)
+    return lanes
+
+
+def _broken_runs(lanes: dict) -> int:
+    """Address runs (8 values of one stmatrix row) that are not 16 contiguous bytes of the buffer."""
+    broken = 0
+    for _, _, offsets in lanes.values():
+        for k in range(0, len(offsets), 8):
+            broken += offsets[k:k + 8] != list(range(offsets[k], offsets[k] + 8))
+    return broken
+
+
+def _misplaced(lanes: dict, transposed: bool) -> int:
+    """Values that stmatrix.x4 (.trans) would put somewhere other than their own coordinate."""
+    wrong = 0
+    for t, (values, _, _) in lanes.items():
+        warp, lane = divmod(t, 32)
+        for j, want in enumerate(values):
+            k, rest = divmod(j, 8)
+            matrix, half = divmod(rest, 2)
+            row, col = lane // 4, 2 * (lane % 4) + half
+            mem_row, mem_col = (col, row) if transposed else (row, col)
+            got = lanes[warp * 32 + 8 * matrix + mem_row][1][8 * k + mem_col]
+            wrong += got != want
+    return wrong
+
+
+@pytest.mark.parametrize("sdp_swap", [False, True], ids=["direct", "swapped"])
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_p_and_ds_land_where_their_coordinates_say(sdp_swap, tile_m):
+    kern = _kernel(sdp_swap, tile_m)
+    lanes = _store_lanes(kern)
+    assert sum(len(v) for v, _, _ in lanes.values()) == len(LANES) * tile_m * 128 // 256
+    assert _misplaced(lanes, transposed=sdp_swap) == 0 and _broken_runs(lanes) == 0
+    # the other stmatrix moves the data consistently (the DSL builds its copy to match) but its rows
+    # run across the buffer's rows, where stmatrix writes 16 contiguous bytes: the check can fail
+    other = _store_lanes(kern, the_other_stmatrix=True)
+    assert _misplaced(other, transposed=not sdp_swap) == 0 and _broken_runs(other) > 0
+
+
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_swapped_p_and_ds_registers_are_the_dv_dk_a_operand(tile_m):
+    kern = _kernel(True, tile_m)
+    pairs = []
+
+    def probe():
+        sdp, dkv, _ = kern._tiled_mmas()
+        ident = cute.make_identity_tensor((kern.tile_n, kern.tile_m))     # (key, query)
+        for t in LANES:
+            as_a = L.acc_as_operand_a(sdp.get_slice(t).partition_C(ident))
+            expected = dkv.get_slice(t).partition_A(ident)
+            assert cute.size(as_a) == cute.size(expected)
+            for k in range(cute.size(expected.shape[2])):
+                for i in range(cute.size(expected[None, None, k])):
+                    pairs.append((as_a[None, None, k][i], expected[None, None, k][i]))
+
+    _trace(probe)
+    assert len(pairs) == len(LANES) * 64 * tile_m // 128
+    assert all(got == want for got, want in pairs), [p for p in pairs if p[0] != p[1]][:4]
