@@ -4,13 +4,15 @@
 #   bash benchmarks/h200_training.sh tests    # GPU tests: our backward kernels, the autograd path (auto and
 #                                             # FA4_BACKWARD=ours), transformers, the forward's new head dims
 #   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
-#   bash benchmarks/h200_training.sh extras   # autotune vs search on a held-out shape; transformers prefill
+#   bash benchmarks/h200_training.sh extras   # transformers prefill; attention_varlen's implementations
+#   bash benchmarks/h200_training.sh features # GPU tests of sliding windows and softcaps (sm90 kernel)
+#   bash benchmarks/h200_training.sh features-bench  # fa4tune bench over benchmarks/h200_features.toml
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|grid|extras|bwd-configs|bwd-tests}
+STEP=${1:?usage: h200_training.sh tests|grid|extras|features|features-bench|bwd-configs|bwd-tests}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -34,10 +36,19 @@ case "$STEP" in
     tail -n 60 "$OUT/bench_grid_training.log"
     ;;
   extras)
-    timeout 300 python3 benchmarks/autotune_vs_search.py --shape b8-s777-hq24-hkv8-d64-bf16-causal \
-        --out "$OUT/autotune" 2>&1 | quiet | tail -n 4
+    timeout 280 python3 benchmarks/varlen_bench.py --out "$OUT/varlen_bench.json" 2>&1 | quiet | tail -n 6
     timeout 280 python3 benchmarks/transformers_prefill.py --out "$OUT/prefill.json" --layers 4 \
         --seqlens 2048,4096,8192 2>&1 | quiet | tail -n 20
+    ;;
+  features)
+    timeout 570 bash tests/gpu/run_sm90_suites.sh window 2>&1 | quiet > "$OUT/tests_window_softcap.txt"
+    tail -n 15 "$OUT/tests_window_softcap.txt"
+    ;;
+  features-bench)
+    timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_features.toml --rounds 2 \
+        --db fa4/data/best_configs.json --out "$OUT/bench_features.json" --jobs 12 2>&1 \
+        | quiet > "$OUT/bench_features.log"
+    tail -n 40 "$OUT/bench_features.log"
     ;;
   bwd-configs)
     timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \
@@ -49,7 +60,7 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|grid|extras|bwd-configs|bwd-tests)" >&2
+    echo "unknown step $STEP (tests|grid|extras|features|features-bench|bwd-configs|bwd-tests)" >&2
     exit 2
     ;;
 esac
