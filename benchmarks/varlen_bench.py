@@ -53,9 +53,9 @@ def main(argv=None) -> int:
         longest = max(lengths)
         tokens = sum(lengths)
         calls = {}
-        for implementation in varlen.IMPLEMENTATIONS:
+        for implementation in varlen.implementations():
             offsets = cu if implementation == varlen.PER_SEQUENCE else cu.cuda()
-            if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(q):
+            if varlen.unsupported(implementation, q):
                 continue
             calls[implementation] = (lambda o=offsets, i=implementation: fa4.attention_varlen(
                 q, k, v, o, o, longest, longest, causal=True, backend=i))

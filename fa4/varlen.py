@@ -11,18 +11,19 @@ O = 0 and LSE = -inf; so do rows after the last sequence. LSE is (Hq, total_q) f
 varlen layout. `window_size` and `softcap` as in `fa4.attention` (flash-attn's conventions), per
 sequence.
 
-Implementations (`backend=`):
-- "flash_attn_4": flash-attn-4's varlen kernel (the `peer` extra; one launch for the whole batch).
+Implementations (`backend=`, `implementations()`):
+- a peer's varlen kernel (`fa4.backends`: a peer with a `varlen` method; today flash-attn-4's, the
+  `peer` extra; one launch for the whole batch).
 - "per_sequence": `fa4.attention` on each sequence in turn (our tuned dense kernel per sequence, or its
   fallback): one launch per non-empty sequence, so it suits a few long sequences, not many short ones.
   It reads the offsets on the host (a device-to-host copy when they are on the GPU; inside a CUDA-graph
   capture the offsets must be CPU tensors).
-- "auto" (the default): flash-attn-4 where it runs, else per_sequence. Our kernel has no varlen
-  scheduler yet, so nothing here is tuned or timed against the other.
+- "auto" (the default): the first peer whose varlen kernel runs here, else per_sequence. Our kernel
+  has no varlen scheduler yet, so nothing here is tuned or timed against the other.
 
 The offsets are checked on every call outside a capture (one copy of batch + 1 integers): a wrong
 offset or a max_seqlen below a sequence's length raises instead of reading out of bounds. Inside a
-capture, offsets on the GPU cannot be read; flash-attn-4 then runs them unchecked.
+capture, offsets on the GPU cannot be read; a peer's kernel then runs them unchecked.
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.kernels.problem import UNBOUNDED, resolve_mask, softcap_value, window_pair
 from fa4.reference import attention_fp32, softmax_scale as default_scale
 
-FLASH_ATTN_4 = "flash_attn_4"
 PER_SEQUENCE = "per_sequence"
-IMPLEMENTATIONS = (FLASH_ATTN_4, PER_SEQUENCE)
+
+
+def varlen_peers() -> tuple:
+    """The registered peers with a varlen kernel (a `varlen` method), in registry order."""
+    return tuple(peer for peer in backends.peers() if hasattr(peer, "varlen"))
+
+
+def implementations() -> tuple[str, ...]:
+    return tuple(peer.name for peer in varlen_peers()) + (PER_SEQUENCE,)
+
+
+def unsupported(name: str, q: torch.Tensor) -> Optional[str]:
+    """Why implementation `name` cannot take these inputs (None: it can)."""
+    peer = next((p for p in varlen_peers() if p.name == name), None)
+    return None if peer is None else peer.varlen_unsupported(q)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -60,9 +74,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if not (capturing and cu_seqlens_q.is_cuda):
         offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     implementation = choose(q, backend)
-    if implementation == FLASH_ATTN_4:
-        return _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                             return_lse, window_size, softcap)
+    if implementation != PER_SEQUENCE:
+        return _peer(implementation, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                     softmax_scale, return_lse, window_size, softcap)
     if offsets is None:
         raise UnsupportedInputError("fa4.attention_varlen (per_sequence) reads the offsets on the host, which "
                                     "cannot happen during a CUDA-graph capture: pass cu_seqlens_q and "
@@ -73,26 +87,14 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def choose(q: torch.Tensor, backend: str = "auto") -> str:
     """The implementation a call with `backend` runs (module docstring)."""
     if backend == "auto":
-        return FLASH_ATTN_4 if flash_attn_4_unsupported(q) is None else PER_SEQUENCE
-    if backend not in IMPLEMENTATIONS:
+        return next((peer.name for peer in varlen_peers() if peer.varlen_unsupported(q) is None), PER_SEQUENCE)
+    if backend not in implementations():
         raise InvalidInputError(f"fa4.attention_varlen: backend={backend!r} is not one of auto, "
-                                f"{', '.join(IMPLEMENTATIONS)}")
-    if backend == FLASH_ATTN_4:
-        why = flash_attn_4_unsupported(q)
-        if why:
-            raise UnsupportedInputError(f"fa4.attention_varlen: backend='flash_attn_4' cannot run here: {why}")
+                                f"{', '.join(implementations())}")
+    why = unsupported(backend, q)
+    if why:
+        raise UnsupportedInputError(f"fa4.attention_varlen: backend={backend!r} cannot run here: {why}")
     return backend
-
-
-def flash_attn_4_unsupported(q: torch.Tensor) -> Optional[str]:
-    """Why flash-attn-4's varlen kernel cannot take these inputs (None: it can)."""
-    if q.device.type != "cuda":
-        return f"the tensors are on {q.device.type}; flash-attn-4 runs on CUDA GPUs"
-    major = torch.cuda.get_device_capability(q.device)[0]
-    if major not in (9, 10):
-        return f"flash-attn-4 does not run on compute capability {major}.x"
-    return backends.get(FLASH_ATTN_4).unavailable() if FLASH_ATTN_4 in backends.peer_names() else \
-        "flash-attn-4 is not registered as a peer"
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None, *,
@@ -198,17 +200,12 @@ def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback,
     return out, lse
 
 
-def _flash_attn_4(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                  return_lse, window_size, softcap):
-    from flash_attn.cute import flash_attn_varlen_func
-
+def _peer(name, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
+          window_size, softcap):
+    peer = backends.get(name)
     device_offsets = [cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k)]
-    result = flash_attn_varlen_func(q, k, v, cu_seqlens_q=device_offsets[0], cu_seqlens_k=device_offsets[1],
-                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                    softmax_scale=softmax_scale, causal=causal, return_lse=return_lse,
-                                    window_size=tuple(None if side == UNBOUNDED else side for side in window_size)
-                                    if window_size is not None else (None, None), softcap=softcap or 0.0)
-    out, lse = result if isinstance(result, tuple) else (result, None)
+    out, lse = peer.varlen(q, k, v, *device_offsets, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
+                           window_size, softcap)
     # its rows without keys, and the rows after the last sequence, hold whatever it left there: ours
     # are O = 0 and LSE = -inf (device ops only, so a capture can hold them)
     right_bound = 0 if causal else (window_size[1] if window_size is not None else UNBOUNDED)

@@ -116,6 +116,6 @@ def test_bad_input_is_named(change, message):
 
 def test_flash_attn_4_forced_on_cpu_says_why():
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([3, 5], [4, 4])
-    with pytest.raises(UnsupportedInputError, match="flash_attn_4.*cannot run here: the tensors are on cpu"):
+    with pytest.raises(UnsupportedInputError, match="'flash_attn_4' cannot run here: the tensors are on cpu"):
         fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend="flash_attn_4")
     assert varlen.choose(q) == varlen.PER_SEQUENCE

@@ -74,6 +74,31 @@ class FlashAttn4:
         dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout.contiguous(), lse, scale, causal, dlse=dlse, **mask)
         return dq, dk, dv
 
+    def varlen_unsupported(self, q) -> Optional[str]:
+        """Why its varlen kernel cannot take these inputs (None: it can); `fa4.varlen`."""
+        import torch
+
+        if q.device.type != "cuda":
+            return f"the tensors are on {q.device.type}; {self.title} runs on CUDA GPUs"
+        major = torch.cuda.get_device_capability(q.device)[0]
+        if major not in (9, 10):
+            return f"{self.title} does not run on compute capability {major}.x"
+        return self.unavailable()
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+               scale, return_lse: bool, window, softcap):
+        """(O, LSE or None) of a packed batch (`fa4.varlen`'s layout; offsets on q's device; `window` our
+        (left, right) with -1 unbounded, or None). Rows without keys hold what its kernel left there."""
+        from flash_attn.cute import flash_attn_varlen_func
+
+        window_size = (None, None) if window is None else tuple(None if side == -1 else side for side in window)
+        result = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
+                                        causal=causal, window_size=window_size, softcap=softcap or 0.0,
+                                        return_lse=return_lse)
+        out, lse = result if isinstance(result, tuple) else (result, None)
+        return out, (lse if return_lse else None)
+
     def direct_call(self, q, k, v, causal: bool):
         from flash_attn.cute import flash_attn_func
 

@@ -38,13 +38,13 @@ def _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, tail=5, se
     return q, k, v, offsets(lengths_q), offsets(lengths_k), max(lengths_q), max(lengths_k)
 
 
-@pytest.mark.parametrize("implementation", varlen.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", varlen.implementations())
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matches_the_reference(case, causal, dtype, implementation):
-    if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
-        pytest.skip(varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")))
+    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
+        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[case], DTYPES[dtype])
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
                                     backend=implementation)
@@ -53,12 +53,12 @@ def test_matches_the_reference(case, causal, dtype, implementation):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("implementation", varlen.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", varlen.implementations())
 @pytest.mark.parametrize("window, softcap, causal", [((128, 0), None, True), ((200, 64), 30.0, False),
                                                      (None, 30.0, True), ((-1, 16), None, False)])
 def test_windows_and_softcaps_match_the_reference(window, softcap, causal, implementation):
-    if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
-        pytest.skip("flash-attn-4 is not installed")
+    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
+        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[0], torch.bfloat16)
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
                                     backend=implementation, window_size=window, softcap=softcap)
@@ -67,10 +67,10 @@ def test_windows_and_softcaps_match_the_reference(window, softcap, causal, imple
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("implementation", varlen.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", varlen.implementations())
 def test_gradients_follow_flash_attns_rule_per_sequence(implementation):
-    if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
-        pytest.skip("flash-attn-4 is not installed")
+    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
+        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     lengths_q, lengths_k, heads_q, heads_kv, head_dim = CASES[0]
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim,
                                                 torch.bfloat16, tail=0)
@@ -89,9 +89,11 @@ def test_gradients_follow_flash_attns_rule_per_sequence(implementation):
         assert not failures, (b, failures)
 
 
-def test_flash_attn_4_path_captures_in_a_cuda_graph():
-    if varlen.flash_attn_4_unsupported(torch.empty(1, device="cuda")):
-        pytest.skip("flash-attn-4 is not installed")
+def test_the_automatic_path_captures_in_a_cuda_graph():
+    """With device offsets: a peer's varlen kernel where one runs (the per-sequence path needs CPU
+    offsets inside a capture and says so)."""
+    if varlen.choose(torch.empty(1, device="cuda")) == varlen.PER_SEQUENCE:
+        pytest.skip("no peer varlen kernel here")
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[1], torch.bfloat16)
     eager = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
     torch.cuda.synchronize()
