@@ -467,101 +467,100 @@ class FlashAttentionSm90:
         return SequenceTile(offset_q, offset_k, mCuSeqlensQ[batch_idx + 1] - offset_q,
                             mCuSeqlensK[batch_idx + 1] - offset_k, Int32(0))
 
-    @staticmethod
-    def shift_rows(t: cute.Tensor, offset):
-        """`t` (rows first, any rank) seen from row `offset` on: a packed sequence's own coordinates
-        (for a TMA tensor the coordinates the copy sends; the bounds stay the whole packed tensor's)."""
+    def shift_rows(self, t: Optional[cute.Tensor], offset):
+        """Under varlen, `t` (rows first, any rank) seen from row `offset` on: a packed sequence's own
+        coordinates (for a TMA tensor the coordinates the copy sends; the bounds stay the whole packed
+        tensor's). A dense kernel's `t` (or None) as it is."""
+        if const_expr(not self.varlen or t is None):
+            return t
         return cute.domain_offset((offset,) + (0,) * (cute.rank(t) - 1), t)
+
+    def tile_has_rows(self, m_block, seq: SequenceTile):
+        """Whether the tile holds rows of its sequence: under varlen the launch covers the longest
+        sequence's m-blocks for every sequence, and the shorter ones' later tiles do nothing. A dense
+        kernel: Python's True (the loop's `if` then emits no code)."""
+        if const_expr(not self.varlen):
+            return True
+        return m_block * self.tile_m < seq.seqlen_q
 
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                 pipe_v, sched: cutlass.Constexpr, seqlen_q: Int32, seqlen_k: Int32,
                 ratio_rt: Int32, window_left: Optional[Int32], window_right: Optional[Int32],
                 mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor]):
+        # The tile's body stays in the loop, not in a method: the DSL carries a loop's values in the
+        # order their names first appear in its body, and a body moved into a method reorders them
+        # (and the dense kernel's registers with them). Under varlen the body runs only for tiles with rows
+        # (`tile_has_rows`); for a dense kernel that test is Python's True and emits nothing.
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
-            if const_expr(self.varlen):
-                seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
-                if m_block * self.tile_m < seq.seqlen_q:  # m_blocks past the sequence's end: nothing
-                    q_state, kv_state = self.produce_tile(
-                        self.shift_rows(mQ, seq.offset_q), self.shift_rows(mK, seq.offset_k),
-                        self.shift_rows(mV, seq.offset_k), sQ, sK, sV, tma_atom_Q, tma_atom_K,
-                        tma_atom_V, pipe_q, pipe_k, pipe_v, q_state, kv_state, m_block, head,
-                        seq.batch_idx, seq.seqlen_q, seq.seqlen_k, ratio_rt, window_left, window_right)
-            else:
-                q_state, kv_state = self.produce_tile(
-                    mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-                    q_state, kv_state, m_block, head, batch_idx, seqlen_q, seqlen_k, ratio_rt,
-                    window_left, window_right)
+            seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
+            if self.tile_has_rows(m_block, seq):
+                mQ_seq = self.shift_rows(mQ, seq.offset_q)
+                mK_seq = self.shift_rows(mK, seq.offset_k)
+                mV_seq = self.shift_rows(mV, seq.offset_k)
+                head_kv = head
+                if const_expr(self.pack_ratio is None):
+                    head_kv = head // ratio_rt
+                gQ = cute.local_tile(mQ_seq[None, None, head, seq.batch_idx],
+                                     (self.tile_m, self.head_dim), (m_block, 0))
+                gK = cute.local_tile(mK_seq[None, None, head_kv, seq.batch_idx],
+                                     (self.tile_n, self.head_dim), (None, 0))
+                gV = cute.local_tile(mV_seq[None, None, head_kv, seq.batch_idx],
+                                     (self.tile_n, self.head_dim), (None, 0))
+                tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
+                tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
+                tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
+
+                n_min, n_max = self.kv_block_range(m_block, seq.seqlen_q, seq.seqlen_k, window_left,
+                                                   window_right)
+                n_count = n_max - n_min
+                # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
+                # previous tile's O store, and this K load need not.
+                if n_count > 0:
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_atom_K, tKg[None, n_max - 1], tKs[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_atom_Q, tQg, tQs[None, q_state.index],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                if n_count > 0:
+                    if const_expr(not self.overlap):
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_atom_V, tVg[None, n_max - 1], tVs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                        for i in cutlass.range(n_count - 1, unroll=1):
+                            n_block = n_max - 2 - i
+                            pipe_k.producer_acquire(kv_state)
+                            cute.copy(tma_atom_K, tKg[None, n_block], tKs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                            pipe_v.producer_acquire(kv_state)
+                            cute.copy(tma_atom_V, tVg[None, n_block], tVs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                            kv_state.advance()
+                    else:
+                        # the consumer wants K of block n before V of block n + 1: load in that order
+                        for i in cutlass.range(n_count - 1, unroll=1):
+                            n_prev = n_max - 1 - i
+                            prev_state = kv_state.clone()
+                            kv_state.advance()
+                            pipe_k.producer_acquire(kv_state)
+                            cute.copy(tma_atom_K, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                            pipe_v.producer_acquire(prev_state)
+                            cute.copy(tma_atom_V, tVg[None, n_prev], tVs[None, prev_state.index],
+                                      tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_atom_V, tVg[None, n_min], tVs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
             task, valid = sched.next_work(task)
-
-    @cute.jit
-    def produce_tile(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
-                     pipe_v, q_state, kv_state, m_block: Int32, head: Int32, batch_idx: Int32,
-                     seqlen_q: Int32, seqlen_k: Int32, ratio_rt: Int32, window_left: Optional[Int32],
-                     window_right: Optional[Int32]):
-        """The loads of one tile: K of its rightmost block, Q, then K/V blocks right to left."""
-        head_kv = head
-        if const_expr(self.pack_ratio is None):
-            head_kv = head // ratio_rt
-        gQ = cute.local_tile(mQ[None, None, head, batch_idx], (self.tile_m, self.head_dim),
-                             (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head_kv, batch_idx],
-                             (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch_idx],
-                             (self.tile_n, self.head_dim), (None, 0))
-        tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
-        tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
-        tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
-
-        n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
-        n_count = n_max - n_min
-        # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
-        # previous tile's O store, and this K load need not.
-        if n_count > 0:
-            pipe_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKg[None, n_max - 1], tKs[None, kv_state.index],
-                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQg, tQs[None, q_state.index],
-                  tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-        q_state.advance()
-        if n_count > 0:
-            if const_expr(not self.overlap):
-                pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_V, tVg[None, n_max - 1], tVs[None, kv_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                kv_state.advance()
-                for i in cutlass.range(n_count - 1, unroll=1):
-                    n_block = n_max - 2 - i
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_atom_K, tKg[None, n_block], tKs[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_atom_V, tVg[None, n_block], tVs[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
-            else:
-                # the consumer wants K of block n before V of block n + 1: load in that order
-                for i in cutlass.range(n_count - 1, unroll=1):
-                    n_prev = n_max - 1 - i
-                    prev_state = kv_state.clone()
-                    kv_state.advance()
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_atom_K, tKg[None, n_prev - 1], tKs[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(prev_state)
-                    cute.copy(tma_atom_V, tVg[None, n_prev], tVs[None, prev_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
-                pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_V, tVg[None, n_min], tVs[None, kv_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                kv_state.advance()
-        return q_state, kv_state
 
     # ---- consumers -----------------------------------------------------------------------------
     @cute.jit
@@ -620,25 +619,40 @@ class FlashAttentionSm90:
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
-            if const_expr(self.varlen):
-                seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
-                if m_block * self.tile_m < seq.seqlen_q:  # m_blocks past the sequence's end: nothing
-                    mLSE_seq = None
-                    if const_expr(mLSE is not None):
-                        mLSE_seq = self.shift_rows(mLSE, seq.offset_q)
-                    kv_state, q_state, q_prev, q_prev_pending = self.consume_tile(
-                        self.shift_rows(mO, seq.offset_q), mLSE_seq, sQ, tma_atom_O, pipe_q, tiled_mma_pv,
-                        tSrQ, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS,
-                        s_shape, tiled_mma_qk, pipe_k, pipe_v, scale_log2, bar_turn, bar_next, tidx,
-                        kv_state, q_state, q_prev, q_prev_pending, m_block, head, seq.batch_idx,
-                        seq.seqlen_q, seq.seqlen_k, window_left, window_right, softcap_scale)
-            else:
-                kv_state, q_state, q_prev, q_prev_pending = self.consume_tile(
-                    mO, mLSE, sQ, tma_atom_O, pipe_q, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt, tPsP,
-                    p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape, tiled_mma_qk, pipe_k,
-                    pipe_v, scale_log2, bar_turn, bar_next, tidx, kv_state, q_state, q_prev,
-                    q_prev_pending, m_block, head, batch_idx, seqlen_q, seqlen_k, window_left,
-                    window_right, softcap_scale)
+            seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
+            if self.tile_has_rows(m_block, seq):  # the loop's text: see `produce`
+                n_min, n_max = self.kv_block_range(m_block, seq.seqlen_q, seq.seqlen_k, window_left,
+                                                   window_right)
+                n_count = n_max - n_min
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                acc_O.fill(0.0)
+                pipe_q.consumer_wait(q_state)
+                tSrQ_cur = tSrQ[None, None, None, q_state.index]
+                ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
+                                  tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
+                                  scale_log2, m_block, seq.seqlen_q, seq.seqlen_k, bar_turn, bar_next,
+                                  pipe_q, q_prev, q_prev_pending, tidx, window_left, window_right,
+                                  softcap_scale)
+                if n_count > 0:
+                    n_mask_from = n_min
+                    if const_expr(self.mask_right):
+                        n_mask_from = self.first_masked_block(m_block, n_min, seq.seqlen_q,
+                                                              seq.seqlen_k, window_right)
+                    n_left_end = n_min
+                    if const_expr(self.bounded_left):
+                        n_left_end = self.left_masked_blocks_end(m_block, n_min, seq.seqlen_q,
+                                                                 seq.seqlen_k, window_left)
+                    kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from, n_left_end)
+                else:
+                    self.release_previous_q(ctx)
+                self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, self.shift_rows(mO, seq.offset_q),
+                              self.shift_rows(mLSE, seq.offset_q), tma_atom_O, tiled_mma_pv, tidx, m_block,
+                              head, seq.batch_idx, seq.seqlen_q, pipe_q, q_state)
+                if const_expr(self.defer_q_release):
+                    q_prev = q_state.clone()
+                    q_prev_pending = Boolean(True)
+                q_state.advance()
             task, valid = sched.next_work(task)
         if const_expr(self.defer_q_release):
             # the last tile's O store must be read before the CTA's shared memory goes away
@@ -646,46 +660,6 @@ class FlashAttentionSm90:
                 if tidx < 32:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                     pipe_q.consumer_release(q_prev)
-
-    @cute.jit
-    def consume_tile(self, mO, mLSE, sQ, tma_atom_O, pipe_q, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
-                     tPsP, p_store, acc_O, row_max, row_sum, tScS, t0ScS, s_shape, tiled_mma_qk, pipe_k,
-                     pipe_v, scale_log2: Float32, bar_turn, bar_next, tidx: Int32, kv_state, q_state,
-                     q_prev, q_prev_pending, m_block: Int32, head: Int32, batch_idx: Int32,
-                     seqlen_q: Int32, seqlen_k: Int32, window_left: Optional[Int32],
-                     window_right: Optional[Int32], softcap_scale: Optional[Float32]):
-        """One tile: its K/V blocks (`mainloop`), then the epilogue; returns the pipeline states."""
-        n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
-        n_count = n_max - n_min
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
-        acc_O.fill(0.0)
-        pipe_q.consumer_wait(q_state)
-        tSrQ_cur = tSrQ[None, None, None, q_state.index]
-        ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
-                          tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
-                          scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next,
-                          pipe_q, q_prev, q_prev_pending, tidx, window_left, window_right,
-                          softcap_scale)
-        if n_count > 0:
-            n_mask_from = n_min
-            if const_expr(self.mask_right):
-                n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k,
-                                                      window_right)
-            n_left_end = n_min
-            if const_expr(self.bounded_left):
-                n_left_end = self.left_masked_blocks_end(m_block, n_min, seqlen_q, seqlen_k,
-                                                         window_left)
-            kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from, n_left_end)
-        else:
-            self.release_previous_q(ctx)
-        self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, mO, mLSE, tma_atom_O,
-                      tiled_mma_pv, tidx, m_block, head, batch_idx, seqlen_q, pipe_q, q_state)
-        if const_expr(self.defer_q_release):
-            q_prev = q_state.clone()
-            q_prev_pending = Boolean(True)
-        q_state.advance()
-        return kv_state, q_state, q_prev, q_prev_pending
 
     @cute.jit
     def release_previous_q(self, ctx: TileContext):
