@@ -10,7 +10,8 @@ Batches (fixed seeds, bf16, Hq/Hkv 32/8, D 128, causal, Sq = Sk per sequence):
   short prompts and a few long documents);
 - "one_long": one sequence of 16384 and 31 of 128 (the case longest-first scheduling exists for).
 GPU time by CUDA-graph replay (fa4tune's timing; the per-sequence path runs with CPU offsets so the
-capture holds it) and the eager wall time per call.
+capture holds it) and the eager wall time per call, for every implementation (`varlen.IMPLEMENTATIONS`:
+ours, flash-attn-4, per sequence) that runs here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main(argv=None) -> int:
         for implementation in varlen.IMPLEMENTATIONS:
             offsets = cu if implementation == varlen.PER_SEQUENCE else cu.cuda()
             if implementation == varlen.FLASH_ATTN_4 and varlen.flash_attn_4_unsupported(q):
+                continue
+            if implementation == varlen.OURS and varlen.ours_unsupported(q):
                 continue
             calls[implementation] = (lambda o=offsets, i=implementation: fa4.attention_varlen(
                 q, k, v, o, o, longest, longest, causal=True, backend=i))

@@ -268,6 +268,10 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
         return (out, lse.fill_(-torch.inf)) if return_lse else out
     device = device_description(q.device)
     config = kernels.default_config("sm90", problem, device)
+    reasons = kernels.feasible(config, problem, device)
+    if reasons:
+        raise UnsupportedInputError(f"fa4.attention_varlen (ours): {config.label()} cannot run "
+                                    f"{problem.label()}: {'; '.join(reasons)}")
     kernel = _compiled_kernel(config, problem, device)
     cu_q, cu_k = (cu.to(q.device, non_blocking=True) for cu in (cu_seqlens_q, cu_seqlens_k))
     q, k, v = (_tma_ready(t) for t in (q, k, v))

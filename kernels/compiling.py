@@ -157,6 +157,8 @@ class CompiledAttention:
         was specialised on (head dim, and the GQA ratio of a packed kernel) may not; nor which sides
         of a window are bounded and whether there is a softcap (`masks`: `mask_values` of the call's
         problem; the widths and the cap are the call's)."""
+        if self.problem.varlen:
+            raise ValueError("a varlen kernel is launched with run_varlen")
         if _kinds(masks) != self._mask_kinds:
             raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
                              f"{self.problem.mask_label()})")
@@ -167,8 +169,6 @@ class CompiledAttention:
         if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
             raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
                              f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
-        if self.problem.varlen:
-            raise ValueError("a varlen kernel is launched with run_varlen")
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
         if masks is None:
             self.compiled(q, k, v, out, lse, scale)
