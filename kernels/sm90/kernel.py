@@ -128,7 +128,7 @@ class FlashAttentionSm90:
                   exp2_poly_columns (of every 32 exps of a row, how many by FMA polynomial)
       scheduling: scheduler ("single"/"static"/"lpt"), pack_gqa
     varlen (compile-time): flash-attn's packed layout with cu_seqlens (`call_varlen`); rows are not
-    packed (pack_gqa off) and the head dim is a multiple of 8 dividing 128 threads' 128-bit copies.
+    GQA-packed, and head_dim / 8 (the threads of a row's 128-bit O copies) divides a warpgroup.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
