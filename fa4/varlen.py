@@ -259,7 +259,7 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
     from fa4.runtime import _compiled_kernel
     from fa4.state import device_description
 
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
     problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size,
                              softcap)
@@ -273,7 +273,7 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
         raise UnsupportedInputError(f"fa4.attention_varlen (ours): {config.label()} cannot run "
                                     f"{problem.label()}: {'; '.join(reasons)}")
     kernel = _compiled_kernel(config, problem, device)
-    cu_q, cu_k = (cu.to(q.device, non_blocking=True) for cu in (cu_seqlens_q, cu_seqlens_k))
+    cu_q, cu_k = (cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k))
     q, k, v = (_tma_ready(t) for t in (q, k, v))
     kernel.run_varlen(q, k, v, out, lse, softmax_scale, mask_values(problem), cu_q, cu_k, max_seqlen_q,
                       max_seqlen_k)

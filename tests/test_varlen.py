@@ -130,8 +130,10 @@ def test_ours_forced_on_cpu_says_why():
 
 def test_the_problem_our_kernel_compiles_for_a_batch():
     q, k, _, cu_q, _, _, _ = _packed([3, 5, 0], [4, 4, 2], heads_q=8, heads_kv=2, dtype=torch.float16)
-    problem = varlen.varlen_problem(q, k, cu_q, 5, 4, causal=True, return_lse=True, window_size=None, softcap=None)
-    assert (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv) == (3, 5, 4, 8, 2)
+    problem = varlen.varlen_problem(q, k, cu_q, 5, 4, causal=True, return_lse=True, window_size=None,
+                                    softcap=None)
+    shape = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
+    assert shape == (3, 5, 4, 8, 2)
     assert problem.varlen and problem.causal and problem.return_lse and problem.dtype == "fp16"
     # a window side reaching past every key of the longest sequences bounds no sequence: dropped
     wide = varlen.varlen_problem(q, k, cu_q, 5, 4, False, False, (3, 4), 2.0)
