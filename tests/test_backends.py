@@ -236,6 +236,9 @@ NAMES_A_PEER = {
     "fa4tune/sm100/sass_build.py": {"flash-attn-4", "flash_attn.cute"},
     # writes database entries and bench rows as a run would, to damage them
     "benchmarks/fault_injection.py": {"sdpa_cudnn", "flash_attn_4"},
+    # attention_varlen's implementations: flash-attn-4's varlen function, which the peers' protocol (dense
+    # calls) does not cover, is one of them by name
+    "fa4/varlen.py": {"flash-attn-4", "flash_attn_4"},
 }
 
 
