@@ -10,7 +10,8 @@ Batches (fixed seeds, bf16, Hq/Hkv 32/8, D 128, causal, Sq = Sk per sequence):
   short prompts and a few long documents);
 - "one_long": one sequence of 16384 and 31 of 128 (the case longest-first scheduling exists for).
 GPU time by CUDA-graph replay (fa4tune's timing; the per-sequence path runs with CPU offsets so the
-capture holds it) and the eager wall time per call.
+capture holds it) and the eager wall time per call, for every implementation (`varlen.implementations()`:
+ours, flash-attn-4, per sequence) that runs here.
 """
 
 from __future__ import annotations

@@ -11,19 +11,23 @@ O = 0 and LSE = -inf; so do rows after the last sequence. LSE is (Hq, total_q) f
 varlen layout. `window_size` and `softcap` as in `fa4.attention` (flash-attn's conventions), per
 sequence.
 
-Implementations (`backend=`, `implementations()`):
-- a peer's varlen kernel (`fa4.backends`: a peer with a `varlen` method; today flash-attn-4's, the
+Implementations (`backend=`):
+- "ours": our sm90 kernel compiled for varlen (one launch for the whole batch: per tile the sequence's
+  offsets are read from cu_seqlens on the GPU; docs/design.md, section 3). H100/H200, fp16/bf16, head
+  dims 64, 128 and 256; forward only (a call that needs gradients runs another implementation). Its
+  configuration is the heuristic default of the batch's (sequences, max_seqlen_q, max_seqlen_k).
+- a peer's varlen kernel (`fa4.backends`: a peer with a `varlen` method; today "flash_attn_4", the
   `peer` extra; one launch for the whole batch).
 - "per_sequence": `fa4.attention` on each sequence in turn (our tuned dense kernel per sequence, or its
   fallback): one launch per non-empty sequence, so it suits a few long sequences, not many short ones.
   It reads the offsets on the host (a device-to-host copy when they are on the GPU; inside a CUDA-graph
   capture the offsets must be CPU tensors).
-- "auto" (the default): the first peer whose varlen kernel runs here, else per_sequence. Our kernel
-  has no varlen scheduler yet, so nothing here is tuned or timed against the other.
+- "auto" (the default): ours where it runs, else the first peer whose kernel runs, else per_sequence.
+  Nothing here is tuned or timed against the others yet (benchmarks/varlen_bench.py times them).
 
 The offsets are checked on every call outside a capture (one copy of batch + 1 integers): a wrong
 offset or a max_seqlen below a sequence's length raises instead of reading out of bounds. Inside a
-capture, offsets on the GPU cannot be read; a peer's kernel then runs them unchecked.
+capture, offsets on the GPU cannot be read; the kernels then run them unchecked.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ import torch
 
 from fa4 import backends
 from fa4.checks import InvalidInputError, UnsupportedInputError
-from fa4.kernels.problem import UNBOUNDED, resolve_mask, softcap_value, window_pair
+from fa4.kernels.problem import UNBOUNDED, AttentionProblem, resolve_mask, softcap_value, window_pair
 from fa4.reference import attention_fp32, softmax_scale as default_scale
 
+OURS = "ours"
 PER_SEQUENCE = "per_sequence"
 
 
@@ -46,11 +51,14 @@ def varlen_peers() -> tuple:
 
 
 def implementations() -> tuple[str, ...]:
-    return tuple(peer.name for peer in varlen_peers()) + (PER_SEQUENCE,)
+    return (OURS,) + tuple(peer.name for peer in varlen_peers()) + (PER_SEQUENCE,)
 
 
-def unsupported(name: str, q: torch.Tensor) -> Optional[str]:
+def unsupported(name: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
+                v: Optional[torch.Tensor] = None) -> Optional[str]:
     """Why implementation `name` cannot take these inputs (None: it can)."""
+    if name == OURS:
+        return ours_unsupported(q, k, v)
     peer = next((p for p in varlen_peers() if p.name == name), None)
     return None if peer is None else peer.varlen_unsupported(q)
 
@@ -73,7 +81,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     offsets = None
     if not (capturing and cu_seqlens_q.is_cuda):
         offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    implementation = choose(q, backend)
+    implementation = choose(q, backend, k, v)
+    if implementation == OURS:
+        return _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                     return_lse, window_size, softcap, offsets)
     if implementation != PER_SEQUENCE:
         return _peer(implementation, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                      softmax_scale, return_lse, window_size, softcap)
@@ -84,17 +95,42 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback, window_size, softcap)
 
 
-def choose(q: torch.Tensor, backend: str = "auto") -> str:
-    """The implementation a call with `backend` runs (module docstring)."""
+def choose(q: torch.Tensor, backend: str = "auto", k: Optional[torch.Tensor] = None,
+           v: Optional[torch.Tensor] = None) -> str:
+    """The implementation a call with `backend` runs (module docstring); `k` and `v` (when given) say
+    whether gradients are needed, which ours does not give."""
     if backend == "auto":
-        return next((peer.name for peer in varlen_peers() if peer.varlen_unsupported(q) is None), PER_SEQUENCE)
+        return next((name for name in implementations() if unsupported(name, q, k, v) is None), PER_SEQUENCE)
     if backend not in implementations():
         raise InvalidInputError(f"fa4.attention_varlen: backend={backend!r} is not one of auto, "
                                 f"{', '.join(implementations())}")
-    why = unsupported(backend, q)
+    why = unsupported(backend, q, k, v)
     if why:
         raise UnsupportedInputError(f"fa4.attention_varlen: backend={backend!r} cannot run here: {why}")
     return backend
+
+
+def ours_unsupported(q: torch.Tensor, k: Optional[torch.Tensor] = None,
+                     v: Optional[torch.Tensor] = None) -> Optional[str]:
+    """Why our varlen kernel cannot take these inputs (None: it can): an sm90 GPU, fp16/bf16, a head
+    dim its varlen path has (`VARLEN_HEAD_DIMS`), no gradient needed (it has no backward)."""
+    from fa4.arch import arch_of_capability
+    from fa4.kernels.sm90.feasibility import VARLEN_HEAD_DIMS
+
+    if q.device.type != "cuda":
+        return f"the tensors are on {q.device.type}; our kernel runs on CUDA GPUs"
+    capability = torch.cuda.get_device_capability(q.device)
+    if arch_of_capability(capability) != "sm90":
+        return (f"our varlen kernel is the sm90 family's (H100/H200), not compute capability "
+                f"{capability[0]}.{capability[1]}'s")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"our kernel takes fp16 or bf16, not {q.dtype}"
+    if q.shape[-1] not in VARLEN_HEAD_DIMS:
+        return (f"head dim {q.shape[-1]}: our varlen kernel takes "
+                f"{', '.join(str(d) for d in VARLEN_HEAD_DIMS)}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v)):
+        return "our varlen kernel has no backward (gradients are needed here)"
+    return None
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None, *,
@@ -200,12 +236,72 @@ def _per_sequence(q, k, v, offsets, causal, softmax_scale, return_lse, fallback,
     return out, lse
 
 
+def varlen_problem(q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, return_lse: bool,
+                   window_size, softcap) -> Optional[AttentionProblem]:
+    """The `AttentionProblem` our kernel compiles a call for: the batch's sequences at the max lengths,
+    the mask resolved against them (a side resolved away reaches past every key of the longest
+    sequences, so of every sequence), or None when no sequence has a query and a key (nothing to run)."""
+    batch = cu_seqlens_q.numel() - 1
+    if batch == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return None
+    causal, window, softcap = resolve_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k)
+    return AttentionProblem(batch=batch, seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k, heads_q=q.shape[1],
+                            heads_kv=k.shape[1], head_dim=q.shape[-1],
+                            dtype="fp16" if q.dtype == torch.float16 else "bf16", causal=causal,
+                            return_lse=return_lse, window=window, softcap=softcap, varlen=True)
+
+
+def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
+          window_size, softcap, offsets):
+    from fa4 import kernels
+    from fa4.kernels.compiling import mask_values
+    from fa4.runtime import _compiled_kernel
+    from fa4.state import device_description
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
+    problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size,
+                             softcap)
+    if problem is None:   # no sequence has both a query and a key: every row sees none
+        out.zero_()
+        return (out, lse.fill_(-torch.inf)) if return_lse else out
+    device = device_description(q.device)
+    config = kernels.default_config("sm90", problem, device)
+    reasons = kernels.feasible(config, problem, device)
+    if reasons:
+        raise UnsupportedInputError(f"fa4.attention_varlen (ours): {config.label()} cannot run "
+                                    f"{problem.label()}: {'; '.join(reasons)}")
+    kernel = _compiled_kernel(config, problem, device)
+    cu_q, cu_k = (cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k))
+    q, k, v = (_tma_ready(t) for t in (q, k, v))
+    kernel.run_varlen(q, k, v, out, lse, softmax_scale, mask_values(problem), cu_q, cu_k, max_seqlen_q,
+                      max_seqlen_k)
+    # the rows after the last sequence belong to no tile (device ops when the offsets are not on the host)
+    if offsets is not None:
+        out[offsets[0][-1]:] = 0
+        if return_lse:
+            lse[:, offsets[0][-1]:] = -torch.inf
+    else:
+        tail = torch.arange(q.shape[0], device=q.device) >= cu_q[-1]
+        out.masked_fill_(tail[:, None, None], 0)
+        if return_lse:
+            lse.masked_fill_(tail[None, :], -torch.inf)
+    return (out, lse) if return_lse else out
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """`t` as our kernel's TMA takes it (unit stride in the head dim, the others multiples of 8
+    elements): a copy only when it is not."""
+    if t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous()
+
+
 def _peer(name, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
           window_size, softcap):
-    peer = backends.get(name)
     device_offsets = [cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k)]
-    out, lse = peer.varlen(q, k, v, *device_offsets, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
-                           window_size, softcap)
+    out, lse = backends.get(name).varlen(q, k, v, *device_offsets, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                                         return_lse, window_size, softcap)
     # its rows without keys, and the rows after the last sequence, hold whatever it left there: ours
     # are O = 0 and LSE = -inf (device ops only, so a capture can hold them)
     right_bound = 0 if causal else (window_size[1] if window_size is not None else UNBOUNDED)

@@ -77,10 +77,22 @@ def mask_values(problem: AttentionProblem) -> Optional[tuple]:
     """What a kernel of `problem` takes after the softmax scale: (window left side, window right side,
     softcap), each None where the problem has none (causal's right side is compiled in), or None for a
     problem with neither window nor softcap, whose kernel's call ends at the scale (`__call__`; the
-    others' is `call_masked`)."""
-    if problem.window is None and problem.softcap is None:
+    others' is `call_masked`; a varlen kernel's is `call_varlen`, which always takes the three)."""
+    if problem.window is None and problem.softcap is None and not problem.varlen:
         return None
     return (problem.window_left, None if problem.causal else problem.window_right, problem.softcap)
+
+
+def varlen_fake_arguments() -> tuple:
+    """What a varlen kernel takes after the mask values: cu_seqlens_q and cu_seqlens_k (int32, a
+    symbolic count of sequences + 1) and max_seqlen_q."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    count = cute.sym_int()
+    cu_q, cu_k = (make_fake_tensor(cutlass.Int32, (count,), stride=(1,), assumed_align=4) for _ in range(2))
+    return cu_q, cu_k, cutlass.Int32(0)
 
 
 def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem, device: DeviceDescription,
@@ -107,6 +119,9 @@ def compile_kernel(fam: KernelFamily, config: Config, problem: AttentionProblem,
             masks = tuple(None if value is None else
                           (cutlass.Float32(1.0) if isinstance(value, float) else cutlass.Int32(0))
                           for value in values)
+        if problem.varlen:   # one compile for every batch of sequences: offsets and max length at run time
+            entry = kernel.call_varlen
+            masks += varlen_fake_arguments()
         start = time.perf_counter()
         compiled = cute.compile[cute.GPUArch(DSL_TARGET[fam.ARCH])](
             entry, q, k, v, o, lse, cutlass.Float32(1.0), *masks, stream, options=options.strip())
@@ -131,8 +146,9 @@ class CompiledAttention:
         self.compile_seconds = compile_seconds
         self._default_scale = 1.0 / math.sqrt(problem.head_dim)
         self._mask_kinds = _kinds(mask_values(problem))
-        # the compiled function's positional arguments: Q, K, V, O, LSE, scale (and the mask values)
-        self.positionals = 6 if self._mask_kinds is None else 9
+        # the compiled function's positional arguments: Q, K, V, O, LSE, scale (and the mask values;
+        # varlen: and cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
+        self.positionals = 6 if self._mask_kinds is None else 12 if problem.varlen else 9
 
     def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None,
             masks: Optional[tuple] = None) -> None:
@@ -141,6 +157,8 @@ class CompiledAttention:
         was specialised on (head dim, and the GQA ratio of a packed kernel) may not; nor which sides
         of a window are bounded and whether there is a softcap (`masks`: `mask_values` of the call's
         problem; the widths and the cap are the call's)."""
+        if self.problem.varlen:
+            raise ValueError("a varlen kernel is launched with run_varlen")
         if _kinds(masks) != self._mask_kinds:
             raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
                              f"{self.problem.mask_label()})")
@@ -156,6 +174,27 @@ class CompiledAttention:
             self.compiled(q, k, v, out, lse, scale)
         else:
             self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
+
+
+    def run_varlen(self, q, k, v, out, lse, softmax_scale: Optional[float], masks: tuple, cu_seqlens_q,
+                   cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
+        """A varlen kernel on flash-attn's packed tensors: q, out (total_q, Hq, D); k, v (total_k, Hkv,
+        D); lse (Hq, total_q) fp32 exactly when the problem returns LSE; int32 offsets on the GPU;
+        `masks` as `run`'s (`mask_values`: three values, None where there is none). Rows no sequence
+        covers are left as they are."""
+        if not self.problem.varlen:
+            raise ValueError("run_varlen needs a kernel compiled for a varlen problem")
+        if _kinds(masks) != self._mask_kinds:
+            raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
+                             f"{self.problem.mask_label()})")
+        if (lse is None) == self.problem.return_lse:
+            raise ValueError("lse must be given exactly when the problem returns LSE")
+        if q.shape[-1] != self.problem.head_dim:
+            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
+        self.compiled(q[None], k[None], v[None], out[None], None if lse is None else lse[None], scale,
+                      *kernel_mask_values(masks, max_seqlen_q, max_seqlen_k), cu_seqlens_q, cu_seqlens_k,
+                      int(max_seqlen_q))
 
 
 def _kinds(masks: Optional[tuple]) -> Optional[tuple]:

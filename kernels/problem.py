@@ -22,6 +22,10 @@ class AttentionProblem:
     score after the softmax scale). Both None: the dense problem (its key, label and dict are those of
     a problem without the fields). One problem has one form: `resolve_mask` turns what a caller gives
     (flash-attn's arguments) into it, and the constructor refuses any other form.
+
+    `varlen`: a variable-length batch in flash-attn's packed layout (`fa4.attention_varlen`): `batch`
+    sequences of at most `seqlen_q` queries and `seqlen_k` keys (the call's max_seqlen), each its own
+    problem with the masks above. False (a dense batch) leaves it out of the key, label and dict.
     """
 
     batch: int
@@ -35,6 +39,7 @@ class AttentionProblem:
     return_lse: bool = False
     window: Optional[tuple[int, int]] = None
     softcap: Optional[float] = None
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -64,7 +69,7 @@ class AttentionProblem:
     def __repr__(self) -> str:
         """The constructor call, a dense problem's without `window` and `softcap` (as before they existed)."""
         shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                 if not (f.name in ("window", "softcap") and getattr(self, f.name) is None))
+                 if not (f.name in ("window", "softcap", "varlen") and not getattr(self, f.name)))
         return f"AttentionProblem({', '.join(shown)})"
 
     @property
@@ -113,8 +118,8 @@ class AttentionProblem:
         """The fields; a dense problem's leave out `window` and `softcap` (the dicts recorded before
         they existed read the same)."""
         fields = asdict(self)
-        for name in ("window", "softcap"):
-            if fields[name] is None:
+        for name in ("window", "softcap", "varlen"):
+            if fields[name] is None or fields[name] is False:
                 del fields[name]
         if self.window is not None:
             fields["window"] = list(self.window)
@@ -128,6 +133,8 @@ class AttentionProblem:
             parts.append(f"window ({self.window[0]}, {self.window[1]})")
         if self.softcap is not None:
             parts.append(f"softcap {self.softcap:g}")
+        if self.varlen:
+            parts.append("varlen")
         return " ".join(parts)
 
     def label(self) -> str:

@@ -119,3 +119,56 @@ def test_flash_attn_4_forced_on_cpu_says_why():
     with pytest.raises(UnsupportedInputError, match="'flash_attn_4' cannot run here: the tensors are on cpu"):
         fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend="flash_attn_4")
     assert varlen.choose(q) == varlen.PER_SEQUENCE
+
+
+def test_ours_forced_on_cpu_says_why():
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed([3, 5], [4, 4])
+    with pytest.raises(UnsupportedInputError, match="backend='ours' cannot run here: the tensors are on cpu"):
+        fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend="ours")
+    assert varlen.implementations() == (varlen.OURS, "flash_attn_4", varlen.PER_SEQUENCE)   # from the registry
+
+
+def test_the_problem_our_kernel_compiles_for_a_batch():
+    q, k, _, cu_q, _, _, _ = _packed([3, 5, 0], [4, 4, 2], heads_q=8, heads_kv=2, dtype=torch.float16)
+    problem = varlen.varlen_problem(q, k, cu_q, 5, 4, causal=True, return_lse=True, window_size=None,
+                                    softcap=None)
+    shape = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
+    assert shape == (3, 5, 4, 8, 2)
+    assert problem.varlen and problem.causal and problem.return_lse and problem.dtype == "fp16"
+    # a window side reaching past every key of the longest sequences bounds no sequence: dropped
+    wide = varlen.varlen_problem(q, k, cu_q, 5, 4, False, False, (3, 4), 2.0)
+    assert wide.window is None and wide.softcap == 2.0 and not wide.causal
+    narrow = varlen.varlen_problem(q, k, cu_q, 5, 4, False, False, (1, 0), None)
+    assert narrow.causal and narrow.window == (1, 0)
+    # nothing to run: no sequences, or no sequence with a query or a key
+    assert varlen.varlen_problem(q, k, cu_q[:1], 0, 0, True, False, None, None) is None
+    assert varlen.varlen_problem(q, k, cu_q, 5, 0, True, False, None, None) is None
+
+
+def test_a_varlen_kernel_is_called_with_the_packed_tensors_as_batch_one():
+    from fa4.kernels import AttentionProblem, compiling, default_config
+
+    problem = AttentionProblem(3, 5, 4, 8, 2, 64, "fp16", causal=True, return_lse=True, window=(7, 0),
+                               varlen=True)
+    calls = []
+    kernel = compiling.CompiledAttention(lambda *args: calls.append(args), default_config("sm90", problem),
+                                         problem, 0, 0.0)
+    assert kernel.positionals == 12
+    q, k, v = torch.zeros(9, 8, 64), torch.zeros(10, 2, 64), torch.zeros(10, 2, 64)
+    out, lse = torch.zeros_like(q), torch.zeros(8, 9)
+    cu_q, cu_k = torch.tensor([0, 3, 8, 8], dtype=torch.int32), torch.tensor([0, 4, 8, 10], dtype=torch.int32)
+    kernel.run_varlen(q, k, v, out, lse, None, compiling.mask_values(problem), cu_q, cu_k, 5, 4)
+    (args,) = calls
+    assert [tuple(t.shape) for t in args[:5]] == [(1, 9, 8, 64), (1, 10, 2, 64), (1, 10, 2, 64), (1, 9, 8, 64),
+                                                  (1, 8, 9)]
+    assert args[5] == pytest.approx(64 ** -0.5)
+    assert args[6:9] == (7, None, None)   # the left side; causal's right side is compiled in; no softcap
+    assert args[9] is cu_q and args[10] is cu_k and args[11] == 5
+    with pytest.raises(ValueError, match="run_varlen"):
+        kernel.run(q[None], k[None], v[None], out[None], lse[None])
+    with pytest.raises(ValueError, match="lse must be given"):
+        kernel.run_varlen(q, k, v, out, None, None, compiling.mask_values(problem), cu_q, cu_k, 5, 4)
+    dense = compiling.CompiledAttention(lambda *args: None, default_config("sm90", problem),
+                                        AttentionProblem(3, 5, 4, 8, 2, 64, "fp16"), 0, 0.0)
+    with pytest.raises(ValueError, match="compiled for a varlen problem"):
+        dense.run_varlen(q, k, v, out, None, None, (None, None, None), cu_q, cu_k, 5, 4)

@@ -30,6 +30,8 @@ def can_implement(problem: AttentionProblem) -> list[str]:
         reasons.append("the sm100 kernel has no sliding window (the sm90 kernel has)")
     if problem.softcap is not None:
         reasons.append("the sm100 kernel has no softcap (the sm90 kernel has)")
+    if problem.varlen:
+        reasons.append("the sm100 kernel has no variable-length batches (the sm90 kernel has)")
     return reasons
 
 

@@ -66,7 +66,8 @@ def device_key(device: DeviceDescription) -> tuple:
 def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem the generated code depends on (never sequence lengths, batch or heads;
     the GQA ratio only when rows are packed, where it shapes the tile; which sides of a window are
-    bounded and whether there is a softcap, never their values: those are runtime arguments)."""
+    bounded and whether there is a softcap, never their values: those are runtime arguments; whether
+    the batch is variable-length, never its offsets)."""
     key = (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal),
            ("return_lse", problem.return_lse))
     if config.pack_gqa:
@@ -81,7 +82,8 @@ def _mask_features(problem: AttentionProblem) -> dict:
     """The kernel's compile-time mask flags of `problem` (its constructor's arguments)."""
     return {"bounded_left": problem.window_left is not None,
             "bounded_right": problem.window_right is not None and not problem.causal,
-            "softcap": problem.softcap is not None}
+            "softcap": problem.softcap is not None,
+            "varlen": problem.varlen}
 
 
 def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):

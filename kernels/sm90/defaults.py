@@ -109,8 +109,10 @@ def narrower_key_blocks_above_head_dim_128(config: Config, problem: AttentionPro
 
 
 def pack_gqa_when_it_divides(config: Config, problem: AttentionProblem) -> Config:
-    """GQA packing when the ratio divides the tile rows (K/V loaded once per group)."""
-    return config.replace(pack_gqa=problem.gqa_ratio > 1 and config.tile_m % problem.gqa_ratio == 0)
+    """GQA packing when the ratio divides the tile rows (K/V loaded once per group); never under
+    varlen, whose kernel has no packed view of a sequence's rows."""
+    return config.replace(pack_gqa=(problem.gqa_ratio > 1 and config.tile_m % problem.gqa_ratio == 0
+                                    and not problem.varlen))
 
 
 @reads_device("sm_count", "smem_per_block_bytes")
@@ -133,6 +135,16 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
     longest_first = problem.causal and m_blocks < 16 and key_blocks > 1
     persistent = config.replace(scheduler="lpt" if longest_first else "static", q_stages=2)
     return persistent if smem_bytes(persistent, problem) <= device.smem_per_block_bytes else config
+
+
+def longest_first_for_varlen(config: Config, problem: AttentionProblem) -> Config:
+    """Varlen, one CTA per tile: `single_lpt`, whatever the mask. Its grid is the longest sequence's
+    m-blocks for every sequence, and the late m-blocks exist only in the long sequences, so late first
+    is their tiles first, the short sequences' filling the tail (flash-attn's varlen schedulers order
+    by sequence length to the same end). Not yet timed."""
+    if problem.varlen and config.scheduler == "single":
+        return config.replace(scheduler="single_lpt")
+    return config
 
 
 def longest_first_for_causal(config: Config, problem: AttentionProblem) -> Config:
@@ -161,7 +173,7 @@ def wide_tiles_for_causal_head_dim_128(config: Config, problem: AttentionProblem
 # flash-attn-4's sm90 tiles, compiled clean on the CPU, not yet timed
 DEFAULT_RULES = (wide_tiles_at_head_dim_64, tiles_at_head_dim_96, narrower_key_blocks_above_head_dim_128,
                  pack_gqa_when_it_divides, persistent_for_short_keys,
-                 longest_first_for_causal, wide_tiles_for_causal_head_dim_128)
+                 longest_first_for_varlen, longest_first_for_causal, wide_tiles_for_causal_head_dim_128)
 
 
 def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:

@@ -33,12 +33,18 @@ RESERVED_REGISTERS = {1: 40, 2: 24, 3: 32}
 # three consumer warpgroups (192 x 112 and 192 x 128 at D=128, 192 x 192 at D=64), where the others
 # stay clean up to 128
 SS_WITHOUT_OVERLAP_RESERVE = 2
+# varlen stores O with 128-bit copies, head_dim / 8 threads a row, which must divide 128 threads
+VARLEN_HEAD_DIMS = tuple(d for d in SUPPORTED_HEAD_DIMS if 128 % (d // 8) == 0)
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
     reasons = unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
     if problem.batch < 1 or problem.seqlen_q < 1 or problem.seqlen_k < 1 or problem.heads_q < 1:
         reasons.append("empty problem: batch, sequence lengths and heads must be >= 1")
+    if problem.varlen and problem.head_dim in SUPPORTED_HEAD_DIMS and 128 % (problem.head_dim // 8):
+        reasons.append(f"varlen at head dim {problem.head_dim}: the row-predicated O store spreads a row "
+                       f"over head_dim / 8 threads, which must divide a warpgroup (varlen head dims: "
+                       f"{', '.join(str(d) for d in VARLEN_HEAD_DIMS)})")
     return reasons
 
 
@@ -134,6 +140,8 @@ def resource_reasons(config: Config, problem: AttentionProblem,
         reasons.append(f"q_stages=2 needs a persistent scheduler ({'/'.join(PERSISTENT_SCHEDULERS)}): "
                        f"with one tile per CTA the second Q buffer is never used")
     ratio = problem.gqa_ratio
+    if config.pack_gqa and problem.varlen:
+        reasons.append("pack_gqa under varlen: a packed sequence's rows have no packed TMA view in the kernel")
     if config.pack_gqa:
         if ratio == 1:
             reasons.append("pack_gqa needs a GQA ratio > 1 (Hq == Hkv: nothing to pack)")

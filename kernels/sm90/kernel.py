@@ -15,7 +15,12 @@ max, blocks left of it do no mask work. A sliding window (compile-time: which si
 runtime: their widths) narrows each tile's block range from both sides, so blocks outside it are never
 loaded, and masks only the blocks its edges cross; a softcap (compile-time flag, runtime value) turns
 each score into tanh(s * scale / c) on the MUFU tanh before the mask, the softmax then working in
-units of c (docs/design.md, section 1).
+units of c (docs/design.md, section 1). Variable-length batches (compile-time `varlen`, `call_varlen`):
+Q, K, V and O are flash-attn's packed (total, H, D) tensors seen as batch 1; a tile (m_block, head,
+sequence) reads its sequence's offsets and lengths from cu_seqlens, shifts the TMA coordinates of Q,
+K and V by them (rows past the sequence's end read the next sequence's rows or TMA's zeros and are
+masked or never stored), skips m_blocks past its sequence's end, and stores O with row-predicated
+128-bit copies from shared memory (a TMA store would write the next sequence's rows).
 """
 
 
@@ -96,6 +101,16 @@ class TileContext(NamedTuple):
     softcap_scale: Any = None
 
 
+class SequenceTile(NamedTuple):
+    """Where one tile's sequence lives: its first query and key row in the packed tensors, its
+    lengths, and the batch index the tensors are indexed with (0 under varlen: batch 1)."""
+    offset_q: Any
+    offset_k: Any
+    seqlen_q: Any
+    seqlen_k: Any
+    batch_idx: Any
+
+
 class FlashAttentionSm90:
     """One compiled variant of the forward kernel.
 
@@ -112,13 +127,16 @@ class FlashAttentionSm90:
       softmax:    rescale_threshold, softmax_overlap, pv_operand ("rs" registers / "ss" smem),
                   exp2_poly_columns (of every 32 exps of a row, how many by FMA polynomial)
       scheduling: scheduler ("single"/"static"/"lpt"), pack_gqa
+    varlen (compile-time): flash-attn's packed layout with cu_seqlens (`call_varlen`); rows are not
+    GQA-packed, and head_dim / 8 (the threads of a row's 128-bit O copies) divides a warpgroup.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
                  gqa_pack_ratio: Optional[int], tile_m: int, tile_n: int, kv_stages: int,
                  q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
                  softmax_overlap: bool, exp2_poly_columns: int, num_sms: int, l2_bytes_for_kv: int,
-                 bounded_left: bool = False, bounded_right: bool = False, softcap: bool = False):
+                 bounded_left: bool = False, bounded_right: bool = False, softcap: bool = False,
+                 varlen: bool = False):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -127,6 +145,8 @@ class FlashAttentionSm90:
         self.bounded_left = bounded_left
         self.bounded_right = bounded_right
         self.softcap = softcap
+        self.varlen = varlen
+        assert not (varlen and gqa_pack_ratio is not None), "varlen tiles are not packed"
         self.pack_ratio = gqa_pack_ratio  # None: one query head per tile
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -210,7 +230,8 @@ class FlashAttentionSm90:
                  mLSE: Optional[cute.Tensor], softmax_scale: Float32, stream: cuda.CUstream):
         """Q, O: (B, Sq, Hq, D); K, V: (B, Sk, Hkv, D); LSE: (B, Hq, Sq) fp32 or None. A kernel with a
         window or softcap is called through `call_masked`."""
-        self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, None, None, None, stream)
+        self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, None, None, None, None, None, None,
+                              stream)
 
     @cute.jit
     def call_masked(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -219,13 +240,28 @@ class FlashAttentionSm90:
         """`__call__` of a kernel with a sliding window or a softcap: the bounded sides' widths (keys
         left / right of the diagonal) and the cap c > 0, each None where the kernel has none."""
         self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, window_left, window_right, softcap,
-                              stream)
+                              None, None, None, stream)
+
+    @cute.jit
+    def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                    mLSE: Optional[cute.Tensor], softmax_scale: Float32, window_left: Optional[Int32],
+                    window_right: Optional[Int32], softcap: Optional[Float32], mCuSeqlensQ: cute.Tensor,
+                    mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32, stream: cuda.CUstream):
+        """`__call__` of a varlen kernel: Q, O (1, total_q, Hq, D), K, V (1, total_k, Hkv, D), LSE
+        (1, Hq, total_q); cu_seqlens int32 (sequences + 1) on the GPU; max_seqlen_q sizes the grid.
+        Rows no sequence covers are not written (the caller fills them)."""
+        self.launch_attention(mQ, mK, mV, mO, mLSE, softmax_scale, window_left, window_right, softcap,
+                              mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, stream)
 
     @cute.jit
     def launch_attention(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                          mLSE: Optional[cute.Tensor], softmax_scale: Float32,
                          window_left: Optional[Int32], window_right: Optional[Int32],
-                         softcap: Optional[Float32], stream: cuda.CUstream):
+                         softcap: Optional[Float32], mCuSeqlensQ: Optional[cute.Tensor],
+                         mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Optional[Int32],
+                         stream: cuda.CUstream):
+        if const_expr((mCuSeqlensQ is not None) != self.varlen or (mCuSeqlensK is not None) != self.varlen):
+            raise TypeError("cu_seqlens must be given exactly when the kernel was built for varlen")
         if const_expr((window_left is not None) != self.bounded_left
                       or (window_right is not None) != self.bounded_right
                       or (softcap is not None) != self.softcap):
@@ -253,7 +289,15 @@ class FlashAttentionSm90:
         sV_one = cute.select(self.sV_layout, mode=[0, 1])
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         store_op = cpasync.CopyBulkTensorTileS2GOp()
-        if const_expr(self.pack_ratio is None):
+        if const_expr(self.varlen):
+            # O is stored with predicated copies (`store_o_rows`), from the gmem tensor itself
+            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_one,
+                                                            (self.tile_m, self.head_dim))
+            tma_atom_O, tma_O = None, mO
+            rows_q = max_seqlen_q
+            heads_tile = heads_q
+            batch = mCuSeqlensQ.shape[0] - 1
+        elif const_expr(self.pack_ratio is None):
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_one,
                                                             (self.tile_m, self.head_dim))
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(store_op, mO, self.sO_layout,
@@ -277,7 +321,10 @@ class FlashAttentionSm90:
         self.kv_bytes = cute.size_in_bytes(self.dtype, sK_one)
 
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
-        sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, seqlen_k,
+        kv_rows = seqlen_k
+        if const_expr(self.varlen):
+            kv_rows = seqlen_k // cutlass.max(batch, 1)  # the longest-first head groups: a mean sequence
+        sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, kv_rows,
                                      self.head_dim, self.num_sms, self.l2_bytes_for_kv)
         scale_log2 = softmax_scale * Float32(LOG2_E)
         softcap_scale = None
@@ -290,7 +337,8 @@ class FlashAttentionSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, seqlen_q, seqlen_k, ratio_rt, num_m_blocks, heads_tile, batch,
-            sched.group_heads, window_left, window_right, softcap_scale, tiled_mma_qk, tiled_mma_pv,
+            sched.group_heads, window_left, window_right, softcap_scale, mCuSeqlensQ, mCuSeqlensK,
+            tiled_mma_qk, tiled_mma_pv,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sP_layout, SharedStorage,
         ).launch(grid=sched.grid_shape(), block=[self.num_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
@@ -305,6 +353,7 @@ class FlashAttentionSm90:
                seqlen_q: Int32, seqlen_k: Int32, ratio_rt: Int32, num_m_blocks: Int32,
                num_heads: Int32, batch: Int32, group_heads: Int32, window_left: Optional[Int32],
                window_right: Optional[Int32], softcap_scale: Optional[Float32],
+               mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: Optional[cute.ComposedLayout],
@@ -312,7 +361,8 @@ class FlashAttentionSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
-                cpasync.prefetch_descriptor(atom)
+                if const_expr(atom is not None):  # varlen stores O without TMA
+                    cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -350,12 +400,12 @@ class FlashAttentionSm90:
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                              pipe_q, pipe_k, pipe_v, sched, seqlen_q, seqlen_k, ratio_rt,
-                             window_left, window_right)
+                             window_left, window_right, mCuSeqlensQ, mCuSeqlensK)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v, sched,
                          tiled_mma_qk, tiled_mma_pv, scale_log2, seqlen_q, seqlen_k,
-                         window_left, window_right, softcap_scale)
+                         window_left, window_right, softcap_scale, mCuSeqlensQ, mCuSeqlensK)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
@@ -406,71 +456,110 @@ class FlashAttentionSm90:
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
+    def sequence_tile(self, batch_idx: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                      mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor]):
+        """The `SequenceTile` of batch entry `batch_idx`: the launch's lengths, or under varlen its
+        sequence's offsets and lengths read from cu_seqlens (the tensors are then batch 1)."""
+        if const_expr(not self.varlen):
+            return SequenceTile(Int32(0), Int32(0), seqlen_q, seqlen_k, batch_idx)
+        offset_q = mCuSeqlensQ[batch_idx]
+        offset_k = mCuSeqlensK[batch_idx]
+        return SequenceTile(offset_q, offset_k, mCuSeqlensQ[batch_idx + 1] - offset_q,
+                            mCuSeqlensK[batch_idx + 1] - offset_k, Int32(0))
+
+    def shift_rows(self, t: Optional[cute.Tensor], offset):
+        """Under varlen, `t` (rows first, any rank) seen from row `offset` on: a packed sequence's own
+        coordinates (for a TMA tensor the coordinates the copy sends; the bounds stay the whole packed
+        tensor's). A dense kernel's `t` (or None) as it is."""
+        if const_expr(not self.varlen or t is None):
+            return t
+        return cute.domain_offset((offset,) + (0,) * (cute.rank(t) - 1), t)
+
+    def tile_has_rows(self, m_block, seq: SequenceTile):
+        """Whether the tile holds rows of its sequence: under varlen the launch covers the longest
+        sequence's m-blocks for every sequence, and the shorter ones' later tiles do nothing. A dense
+        kernel: Python's True (the loop's `if` then emits no code)."""
+        if const_expr(not self.varlen):
+            return True
+        return m_block * self.tile_m < seq.seqlen_q
+
+    @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                 pipe_v, sched: cutlass.Constexpr, seqlen_q: Int32, seqlen_k: Int32,
-                ratio_rt: Int32, window_left: Optional[Int32], window_right: Optional[Int32]):
+                ratio_rt: Int32, window_left: Optional[Int32], window_right: Optional[Int32],
+                mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor]):
+        # The tile's body stays in the loop, not in a method: the DSL carries a loop's values in the
+        # order their names first appear in its body, and a body moved into a method reorders them
+        # (and the dense kernel's registers with them). Under varlen the body runs only for tiles with rows
+        # (`tile_has_rows`); for a dense kernel that test is Python's True and emits nothing.
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
-            head_kv = head
-            if const_expr(self.pack_ratio is None):
-                head_kv = head // ratio_rt
-            gQ = cute.local_tile(mQ[None, None, head, batch_idx], (self.tile_m, self.head_dim),
-                                 (m_block, 0))
-            gK = cute.local_tile(mK[None, None, head_kv, batch_idx],
-                                 (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(mV[None, None, head_kv, batch_idx],
-                                 (self.tile_n, self.head_dim), (None, 0))
-            tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
-            tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
-            tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
+            seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
+            if self.tile_has_rows(m_block, seq):
+                mQ_seq = self.shift_rows(mQ, seq.offset_q)
+                mK_seq = self.shift_rows(mK, seq.offset_k)
+                mV_seq = self.shift_rows(mV, seq.offset_k)
+                head_kv = head
+                if const_expr(self.pack_ratio is None):
+                    head_kv = head // ratio_rt
+                gQ = cute.local_tile(mQ_seq[None, None, head, seq.batch_idx],
+                                     (self.tile_m, self.head_dim), (m_block, 0))
+                gK = cute.local_tile(mK_seq[None, None, head_kv, seq.batch_idx],
+                                     (self.tile_n, self.head_dim), (None, 0))
+                gV = cute.local_tile(mV_seq[None, None, head_kv, seq.batch_idx],
+                                     (self.tile_n, self.head_dim), (None, 0))
+                tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
+                tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
+                tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
 
-            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
-            n_count = n_max - n_min
-            # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
-            # previous tile's O store, and this K load need not.
-            if n_count > 0:
-                pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_K, tKg[None, n_max - 1], tKs[None, kv_state.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-            pipe_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQg, tQs[None, q_state.index],
-                      tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            q_state.advance()
-            if n_count > 0:
-                if const_expr(not self.overlap):
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_atom_V, tVg[None, n_max - 1], tVs[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
-                    for i in cutlass.range(n_count - 1, unroll=1):
-                        n_block = n_max - 2 - i
-                        pipe_k.producer_acquire(kv_state)
-                        cute.copy(tma_atom_K, tKg[None, n_block], tKs[None, kv_state.index],
-                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                n_min, n_max = self.kv_block_range(m_block, seq.seqlen_q, seq.seqlen_k, window_left,
+                                                   window_right)
+                n_count = n_max - n_min
+                # K of the first (rightmost) block goes out before Q: with one Q buffer, Q waits for the
+                # previous tile's O store, and this K load need not.
+                if n_count > 0:
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_atom_K, tKg[None, n_max - 1], tKs[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_atom_Q, tQg, tQs[None, q_state.index],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                if n_count > 0:
+                    if const_expr(not self.overlap):
                         pipe_v.producer_acquire(kv_state)
-                        cute.copy(tma_atom_V, tVg[None, n_block], tVs[None, kv_state.index],
+                        cute.copy(tma_atom_V, tVg[None, n_max - 1], tVs[None, kv_state.index],
                                   tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                         kv_state.advance()
-                else:
-                    # the consumer wants K of block n before V of block n + 1: load in that order
-                    for i in cutlass.range(n_count - 1, unroll=1):
-                        n_prev = n_max - 1 - i
-                        prev_state = kv_state.clone()
+                        for i in cutlass.range(n_count - 1, unroll=1):
+                            n_block = n_max - 2 - i
+                            pipe_k.producer_acquire(kv_state)
+                            cute.copy(tma_atom_K, tKg[None, n_block], tKs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                            pipe_v.producer_acquire(kv_state)
+                            cute.copy(tma_atom_V, tVg[None, n_block], tVs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                            kv_state.advance()
+                    else:
+                        # the consumer wants K of block n before V of block n + 1: load in that order
+                        for i in cutlass.range(n_count - 1, unroll=1):
+                            n_prev = n_max - 1 - i
+                            prev_state = kv_state.clone()
+                            kv_state.advance()
+                            pipe_k.producer_acquire(kv_state)
+                            cute.copy(tma_atom_K, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                            pipe_v.producer_acquire(prev_state)
+                            cute.copy(tma_atom_V, tVg[None, n_prev], tVs[None, prev_state.index],
+                                      tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_atom_V, tVg[None, n_min], tVs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                         kv_state.advance()
-                        pipe_k.producer_acquire(kv_state)
-                        cute.copy(tma_atom_K, tKg[None, n_prev - 1], tKs[None, kv_state.index],
-                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                        pipe_v.producer_acquire(prev_state)
-                        cute.copy(tma_atom_V, tVg[None, n_prev], tVs[None, prev_state.index],
-                                  tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_atom_V, tVg[None, n_min], tVs[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
             task, valid = sched.next_work(task)
 
     # ---- consumers -----------------------------------------------------------------------------
@@ -478,7 +567,8 @@ class FlashAttentionSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sP, tma_atom_O, pipe_q, pipe_k, pipe_v,
                 sched: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv, scale_log2: Float32,
                 seqlen_q: Int32, seqlen_k: Int32, window_left: Optional[Int32],
-                window_right: Optional[Int32], softcap_scale: Optional[Float32]):
+                window_right: Optional[Int32], softcap_scale: Optional[Float32],
+                mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -529,36 +619,40 @@ class FlashAttentionSm90:
         task, valid = sched.initial_work()
         while valid:
             m_block, head, batch_idx = sched.decode(task)
-            n_min, n_max = self.kv_block_range(m_block, seqlen_q, seqlen_k, window_left, window_right)
-            n_count = n_max - n_min
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-            acc_O.fill(0.0)
-            pipe_q.consumer_wait(q_state)
-            tSrQ_cur = tSrQ[None, None, None, q_state.index]
-            ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
-                              tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
-                              scale_log2, m_block, seqlen_q, seqlen_k, bar_turn, bar_next,
-                              pipe_q, q_prev, q_prev_pending, tidx, window_left, window_right,
-                              softcap_scale)
-            if n_count > 0:
-                n_mask_from = n_min
-                if const_expr(self.mask_right):
-                    n_mask_from = self.first_masked_block(m_block, n_min, seqlen_q, seqlen_k,
-                                                          window_right)
-                n_left_end = n_min
-                if const_expr(self.bounded_left):
-                    n_left_end = self.left_masked_blocks_end(m_block, n_min, seqlen_q, seqlen_k,
-                                                             window_left)
-                kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from, n_left_end)
-            else:
-                self.release_previous_q(ctx)
-            self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, mO, mLSE, tma_atom_O,
-                          tiled_mma_pv, tidx, m_block, head, batch_idx, seqlen_q, pipe_q, q_state)
-            if const_expr(self.defer_q_release):
-                q_prev = q_state.clone()
-                q_prev_pending = Boolean(True)
-            q_state.advance()
+            seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
+            if self.tile_has_rows(m_block, seq):  # the loop's text: see `produce`
+                n_min, n_max = self.kv_block_range(m_block, seq.seqlen_q, seq.seqlen_k, window_left,
+                                                   window_right)
+                n_count = n_max - n_min
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                acc_O.fill(0.0)
+                pipe_q.consumer_wait(q_state)
+                tSrQ_cur = tSrQ[None, None, None, q_state.index]
+                ctx = TileContext(tSrQ_cur, tSrK, tOrP, tOrVt, tPsP, p_store, acc_O, row_max, row_sum,
+                                  tScS, t0ScS, s_shape, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v,
+                                  scale_log2, m_block, seq.seqlen_q, seq.seqlen_k, bar_turn, bar_next,
+                                  pipe_q, q_prev, q_prev_pending, tidx, window_left, window_right,
+                                  softcap_scale)
+                if n_count > 0:
+                    n_mask_from = n_min
+                    if const_expr(self.mask_right):
+                        n_mask_from = self.first_masked_block(m_block, n_min, seq.seqlen_q,
+                                                              seq.seqlen_k, window_right)
+                    n_left_end = n_min
+                    if const_expr(self.bounded_left):
+                        n_left_end = self.left_masked_blocks_end(m_block, n_min, seq.seqlen_q,
+                                                                 seq.seqlen_k, window_left)
+                    kv_state = self.mainloop(ctx, kv_state, n_min, n_max, n_mask_from, n_left_end)
+                else:
+                    self.release_previous_q(ctx)
+                self.epilogue(acc_O, row_max, row_sum, scale_log2, sQ, self.shift_rows(mO, seq.offset_q),
+                              self.shift_rows(mLSE, seq.offset_q), tma_atom_O, tiled_mma_pv, tidx, m_block,
+                              head, seq.batch_idx, seq.seqlen_q, pipe_q, q_state)
+                if const_expr(self.defer_q_release):
+                    q_prev = q_state.clone()
+                    q_prev_pending = Boolean(True)
+                q_state.advance()
             task, valid = sched.next_work(task)
         if const_expr(self.defer_q_release):
             # the last tile's O store must be read before the CTA's shared memory goes away
@@ -1016,6 +1110,44 @@ class FlashAttentionSm90:
                     if row < row_limit:
                         lse_rows[row] = lse[r]
 
+        if const_expr(self.varlen):
+            # every row of sO written; stored by all consumer threads, rows past the sequence's end
+            # left alone; the second barrier: sO is read before any thread may release the buffer
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim),
+                                 (m_block, 0))
+            self.store_o_rows(sO, gO, tidx, seqlen_q - m_block * self.tile_m)
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            if const_expr(not self.defer_q_release):
+                if tidx < 32:
+                    pipe_q.consumer_release(q_state)
+        else:
+            self.store_o_tma(sO, mO, tma_atom_O, tidx, m_block, head, batch_idx, pipe_q, q_state)
+
+    @cute.jit
+    def store_o_rows(self, sO, gO, tidx: Int32, rows: Int32):
+        """The first `rows` rows of the O tile from shared memory to `gO` in 128-bit copies, a row's
+        head dim spread over head_dim / 8 neighbouring threads (coalesced); the other rows belong to
+        the next sequence (or to no sequence) and are not written."""
+        threads_per_row = self.head_dim // 8
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        threads = cute.make_ordered_layout(
+            (self.num_consumer_threads // threads_per_row, threads_per_row), order=(1, 0))
+        row_copy = cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, 8)))
+        thr_copy = row_copy.get_slice(tidx)
+        tOsO = thr_copy.partition_S(sO)
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        tOgO = thr_copy.partition_D(gO)
+        tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if tOcO[0, m, 0][0] < rows:
+                cute.copy(row_copy, tOrO[None, m, None], tOgO[None, m, None])
+
+    @cute.jit
+    def store_o_tma(self, sO, mO, tma_atom_O, tidx: Int32, m_block: Int32, head: Int32,
+                    batch_idx: Int32, pipe_q, q_state):
+        """The O tile from shared memory by one TMA store (the store warp)."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=BAR_STORE,
                                  number_of_threads=self.num_consumer_threads + 32)

@@ -1,6 +1,7 @@
-"""fa4.attention_varlen on the GPU: both implementations (flash-attn-4's varlen kernel, our kernel per
-sequence) against the fp32 reference, gradients with flash-attn's rule per sequence, and a CUDA-graph
-capture.
+"""fa4.attention_varlen on the GPU: every implementation (our varlen kernel, flash-attn-4's varlen kernel,
+our kernel per sequence) against the fp32 reference, gradients with flash-attn's rule per sequence (ours
+has no backward: it says so), CUDA-graph captures, and our varlen kernel under the knobs that change its
+walk over tiles (every scheduler, one and two Q buffers, overlap off, P through shared memory).
 
     python -m pytest -m gpu -q tests/gpu/test_varlen_gpu.py
 """
@@ -16,12 +17,20 @@ from fa4.reference import check_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_database")]
 
+
+def _skip_unless_runs(implementation, q):
+    why = varlen.unsupported(implementation, q)
+    if why:
+        pytest.skip(why)
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # (lengths_q, lengths_k, Hq, Hkv, D): empty sequences, length 1, Sq != Sk both ways, no keys, long and short
 CASES = [
     ([0, 1, 300, 1025, 77], [5, 1, 300, 700, 0], 16, 4, 128),
     ([513, 2048, 3], [513, 1000, 3000], 10, 2, 64),
     ([128] * 12, [128] * 12, 8, 8, 128),
+    ([3000] + [1, 130, 64] * 5, [3000] + [1, 130, 200] * 5, 8, 2, 64),   # one long among short
+    ([77, 0, 400, 260], [300, 5, 0, 260], 4, 1, 256),                     # head dim 256, MQA
 ]
 
 
@@ -43,9 +52,8 @@ def _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, tail=5, se
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matches_the_reference(case, causal, dtype, implementation):
-    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
-        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[case], DTYPES[dtype])
+    _skip_unless_runs(implementation, q)
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
                                     backend=implementation)
     want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal)
@@ -57,9 +65,8 @@ def test_matches_the_reference(case, causal, dtype, implementation):
 @pytest.mark.parametrize("window, softcap, causal", [((128, 0), None, True), ((200, 64), 30.0, False),
                                                      (None, 30.0, True), ((-1, 16), None, False)])
 def test_windows_and_softcaps_match_the_reference(window, softcap, causal, implementation):
-    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
-        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[0], torch.bfloat16)
+    _skip_unless_runs(implementation, q)
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
                                     backend=implementation, window_size=window, softcap=softcap)
     want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal, window_size=window, softcap=softcap)
@@ -69,12 +76,16 @@ def test_windows_and_softcaps_match_the_reference(window, softcap, causal, imple
 
 @pytest.mark.parametrize("implementation", varlen.implementations())
 def test_gradients_follow_flash_attns_rule_per_sequence(implementation):
-    if varlen.unsupported(implementation, torch.empty(1, device="cuda")):
-        pytest.skip(varlen.unsupported(implementation, torch.empty(1, device="cuda")))
     lengths_q, lengths_k, heads_q, heads_kv, head_dim = CASES[0]
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim,
                                                 torch.bfloat16, tail=0)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    _skip_unless_runs(implementation, q)
+    if implementation == varlen.OURS:   # no backward: forced, it says why; auto runs another
+        with pytest.raises(fa4.UnsupportedInputError, match="no backward"):
+            fa4.attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, causal=True, backend=implementation)
+        assert varlen.choose(q, "auto", *leaves[1:]) != varlen.OURS
+        return
     dout = torch.randn_like(q)
     out = fa4.attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, causal=True, backend=implementation)
     grads = torch.autograd.grad(out, leaves, dout)
@@ -89,17 +100,56 @@ def test_gradients_follow_flash_attns_rule_per_sequence(implementation):
         assert not failures, (b, failures)
 
 
-def test_the_automatic_path_captures_in_a_cuda_graph():
-    """With device offsets: a peer's varlen kernel where one runs (the per-sequence path needs CPU
-    offsets inside a capture and says so)."""
-    if varlen.choose(torch.empty(1, device="cuda")) == varlen.PER_SEQUENCE:
-        pytest.skip("no peer varlen kernel here")
+@pytest.mark.parametrize("implementation", [name for name in varlen.implementations() if name != varlen.PER_SEQUENCE])
+def test_device_offsets_capture_in_a_cuda_graph(implementation):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[1], torch.bfloat16)
-    eager = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    _skip_unless_runs(implementation, q)
+    eager = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, backend=implementation)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+        captured = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, backend=implementation)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, eager)
+
+
+def test_auto_runs_ours_on_an_h100_or_h200():
+    q = torch.empty(4, 8, 128, device="cuda", dtype=torch.bfloat16)
+    _skip_unless_runs(varlen.OURS, q)
+    assert varlen.choose(q) == varlen.OURS
+
+
+# knobs over the heuristic default that change how the kernel walks its tiles
+KNOBS = {
+    "single": dict(scheduler="single", q_stages=1),
+    "single_lpt": dict(scheduler="single_lpt", q_stages=1),
+    "static-two-q": dict(scheduler="static", q_stages=2),
+    "lpt-two-q": dict(scheduler="lpt", q_stages=2),
+    "lpt-one-q-three-stages": dict(scheduler="lpt", q_stages=1, kv_stages=3, tile_n=64),
+    "no-overlap-ss": dict(scheduler="single_lpt", q_stages=1, softmax_overlap=False, pv_operand="ss"),
+    "192-rows": dict(scheduler="single_lpt", q_stages=1, tile_m=192, tile_n=80),
+}
+
+
+@pytest.mark.parametrize("knobs", sorted(KNOBS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_our_kernel_under_its_knobs(knobs, causal):
+    from fa4.kernels import compile_attention, default_config, feasible
+    from fa4.kernels.compiling import mask_values
+
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[3], torch.float16)
+    _skip_unless_runs(varlen.OURS, q)
+    problem = varlen.varlen_problem(q, k, cu_q, max_q, max_k, causal, True, None, None)
+    config = default_config("sm90", problem).replace(**{"tile_m": 128, "tile_n": 128, **KNOBS[knobs]})
+    assert feasible(config, problem) == [], config.label()
+    kernel = compile_attention(config, problem)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device="cuda")
+    kernel.run_varlen(q, k, v, out, lse, None, mask_values(problem), cu_q, cu_k, max_q, max_k)
+    torch.cuda.synchronize()
+    want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal)
+    rows = int(cu_q[-1])   # the kernel leaves the rows after the last sequence alone (NaN here)
+    assert torch.isnan(out[rows:]).all()
+    torch.testing.assert_close(out[:rows].float(), want_out[:rows], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse[:, :rows], want_lse[:, :rows], atol=1e-2, rtol=1e-2)

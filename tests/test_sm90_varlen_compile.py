@@ -1,0 +1,82 @@
+"""The sm90 forward compiled for variable-length batches (`varlen`), on the CPU: both dtypes, head dims
+64, 128 and 256, full and causal masks, a window and a softcap, and the knobs that change the block loop
+or the tile's walk (overlap, P operand, tiles, K/V and Q stages, every scheduler, LSE) compile for
+sm_90a without spills or a serialised wgmma. What the family refuses under varlen is refused with a
+reason, and a dense problem's key, label and kernel do not change. The GPU suite
+(tests/gpu/test_varlen_gpu.py, implementation "ours") checks what these compute."""
+
+from __future__ import annotations
+
+import pytest
+
+from fa4.kernels import AttentionProblem, Config, compile_key, default_config, feasible, sm90
+from fa4.kernels.sm90.feasibility import VARLEN_HEAD_DIMS
+
+
+def _problem(d, dtype, causal, window=None, softcap=None, heads=(16, 4), return_lse=True, varlen=True):
+    # 64 sequences of at most 2048 queries and keys
+    return AttentionProblem(64, 2048, 2048, *heads, d, dtype, causal=causal, return_lse=return_lse,
+                            window=window, softcap=softcap, varlen=varlen)
+
+
+# (problem, knobs over the heuristic default: None keeps the default)
+CASES = {
+    "d128-fp16-causal": (_problem(128, "fp16", True), None),
+    "d128-bf16-full": (_problem(128, "bf16", False), None),
+    "d64-fp16-full-no-lse": (_problem(64, "fp16", False, return_lse=False), None),
+    "d64-bf16-causal": (_problem(64, "bf16", True), None),
+    "d128-bf16-causal-window-softcap": (_problem(128, "bf16", True, (255, 0), 30.0), None),
+    "d64-fp16-two-sided-window": (_problem(64, "fp16", False, (64, 32)), None),
+    "d256-bf16-causal": (_problem(256, "bf16", True, heads=(8, 8)), None),
+    "d128-fp16-causal-ss-no-overlap": (_problem(128, "fp16", True),
+                                       dict(softmax_overlap=False, pv_operand="ss", tile_m=128, tile_n=128)),
+    "d128-fp16-full-single-3-stages": (_problem(128, "fp16", False),
+                                       dict(scheduler="single", q_stages=1, kv_stages=3, tile_m=128, tile_n=64)),
+    "d128-bf16-causal-lpt": (_problem(128, "bf16", True), dict(scheduler="lpt", q_stages=2, tile_m=128,
+                                                               tile_n=128)),
+    "d64-fp16-full-static-192x128": (_problem(64, "fp16", False), dict(scheduler="static", q_stages=2,
+                                                                       tile_m=192, tile_n=128)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_varlen_compiles_clean(name):
+    problem, knobs = CASES[name]
+    cfg = default_config("sm90", problem)
+    if knobs:
+        cfg = cfg.replace(**knobs)
+    assert feasible(cfg, problem) == [], cfg.label()
+    report = sm90.compile_report(cfg, problem)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg.label(), report["registers"])
+    assert not report["wgmma_serialized"], cfg.label()
+    assert report["smem_bytes"] == sm90.resources(cfg, problem)["smem_bytes"]
+    assert all(report["ptx_markers"].values()), report["ptx_markers"]
+
+
+def test_the_defaults_neither_pack_nor_launch_in_m_order():
+    for problem, _ in CASES.values():
+        cfg = default_config("sm90", problem)
+        assert not cfg.pack_gqa and cfg.scheduler != "single", (problem.label(), cfg.label())
+
+
+def test_what_varlen_cannot_run_is_refused_with_a_reason():
+    problem = _problem(128, "fp16", True)
+    packed = default_config("sm90", problem).replace(pack_gqa=True)
+    assert any("pack_gqa under varlen" in r for r in feasible(packed, problem))
+    assert VARLEN_HEAD_DIMS == (64, 128, 256)
+    for d in (96, 192):
+        assert any("varlen at head dim" in r for r in sm90.can_implement(_problem(d, "fp16", True)))
+    sm100_config = default_config("sm100", _problem(128, "fp16", True, varlen=False))
+    assert any("no variable-length" in r for r in feasible(sm100_config, _problem(128, "fp16", True)))
+
+
+def test_varlen_is_its_own_kernel_and_a_dense_problem_is_unchanged():
+    dense, packed = _problem(128, "fp16", True, varlen=False), _problem(128, "fp16", True)
+    cfg = default_config("sm90", dense).replace(pack_gqa=False)
+    assert compile_key(cfg, dense) != compile_key(cfg, packed)
+    assert "varlen" not in repr(dense) and "varlen" not in dense.to_dict() and "varlen" not in dense.label()
+    assert packed.to_dict()["varlen"] is True and packed.label().endswith("varlen")
+    assert AttentionProblem(**packed.to_dict()) == packed
+    assert sm90.make_kernel(cfg, packed, sm90.REFERENCE_DEVICE).varlen
+    assert not sm90.make_kernel(cfg, dense, sm90.REFERENCE_DEVICE).varlen
+    assert Config.from_dict("sm90", cfg.to_dict()) == cfg
