@@ -1,0 +1,132 @@
+"""`fa4tune search --backward` on CPU: the real kernel API (the sm90_bwd knob set, its feasibility model,
+default and fingerprint) with the fake evaluator of tests/test_search_fakes.py in real worker processes;
+the database's backward entries beside forward ones."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+import test_search_fakes as fakes
+from fa4 import kernels
+from fa4.database import BestConfigDB, Entry, entry_key, record
+from fa4.kernels import AttentionProblem, Config
+from fa4tune.progress import Progress
+from fa4tune.searches.runner import SearchSettings, run_search
+from fa4tune.searches.storage import open_storage
+from fa4tune.searches.trial_loop import peers_backward
+from fa4tune.workers.worker import INJECT_ENV
+
+PROBLEM = AttentionProblem(2, 1024, 1024, 16, 4, 128, "bf16", causal=True)
+QUIET = Progress(quiet=True)
+
+
+def settings(tmp_path, **kw) -> SearchSettings:
+    base = dict(trials=200, sampler="grid", processes=2, storage=str(tmp_path / "studies.journal"),
+                db_path=str(tmp_path / "db.json"), evaluator="test_search_fakes:FakeBackwardEvaluator",
+                kernel_api="fa4.kernels", trial_timeout_s=3, seed=1, peers=("sdpa_cudnn", "flash_attn_4"),
+                retime_rounds=0)
+    base.update(kw)
+    return SearchSettings(**base)
+
+
+def test_kernel_api_answers_for_the_backward_knob_set():
+    default = kernels.default_config("sm90_bwd", PROBLEM)
+    assert default == Config.make("sm90_bwd") and kernels.feasible(default, PROBLEM) == []
+    assert kernels.feasible(default.replace(sdp_swap=True, tile_n=64), PROBLEM)   # the model's own rule
+    assert kernels.compile_key(default, PROBLEM)[0] == "sm90_bwd"
+    assert kernels.arch_of("sm90_bwd") == "sm90" and kernels.arch_of("sm100") == "sm100"
+    assert kernels.backward_knob_set("sm90") == "sm90_bwd"
+    with pytest.raises(ValueError, match="no backward kernel of ours runs on sm100"):
+        kernels.backward_knob_set("sm100")
+    # the backward's fingerprint is its own: an edit of its folder leaves the forward's tunings current
+    assert kernels.source_fingerprint("sm90_bwd") not in (kernels.source_fingerprint("sm90"),
+                                                            kernels.source_fingerprint("sm100"))
+
+
+def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_path, monkeypatch):
+    # one configuration faults, one hangs (killed after the trial timeout); the search goes on
+    monkeypatch.setenv(INJECT_ENV, "fault@tile_m=64,tile_n=128,q_stages=2,dq_accum=bulk,sdp_swap=False,"
+                                   "scheduler=single,pds_stages=1;"
+                                   "timeout@tile_m=64,tile_n=64,q_stages=2,dq_accum=atomic,sdp_swap=False,"
+                                   "scheduler=single,pds_stages=1")
+    [summary] = run_search("sm90_bwd", [PROBLEM], settings(tmp_path), QUIET)
+    study = optuna.load_study(study_name=summary["study"], storage=open_storage(tmp_path / "studies.journal"))
+    assert summary["study"].startswith("sm90_bwd-") and study.user_attrs["arch"] == "sm90_bwd"
+    outcomes, configs = {}, {}
+    for t in study.trials:
+        if "repeat_of" not in t.user_attrs:
+            config = Config.from_dict("sm90_bwd", t.params)
+            outcomes[config.label()], configs[config.label()] = t.user_attrs["outcome"], config
+    assert len(outcomes) == 128   # the whole space: every configuration judged, run or refused
+    for label, outcome in outcomes.items():   # every refusal is the feasibility model's, and only those
+        assert (outcome == "infeasible") == bool(kernels.feasible(configs[label], PROBLEM)), label
+    fault = "tile_m=64 tile_n=128 q_stages=2 dq_accum=bulk sdp_swap=off scheduler=single pds_stages=1"
+    hang = "tile_m=64 tile_n=64 q_stages=2 dq_accum=atomic sdp_swap=off scheduler=single pds_stages=1"
+    assert outcomes[fault] == "fault" and outcomes[hang] == "timeout"
+    assert "SIGSEGV" in next(t for t in study.trials if configs.get(Config.from_dict(
+        "sm90_bwd", t.params).label()) and Config.from_dict("sm90_bwd", t.params).label() == fault).user_attrs["error"]
+    compile_failures = [label for label, outcome in outcomes.items()
+                        if "tile_m=128" in label and "q_stages=1" in label and outcome != "infeasible"]
+    assert compile_failures and all(outcomes[label] == "compile_error" for label in compile_failures)
+    # the peers' backward alone, from the training task
+    assert study.user_attrs["peers"]["sdpa_cudnn"]["us"] == 60.0
+    assert "error" in study.user_attrs["peers"]["flash_attn_4"]
+    best = summary["best"]
+    assert best["config"]["sdp_swap"] is True and best["config"]["dq_accum"] == "bulk"
+    assert best["us"] == min(fakes.fake_bwd_us(Config.from_dict("sm90_bwd", t.params).to_dict(), True)
+                             for t in study.trials if t.user_attrs.get("outcome") == "ok")
+    assert summary["default_us"] == fakes.fake_bwd_us(Config.make("sm90_bwd").to_dict(), True)
+
+    db = BestConfigDB.load(tmp_path / "db.json")
+    [entry] = db.entries
+    assert entry.key == entry_key("sm90_bwd", "Fake H200", PROBLEM) and entry.key.startswith("sm90_bwd|")
+    assert entry.config == best["config"] and entry.us == best["us"]
+    assert entry.backend_us == {"ours": best["us"], "sdpa_cudnn": 60.0}
+    assert entry.kernel_fingerprint == kernels.kernel_fingerprint("sm90_bwd")
+    # a forward lookup never sees it; a backward lookup does
+    assert db.lookup("sm90", "Fake H200", PROBLEM).kind == "default"
+    assert db.lookup("sm90_bwd", "Fake H200", PROBLEM).entry == entry
+
+
+def _entry(arch: str, config: dict, us: float, problem=PROBLEM, fingerprint="fp") -> Entry:
+    return Entry.from_result(arch=arch, device="NVIDIA H200", problem=problem, config=config, us=us, tflops=1.0,
+                             default_us=us * 2, peers_us={"flash_attn_4": 50.0}, max_err=0.001,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=0)
+
+
+def test_forward_and_backward_entries_share_a_file_never_a_lookup(tmp_path):
+    path = tmp_path / "db.json"
+    forward = _entry("sm90", Config.make("sm90").to_dict(), 30.0)
+    backward = _entry("sm90_bwd", Config.make("sm90_bwd", sdp_swap=True).to_dict(), 40.0)
+    assert record(forward, path) and record(backward, path)
+    db = BestConfigDB.load(path)
+    assert {e.key for e in db.entries} == {forward.key, backward.key} and not db.skipped
+    assert forward.key.split("|", 1)[1] == backward.key.split("|", 1)[1]   # the same bucket, two passes
+    for arch, want in (("sm90", forward), ("sm90_bwd", backward)):
+        for problem in (PROBLEM, AttentionProblem(2, 2048, 2048, 16, 4, 128, "bf16", causal=True)):
+            found = db.lookup(arch, "NVIDIA H200", problem, "fp")
+            assert found.entry is not None and found.entry.arch == arch and found.entry.key == want.key
+    # stale by the backward's own fingerprint only
+    assert db.stale_entries({"sm90_bwd": "new"}) == [db.get(backward.key)]
+    assert sorted(e["arch"] for e in json.loads(path.read_text())["entries"]) == ["sm90", "sm90_bwd"]
+
+
+def test_a_backward_entry_with_a_forward_knob_is_skipped(tmp_path):
+    path = tmp_path / "db.json"
+    bad = _entry("sm90_bwd", Config.make("sm90_bwd").to_dict(), 40.0).to_dict()
+    bad["config"] = Config.make("sm90").to_dict()
+    path.write_text(json.dumps({"schema": 2, "entries": [bad]}))
+    db = BestConfigDB.load(path)
+    problems = db.unusable_entries()
+    assert any("configuration" in reason for reasons in problems.values() for reason in reasons)
+
+
+def test_peers_backward_reads_the_training_task():
+    got = peers_backward({"sdpa_cudnn": {"fwdbwd_us": 90.0, "bwd_us": 60.0, "validated": True},
+                          "sdpa_flash": {"error": "refused"}})
+    assert got == {"sdpa_cudnn": {"us": 60.0, "fwdbwd_us": 90.0, "validated": True},
+                   "sdpa_flash": {"error": "refused"}}
+    assert peers_backward(None) == {}
