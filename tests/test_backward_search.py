@@ -91,9 +91,9 @@ def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_pat
     assert db.lookup("sm90_bwd", "Fake H200", PROBLEM).entry == entry
 
 
-def _entry(arch: str, config: dict, us: float, problem=PROBLEM, fingerprint="fp") -> Entry:
+def _entry(arch: str, config: dict, us: float, problem=PROBLEM, fingerprint="fp", peer_us: float = 50.0) -> Entry:
     return Entry.from_result(arch=arch, device="NVIDIA H200", problem=problem, config=config, us=us, tflops=1.0,
-                             default_us=us * 2, peers_us={"flash_attn_4": 50.0}, max_err=0.001,
+                             default_us=us * 2, peers_us={"flash_attn_4": peer_us}, max_err=0.001,
                              kernel_fingerprint=fingerprint, versions={}, study="s", trial=0)
 
 
@@ -130,3 +130,99 @@ def test_peers_backward_reads_the_training_task():
     assert got == {"sdpa_cudnn": {"us": 60.0, "fwdbwd_us": 90.0, "validated": True},
                    "sdpa_flash": {"error": "refused"}}
     assert peers_backward(None) == {}
+
+
+# ---- the runtime: fa4.backward reads the backward entries ---------------------------------------
+
+class _Peer:
+    name, title = "flash_attn_4", "flash-attn-4"
+
+    @staticmethod
+    def backward_unsupported(q):
+        return None
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """fa4.backward as on an H200 with flash-attn-4's backward, reading a database of this test's."""
+    import fa4
+    from fa4 import backward
+
+    monkeypatch.delenv(backward.ENV_VAR, raising=False)
+    monkeypatch.setattr(backward, "peers_with_backward", lambda: (_Peer(),))
+    monkeypatch.setattr(backward, "ours_unsupported", lambda q, window=None, softcap=None: None)
+    monkeypatch.setattr(backward, "_device_name", lambda q: "NVIDIA H200")
+    path = tmp_path / "db.json"
+
+    def use(*entries):
+        path.unlink(missing_ok=True)
+        for entry in entries:
+            record(entry, path)
+        fa4.use_config_db(path)
+        return backward
+
+    yield use
+    fa4.use_config_db(None)
+
+
+def _inputs(seqlen: int):
+    import torch
+
+    q = torch.empty(2, seqlen, 16, 128, dtype=torch.bfloat16)
+    return q, torch.empty(2, seqlen, 4, 128, dtype=torch.bfloat16)
+
+
+def _timed(ours_us: float, peer_us: float, problem=PROBLEM, fingerprint=None, **knobs) -> Entry:
+    entry = _entry("sm90_bwd", Config.make("sm90_bwd", **knobs).to_dict(), ours_us, problem,
+                   fingerprint or kernels.kernel_fingerprint("sm90_bwd"), peer_us)
+    assert entry.backend_us == {"ours": ours_us, "flash_attn_4": peer_us}
+    return entry
+
+
+def test_runtime_runs_the_tuned_configuration_and_picks_ours_where_measured_faster(runtime):
+    backward = runtime(_timed(40.0, 50.0, sdp_swap=True, dq_accum="bulk"))
+    q, k = _inputs(1024)
+    config, source, entry = backward.tuned(q, k, True)
+    assert config == Config.make("sm90_bwd", sdp_swap=True, dq_accum="bulk") and source == "exact"
+    implementation, why = backward.choose(q, k=k, causal=True)
+    assert implementation == "ours"
+    assert f"configuration {config.label()}: tuned, exact entry {entry.key}" in why
+    assert "measured faster than flash-attn-4's backward there, 40 us against 50 us" in why
+    # a neighbour within the forward's distance rule lends its configuration and its verdict
+    q2, k2 = _inputs(2048)
+    assert backward.tuned(q2, k2, True)[:2] == (config, "nearest")
+    assert backward.choose(q2, k=k2, causal=True)[0] == "ours"
+    # the other mask has no entry: the default, and the peer
+    assert backward.tuned(q, k, False) == (Config.make("sm90_bwd"), "default", None)
+    assert backward.choose(q, k=k, causal=False)[0] == "flash_attn_4"
+    # without the shape (older callers) nothing is read: the peer, as before
+    assert backward.choose(q)[0] == "flash_attn_4"
+
+
+def test_runtime_keeps_the_peer_where_it_measured_faster_and_ignores_stale_entries(runtime):
+    backward = runtime(_timed(60.0, 50.0, sdp_swap=True))
+    q, k = _inputs(1024)
+    assert backward.tuned(q, k, True)[1] == "exact"   # ours runs it where ours is forced or the peer cannot
+    assert backward.choose(q, k=k, causal=True) == (
+        "flash_attn_4", "flash-attn-4's backward kernels (the fastest measured; $FA4_BACKWARD picks another)")
+    backward = runtime(_timed(40.0, 50.0, fingerprint="edited-since", sdp_swap=True))
+    assert backward.tuned(q, k, True) == (Config.make("sm90_bwd"), "default", None)
+    assert backward.choose(q, k=k, causal=True)[0] == "flash_attn_4"
+    # a forward entry of the same bucket is not a backward's
+    backward = runtime(_entry("sm90", Config.make("sm90").to_dict(), 10.0, PROBLEM, kernels.kernel_fingerprint("sm90")))
+    assert backward.tuned(q, k, True)[1] == "default"
+
+
+def test_explain_names_the_backward_configuration_and_why(runtime, monkeypatch):
+    import torch
+
+    import fa4
+
+    backward = runtime(_timed(40.0, 50.0, sdp_swap=True, dq_accum="bulk"))
+    q, k = _inputs(1024)
+    text = str(fa4.explain(q, k, torch.empty_like(k), causal=True))
+    line = next(line for line in text.splitlines() if "backward (inputs that require grad)" in line)
+    assert "ours (our sm90 backward kernels, configuration tile_m=64 tile_n=128" in line
+    assert "sdp_swap=on" in line and "tuned, exact entry sm90_bwd|NVIDIA H200|" in line and "40 us against 50 us" in line
+    monkeypatch.setenv(backward.ENV_VAR, "ours")
+    assert backward.choose(q, k=k, causal=True)[1].startswith("$FA4_BACKWARD=ours; configuration tile_m=64")
