@@ -555,7 +555,7 @@ def best(fmt, db_path):
     cannot be read or an entry fails the check (each named on stderr; the rest is listed)."""
     from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
-    from fa4.kernels import AttentionProblem
+    from fa4.kernels import BACKWARD_KERNELS, AttentionProblem
     from fa4tune import environment
 
     if db_path is not None:
@@ -592,11 +592,13 @@ def best(fmt, db_path):
             layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
             fastest = " / ".join(backends.title(d["fastest_backend"][m]) for m in dispatch.MODES
                                  if m in d["fastest_backend"]) or None
-            rows.append([AttentionProblem(**d["problem"]).label(), layer, _label(d["arch"], d["config"]),
+            # a backward entry (`search --backward`) beside its forward one: the same problem, another pass
+            rows.append([AttentionProblem(**d["problem"]).label(), "backward" if d["arch"] in BACKWARD_KERNELS
+                         else "forward", layer, _label(d["arch"], d["config"]),
                          _fmt(d["us"]), versus, fastest,
                          {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), d["date"][:10]])
         _table(f"best configurations ({len(rows)})",
-               ["problem", "layer", "config", "us", "ours ÷ fastest peer", "fastest eager / captured", "stale",
+               ["problem", "pass", "layer", "config", "us", "ours ÷ fastest peer", "fastest eager / captured", "stale",
                 "date"], rows)
     if db.errors or db.skipped:
         sys.exit(1)

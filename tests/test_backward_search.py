@@ -226,3 +226,45 @@ def test_explain_names_the_backward_configuration_and_why(runtime, monkeypatch):
     assert "sdp_swap=on" in line and "tuned, exact entry sm90_bwd|NVIDIA H200|" in line and "40 us against 50 us" in line
     monkeypatch.setenv(backward.ENV_VAR, "ours")
     assert backward.choose(q, k=k, causal=True)[1].startswith("$FA4_BACKWARD=ours; configuration tile_m=64")
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+def test_cli_search_backward_then_best_lists_both_passes(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from fa4tune import cli
+    from fa4tune.searches import runner as search_mod
+
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [{"index": 0, "name": "Fake H200", "cc": (9, 0)}])
+    real = search_mod.run_search
+    seen = []
+
+    def run_with_fakes(arch, problems, settings, progress=None, pool=None):
+        seen.append(arch)
+        settings = replace(settings, evaluator="test_search_fakes:FakeBackwardEvaluator", processes=2,
+                           peers=("sdpa_cudnn",))
+        return real(arch, problems, settings, progress, pool)
+
+    monkeypatch.setattr(search_mod, "run_search", run_with_fakes)
+    db = tmp_path / "db.json"
+    record(_entry("sm90", Config.make("sm90").to_dict(), 30.0, fingerprint=kernels.kernel_fingerprint("sm90")), db)
+    common = ["--batch", "2", "--heads", "16", "--gqa", "4", "--seqlen", "1024", "--dtype", "bf16", "--causal",
+              "--storage", str(tmp_path / "studies.journal"), "--db", str(db)]
+    run = CliRunner().invoke(cli.main, ["search", "--backward", "--trials", "6", "--retime", "0", "--format", "json",
+                                        *common], env={"COLUMNS": "240"}, catch_exceptions=False)
+    assert run.exit_code == 0, run.stderr
+    [summary] = json.loads(run.stdout)
+    assert seen == ["sm90_bwd"] and summary["arch"] == "sm90_bwd" and summary["peers"]["sdpa_cudnn"]["us"] == 60.0
+    listed = CliRunner().invoke(cli.main, ["best", "--db", str(db)], env={"COLUMNS": "240"}).stdout
+    rows = [line for line in listed.splitlines() if "b2-" in line or "1024" in line]
+    assert "best configurations (2)" in listed
+    assert any("backward" in r and "sdp_swap" in r for r in rows) and any("forward" in r for r in rows)
+    as_json = json.loads(CliRunner().invoke(cli.main, ["best", "--db", str(db), "--format", "json"]).stdout)
+    assert sorted(d["arch"] for d in as_json) == ["sm90", "sm90_bwd"] and not any(d["stale"] for d in as_json)
+    refused = CliRunner().invoke(cli.main, ["search", "--backward", "--compile-only", "--causal"])
+    assert refused.exit_code == 2 and "--backward needs a GPU" in refused.output
+    sm100 = CliRunner().invoke(cli.main, ["search", "--backward", "--arch", "sm100", *common])
+    assert sm100.exit_code == 1 and "no backward kernel of ours runs on sm100" in sm100.output
