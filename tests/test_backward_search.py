@@ -268,3 +268,26 @@ def test_cli_search_backward_then_best_lists_both_passes(tmp_path, monkeypatch):
     assert refused.exit_code == 2 and "--backward needs a GPU" in refused.output
     sm100 = CliRunner().invoke(cli.main, ["search", "--backward", "--arch", "sm100", *common])
     assert sm100.exit_code == 1 and "no backward kernel of ours runs on sm100" in sm100.output
+
+
+def test_report_shows_backward_studies_beside_forward_ones(tmp_path):
+    from fa4tune.report import data as rd
+    from fa4tune.report import draw as report_draw
+
+    common = dict(processes=2, storage=str(tmp_path / "studies.journal"), db_path=str(tmp_path / "best_configs.json"),
+                  seed=1, retime_rounds=0, peers=("sdpa_cudnn",))
+    run_search("sm90", [PROBLEM], SearchSettings(trials=4, kernel_api="test_search_fakes",
+                                                  evaluator="test_search_fakes:FakeEvaluator", **common), QUIET)
+    run_search("sm90_bwd", [PROBLEM], SearchSettings(trials=4, kernel_api="fa4.kernels",
+                                                      evaluator="test_search_fakes:FakeBackwardEvaluator", **common),
+               QUIET)
+    data = rd.collect(tmp_path)
+    by_arch = {s.arch: s for s in data.studies}
+    assert set(by_arch) == {"sm90", "sm90_bwd"}
+    assert by_arch["sm90_bwd"].fingerprint_state == "current"   # the backward's own fingerprint
+    assert by_arch["sm90_bwd"].knob_names == [k.name for k in kernels.knobs_for("sm90_bwd")
+                                               if k.name in by_arch["sm90_bwd"].knob_names]
+    rows = {r.arch: r for r in data.shape_rows}
+    assert set(rows) == {"sm90", "sm90_bwd"} and rows["sm90_bwd"].impls["sdpa_cudnn"]["us"] == 60.0
+    html, _ = report_draw.render_html(data)
+    assert "sm90_bwd" in html
