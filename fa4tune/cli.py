@@ -621,7 +621,7 @@ def db_merge(inputs, out_path):
     entries compete like the inputs' (and win ties). The target is read, merged and written in one
     locked step, so a search recording into it meanwhile loses nothing. Prints what it kept."""
     from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases, update
-    from fa4.kernels import ARCHS
+    from fa4.kernels import KNOB_SETS
     from fa4tune import environment
 
     target = out_path or str(default_path())
@@ -629,7 +629,7 @@ def db_merge(inputs, out_path):
     if missing:
         raise click.ClickException(f"no such database: {', '.join(missing)}")
     fingerprints = {}
-    for arch in ARCHS:
+    for arch in KNOB_SETS:   # the backward knob sets' entries are judged by their own fingerprint too
         fp = environment.kernel_fingerprint(arch)
         fingerprints[arch] = None if fp.startswith("unavailable") else fp
 

@@ -52,7 +52,8 @@ def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_pat
                                    "scheduler=single,pds_stages=1;"
                                    "timeout@tile_m=64,tile_n=64,q_stages=2,dq_accum=atomic,sdp_swap=False,"
                                    "scheduler=single,pds_stages=1")
-    [summary] = run_search("sm90_bwd", [PROBLEM], settings(tmp_path), QUIET)
+    [summary] = run_search("sm90_bwd", [PROBLEM], settings(tmp_path, retime_rounds=1), QUIET)
+    assert summary["retime"]["winner_us"] == summary["best"]["us"]   # the finalists re-timed as backward trials
     study = optuna.load_study(study_name=summary["study"], storage=open_storage(tmp_path / "studies.journal"))
     assert summary["study"].startswith("sm90_bwd-") and study.user_attrs["arch"] == "sm90_bwd"
     outcomes, configs = {}, {}
@@ -264,6 +265,19 @@ def test_cli_search_backward_then_best_lists_both_passes(tmp_path, monkeypatch):
     assert any("backward" in r and "sdp_swap" in r for r in rows) and any("forward" in r for r in rows)
     as_json = json.loads(CliRunner().invoke(cli.main, ["best", "--db", str(db), "--format", "json"]).stdout)
     assert sorted(d["arch"] for d in as_json) == ["sm90", "sm90_bwd"] and not any(d["stale"] for d in as_json)
+    table = CliRunner().invoke(cli.main, ["search", "--backward", "--trials", "6", "--retime", "0", *common],
+                               env={"COLUMNS": "240"}, catch_exceptions=False).stdout   # resumes: nothing new
+    assert f"{summary['study']}: best trial {summary['best']['trial']}: tile_m=" in table
+    # db merge judges backward entries by the backward's fingerprint: a current one beats a faster stale one
+    stale = tmp_path / "stale.json"
+    faster = _entry("sm90_bwd", Config.make("sm90_bwd").to_dict(), 1.0, fingerprint="edited-since")
+    faster = Entry.from_dict({**faster.to_dict(), "device": "Fake H200",
+                              "key": faster.key.replace("NVIDIA H200", "Fake H200")})
+    record(faster, stale)
+    merged = CliRunner().invoke(cli.main, ["db", "merge", str(stale), "-o", str(db)])
+    assert merged.exit_code == 0, merged.output
+    kept = BestConfigDB.load(db).get(faster.key)
+    assert kept.us == summary["best"]["us"] and kept.kernel_fingerprint == kernels.kernel_fingerprint("sm90_bwd")
     refused = CliRunner().invoke(cli.main, ["search", "--backward", "--compile-only", "--causal"])
     assert refused.exit_code == 2 and "--backward needs a GPU" in refused.output
     sm100 = CliRunner().invoke(cli.main, ["search", "--backward", "--arch", "sm100", *common])
