@@ -111,9 +111,9 @@ def tuned(q: torch.Tensor, k: torch.Tensor, causal: bool):
     within the forward's distance rule, current by the backward's kernel fingerprint, feasible here),
     else the default (`sm90_bwd.default_config`; source "default", entry None)."""
     from fa4 import kernels, planning, state
-    from fa4.kernels import BACKWARD_KERNELS, Config, backward_kernel
+    from fa4.kernels import Config, backward_kernel
 
-    knob_set = BACKWARD_KERNELS[0]
+    knob_set = kernels.backward_knob_set("sm90")   # ours runs on sm90 only (`ours_unsupported`)
     problem = problem_of(q, k, causal)
     device_name = _device_name(q)
     db = state.database()
@@ -134,7 +134,8 @@ def tuned(q: torch.Tensor, k: torch.Tensor, causal: bool):
     if found is not None and found.entry is not None and found.kind in ("exact", "nearest"):
         try:
             config = Config.from_dict(knob_set, found.entry.config)
-            why_not = kernels.feasible(config, problem)
+            device = state.device_description(q.device) if q.is_cuda else None   # None: the H200
+            why_not = kernels.feasible(config, problem, device)
         except (ValueError, KeyError, TypeError) as exc:   # knobs renamed since the tuning
             why_not = [str(exc)]
         if not why_not:
