@@ -60,6 +60,9 @@ SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py", "exp2_fit.
 # Besides our sources, the DSL decides the generated code: its MLIR passes and the ptxas it bundles
 # (the distributions `nvidia-cutlass-dsl` pins, one per CUDA major). Read from the installed
 # packages' metadata: importing the DSL takes seconds.
+# files of other folders a backward kernel's code is built from (tests/test_backward_search.py checks
+# that every module it imports from a family folder is named here)
+BACKWARD_BORROWED_FILES = {"sm90_bwd": ("../sm90/layouts.py",)}
 TOOLCHAIN_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
                            "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
 
@@ -155,7 +158,7 @@ def source_fingerprint(arch: str) -> str:
     toolchain's part is `kernel_fingerprint`'s)."""
     fam_dir = _HERE / arch
     if arch in BACKWARD_KERNELS:   # a backward kernel's folder holds only what decides its code
-        own = sorted(p.name for p in fam_dir.glob("*.py"))
+        own = sorted(p.name for p in fam_dir.glob("*.py")) + list(BACKWARD_BORROWED_FILES.get(arch, ()))
     else:
         own = sorted(family(arch).SOURCE_FILES)
     paths = [_HERE / p for p in SHARED_SOURCE_FILES] + [fam_dir / p for p in own]

@@ -46,6 +46,23 @@ def test_kernel_api_answers_for_the_backward_knob_set():
                                                             kernels.source_fingerprint("sm100"))
 
 
+def test_the_backward_fingerprint_covers_what_its_kernel_borrows(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    folder = Path(kernels.__file__).parent / "sm90_bwd"
+    borrowed = {f"../{family}/{module.strip()}.py"
+                for path in folder.glob("*.py")
+                for family, modules in re.findall(r"from \.\.(sm\d+\w*) import ([\w, ]+)", path.read_text())
+                for module in re.sub(r" as \w+", "", modules).split(",")}
+    assert borrowed and borrowed <= set(kernels.BACKWARD_BORROWED_FILES["sm90_bwd"])
+    # an edit of a borrowed file changes the backward's fingerprint
+    before = kernels.source_fingerprint("sm90_bwd")
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real_read(self) + (b"#" if self.name == "layouts.py" else b""))
+    assert kernels.source_fingerprint("sm90_bwd") != before
+
+
 def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_path, monkeypatch):
     # one configuration faults, one hangs (killed after the trial timeout); the search goes on
     monkeypatch.setenv(INJECT_ENV, "fault@tile_m=64,tile_n=128,q_stages=2,dq_accum=bulk,sdp_swap=False,"
