@@ -10,9 +10,12 @@
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
+#   bash benchmarks/h200_training.sh bwd-search   # fa4tune search --backward on two grid shapes (ours and
+#                                                 # the peers' backward alone), the entries listed; then
+#                                                 # the tiny GPU test of the backward search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|grid|extras|features|features-bench|bwd-configs|bwd-tests}
+STEP=${1:?usage: h200_training.sh tests|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -59,8 +62,22 @@ case "$STEP" in
         | quiet > "$OUT/tests_sm90_bwd.txt"
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
+  bwd-search)
+    # two of benchmarks/h200_grid.toml's shapes, 24 configurations each (of the 128 of
+    # search_spaces/sm90_bwd.toml; the model refuses about half of them per head dim)
+    for shape in "--batch 1 --seqlen 4096 --causal" "--batch 16 --seqlen 1024 --no-causal"; do
+      timeout 240 python3 -m fa4tune.cli search --backward $shape --heads 32 --heads-kv 8 --head-dim 128 \
+          --dtype fp16 --trials 24 --timeout 180 --storage "$OUT/bwd_studies.journal" --db "$OUT/bwd_best.json" \
+          --format json >> "$OUT/bwd_search.json" 2> >(quiet >> "$OUT/bwd_search.log")
+      tail -n 6 "$OUT/bwd_search.log"
+    done
+    python3 -m fa4tune.cli best --db "$OUT/bwd_best.json" | tee "$OUT/bwd_best.txt"
+    timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_backward_search_gpu.py -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_bwd_search.txt"
+    tail -n 8 "$OUT/tests_bwd_search.txt"
+    ;;
   *)
-    echo "unknown step $STEP (tests|grid|extras|features|features-bench|bwd-configs|bwd-tests)" >&2
+    echo "unknown step $STEP (tests|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search)" >&2
     exit 2
     ;;
 esac

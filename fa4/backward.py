@@ -12,11 +12,15 @@
   at once, the keys each block sees, fp32 throughout, no O(S^2) buffer (a block's scores take at
   most `BLOCK_BYTES`). Slower than a kernel; the backward that always runs.
 - "ours": our sm90 backward kernels (`fa4.kernels.sm90_bwd`: preprocess, main, postprocess; the
-  tile algorithm of `fa4.kernels.backward_emulation`). They pass their GPU tests on the H200 but take
-  2.0-2.4x flash-attn-4's backward time there (`benchmarks/backward_impls.py`), so "auto" picks them
-  only where no peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any
-  name of `implementations()`. A gradient through a returned LSE goes to the next implementation
-  (ours has no dLSE term yet).
+  tile algorithm of `fa4.kernels.backward_emulation`), in the configuration `fa4tune search --backward`
+  recorded for the shape (`tuned`: the database's entry of the knob set "sm90_bwd", exact bucket, else
+  the nearest within the forward's distance rule, `fa4.database.BestConfigDB.lookup`), else
+  `sm90_bwd.default_config`. Untuned, they take 2.0-2.4x flash-attn-4's backward time on the H200
+  (`benchmarks/backward_impls.py`), so "auto" picks them over a peer's backward only where that entry
+  measured ours faster than the peer (its `backend_us`, timed in one search run), else only where no
+  peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any name of
+  `implementations()`. A gradient through a returned LSE goes to the next implementation (ours has
+  no dLSE term yet).
 
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
 causal masks and sliding windows; a row that sees no key has LSE -inf and gets zero gradients):
@@ -68,13 +72,94 @@ def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = No
     return None
 
 
-def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None) -> tuple[str, str]:
+def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: Optional[torch.Tensor] = None,
+           causal: Optional[bool] = None) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
-    the first peer's backward that can take it, else ours, else the blockwise one."""
+    ours where a tuned entry measured it faster than the first peer's backward that can take it, else
+    that peer's, else ours, else the blockwise one. Without `k` and `causal` no entry is read. Where
+    ours is chosen, the why names its configuration and where it came from (`tuned`)."""
     forced = _forced()
     if forced is not None:
-        return forced, f"${ENV_VAR}={forced}"
-    return _automatic(q, window=window, softcap=softcap)
+        why = f"${ENV_VAR}={forced}"
+        if forced == OURS and k is not None and causal is not None and ours_unsupported(q, window, softcap) is None:
+            why += "; " + describe_config(*tuned(q, k, causal))
+        return forced, why
+    return _automatic(q, window=window, softcap=softcap, k=k, causal=causal)
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool):
+    """The `AttentionProblem` of a backward's inputs (B, S, H, D) (fp16/bf16; what our kernels take)."""
+    from fa4.kernels import AttentionProblem
+
+    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
+    return AttentionProblem(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
+                            heads_kv=k.shape[2], head_dim=q.shape[-1], dtype=dtype, causal=causal)
+
+
+def _device_name(q: torch.Tensor) -> str:
+    return torch.cuda.get_device_name(q.device)
+
+
+# tuned(...) per (device, problem) of the database object in use (`fa4.state.database`; another
+# object, after `fa4.use_config_db`, starts afresh): a lookup walks the entries, a backward runs per step
+_TUNED: dict = {"db": None, "found": {}}
+
+
+def tuned(q: torch.Tensor, k: torch.Tensor, causal: bool):
+    """(config, source, entry) of our backward for these inputs (we can run them: `ours_unsupported`):
+    the database's entry of the knob set "sm90_bwd" for this device and shape ("exact" or "nearest"
+    within the forward's distance rule, current by the backward's kernel fingerprint, feasible here),
+    else the default (`sm90_bwd.default_config`; source "default", entry None)."""
+    from fa4 import kernels, planning, state
+    from fa4.kernels import Config, backward_kernel
+
+    knob_set = kernels.backward_knob_set("sm90")   # ours runs on sm90 only (`ours_unsupported`)
+    problem = problem_of(q, k, causal)
+    device_name = _device_name(q)
+    db = state.database()
+    if _TUNED["db"] is not db:
+        _TUNED.update(db=db, found={})
+    key = (device_name, problem)
+    if key in _TUNED["found"]:
+        return _TUNED["found"][key]
+    found = None
+    if db is not None:
+        try:
+            found = db.lookup(knob_set, device_name, problem, state.fingerprint(knob_set),
+                              max_distance=planning._max_distance(), broken=state.STATE.db_broken)
+        except Exception as exc:  # a malformed entry must not break a training step
+            warn_once("bwd-db-lookup", f"fa4: backward database lookup failed ({type(exc).__name__}: {exc}); "
+                                       "our backward runs its default configuration")
+    result = (backward_kernel(knob_set).default_config(problem), "default", None)
+    if found is not None and found.entry is not None and found.kind in ("exact", "nearest"):
+        try:
+            config = Config.from_dict(knob_set, found.entry.config)
+            device = state.device_description(q.device) if q.is_cuda else None   # None: the H200
+            why_not = kernels.feasible(config, problem, device)
+        except (ValueError, KeyError, TypeError) as exc:   # knobs renamed since the tuning
+            why_not = [str(exc)]
+        if not why_not:
+            result = (config, found.kind, found.entry)
+    _TUNED["found"][key] = result
+    return result
+
+
+def describe_config(config, source: str, entry) -> str:
+    """The configuration ours runs and why, for `fa4.explain`'s backward line."""
+    if entry is None:
+        return f"configuration {config.label()}: the default (no tuned backward entry for this shape)"
+    return f"configuration {config.label()}: tuned, {source} entry {entry.key}, {entry.us:g} us"
+
+
+def _measured_faster(entry, peer) -> Optional[str]:
+    """Why ours runs instead of `peer` (the entry's search timed ours faster), or None."""
+    if entry is None:
+        return None
+    ours_us = entry.backend_us.get(OURS, entry.us)
+    peer_us = entry.backend_us.get(peer.name)
+    if peer_us is None or not ours_us < peer_us:
+        return None
+    return f"measured faster than {peer.title}'s backward there, {ours_us:g} us against {peer_us:g} us"
 
 
 def _forced() -> Optional[str]:
@@ -89,19 +174,26 @@ def _forced() -> Optional[str]:
     return forced
 
 
-def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Optional[float] = None
-               ) -> tuple[str, str]:
-    """`auto`'s choice: the first peer's backward that can take these inputs (the fastest measured),
-    else ours (`with_ours`: the gradient has no dLSE term), else the blockwise one."""
+def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Optional[float] = None, *,
+               k: Optional[torch.Tensor] = None, causal: Optional[bool] = None) -> tuple[str, str]:
+    """`auto`'s choice: ours where its tuned entry measured it faster than the first peer's backward
+    that can take these inputs, else that peer's, else ours (`with_ours`: the gradient has no dLSE
+    term), else the blockwise one."""
+    ours_why_not = ours_unsupported(q, window, softcap) if with_ours else "ours has no term for a gradient through the LSE"
+    ours = tuned(q, k, causal) if ours_why_not is None and k is not None and causal is not None else None
     why_not = []
     for peer in peers_with_backward():
         reason = peer.backward_unsupported(q)
         if reason is None:
+            faster = _measured_faster(ours[2], peer) if ours is not None else None
+            if faster:
+                return OURS, f"our sm90 backward kernels, {describe_config(*ours)}: {faster}"
             return peer.name, f"{peer.title}'s backward kernels (the fastest measured; ${ENV_VAR} picks another)"
         why_not.append(reason)
-    reason = ours_unsupported(q, window, softcap) if with_ours else "ours has no term for a gradient through the LSE"
+    reason = ours_why_not
     if reason is None:
-        return OURS, "our sm90 backward kernels (" + ("; ".join(why_not) or "no peer backward is registered") + ")"
+        config = "; " + describe_config(*ours) if ours is not None else ""
+        return OURS, "our sm90 backward kernels (" + ("; ".join(why_not) or "no peer backward is registered") + config + ")"
     why_not.append(reason)
     return BLOCKWISE, "; ".join(why_not) or "no peer backward is registered"
 
@@ -116,7 +208,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     forced = implementation != "auto" or _forced() is not None
     mask = {"window": window, "softcap": softcap}
     if implementation == "auto":
-        implementation, _ = choose(q, **mask)
+        implementation, _ = choose(q, **mask, k=k, causal=causal)
     if implementation == BLOCKWISE:
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     if implementation == OURS:
@@ -142,26 +234,22 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
 
 
-# compiled backward kernels by (dtype, head dim, causal, device index): one compile serves every
-# batch, length and head count, and the default configuration depends on nothing else
-# (`sm90_bwd.default_config`)
+# compiled backward kernels by (dtype, head dim, causal, device index, configuration): one compile
+# serves every batch, length and head count (`sm90_bwd.compile_key`)
 _COMPILED: dict = {}
 
 
 def ours_backward(dout, q, k, v, out, lse, causal, scale):
-    """Our sm90 backward kernels, in their default configuration, on the saved tensors (compiled on
+    """Our sm90 backward kernels on the saved tensors, in the configuration `tuned` picks (compiled on
     first use of a kind)."""
-    from fa4.kernels import AttentionProblem, device_from_torch, sm90_bwd
+    from fa4.kernels import device_from_torch, sm90_bwd
 
-    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
-    key = (dtype, q.shape[-1], causal, q.device.index)
+    config, _, _ = tuned(q, k, causal)
+    key = (q.dtype, q.shape[-1], causal, q.device.index, config)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        problem = AttentionProblem(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
-                                   heads_kv=k.shape[2], head_dim=q.shape[-1], dtype=dtype, causal=causal)
-        config = sm90_bwd.default_config(problem)
         with torch.cuda.device(q.device):
-            compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem,
+            compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem_of(q, k, causal),
                                                                   device_from_torch(q.device.index))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale)

@@ -32,7 +32,12 @@ One entry (every field is written; `key` is derived and checked on load):
     key                 "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"; the mask part
                         (`mask_key`) of a problem with a sliding window or softcap adds them:
                         "causal-wl4096-softcap" (a window side: next power of two of its width)
-    arch                "sm90" | "sm100"
+    arch                the knob set tuned: a forward family, "sm90" | "sm100", or our backward kernel,
+                        "sm90_bwd" (`fa4tune search --backward`). So a backward entry has a key of its own
+                        beside the forward's ("sm90_bwd|NVIDIA H200|..."), and a lookup of one knob set
+                        never returns another's. In a backward entry `us` and `default_us` are the
+                        backward alone (dQ, dK, dV from saved O and LSE), `backend_us` "ours" and
+                        the peers' backward alone, `max_err` the largest gradient error
     device              device name as torch reports it ("NVIDIA H200")
     dtype, head_dim, gqa_ratio, causal
     seqlen_q_bucket, seqlen_k_bucket   next power of two of the tuned sequence lengths
@@ -652,8 +657,8 @@ def entry_problems(entry: Entry, feasible: Optional[Any] = None) -> list[str]:
     another `feasible(config, problem)`, the harness's kernel API)."""
     from fa4 import kernels
 
-    if entry.arch not in kernels.ARCHS:
-        return [f"unknown architecture {entry.arch!r} (known: {', '.join(kernels.ARCHS)})"]
+    if entry.arch not in kernels.KNOB_SETS:
+        return [f"unknown architecture {entry.arch!r} (known: {', '.join(kernels.KNOB_SETS)})"]
     try:
         config = kernels.Config.from_dict(entry.arch, entry.config)
     except (ValueError, KeyError, TypeError) as exc:
@@ -735,7 +740,7 @@ def field_error(data: Mapping[str, Any]) -> Optional[str]:
     unknown = [name for name in data if name not in fields and name != "key"]
     if unknown:
         return f"unknown field(s): {', '.join(_show(n, 60, quote=False) for n in unknown)}"
-    checks = _field_checks(kernels.ARCHS, kernels.DTYPES)
+    checks = _field_checks(kernels.KNOB_SETS, kernels.DTYPES)
     for name, value in data.items():
         if name in checks and not checks[name][0](value):
             return f"{name} {_show(value)}: want {checks[name][1]}"

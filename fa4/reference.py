@@ -317,18 +317,32 @@ def check_grads(grads, q, k, v, dout, causal: bool, scale: Optional[float] = Non
                 atol: float = GRAD_ATOL, *, window=None, softcap: Optional[float] = None) -> list[str]:
     """flash-attn's rule for gradients: each of dQ, dK, dV within 2x the error of the same math in the
     inputs' precision (PyTorch, `plain_attention`) plus `atol`, both against fp32; [] when they pass."""
+    references = grad_references(q, k, v, dout, causal, scale, dlse, window=window, softcap=softcap)
+    return compare_grads(grads, references, q.dtype, atol)[0]
+
+
+def grad_references(q, k, v, dout, causal: bool, scale: Optional[float] = None, dlse=None, *,
+                    window=None, softcap: Optional[float] = None) -> tuple:
+    """(fp32 gradients, the inputs' precision's gradients) that `compare_grads` judges against: computed
+    once where many gradients of the same inputs are judged (a backward search)."""
     import torch
 
     scale = softmax_scale(q.shape[-1]) if scale is None else scale
     mask = {"window": window, "softcap": softcap}
-    reference = attention_grads(q, k, v, dout, causal, scale, torch.float32, dlse, **mask)
-    low_precision = attention_grads(q, k, v, dout, causal, scale, q.dtype, dlse, **mask)
-    failures = []
+    return (attention_grads(q, k, v, dout, causal, scale, torch.float32, dlse, **mask),
+            attention_grads(q, k, v, dout, causal, scale, q.dtype, dlse, **mask))
+
+
+def compare_grads(grads, references, dtype, atol: float = GRAD_ATOL) -> tuple[list[str], dict]:
+    """(failures, {"dQ", "dK", "dV": max |error| against fp32}) by `check_grads`' rule."""
+    reference, low_precision = references
+    failures, errors = [], {}
     for name, got, ref, low in zip(("dQ", "dK", "dV"), grads, reference, low_precision):
-        if got.shape != ref.shape or got.dtype != q.dtype:
-            failures.append(f"{name}: {got.dtype} {tuple(got.shape)}, expected {q.dtype} {tuple(ref.shape)}")
+        if got.shape != ref.shape or got.dtype != dtype:
+            failures.append(f"{name}: {got.dtype} {tuple(got.shape)}, expected {dtype} {tuple(ref.shape)}")
             continue
         err, low_err = (got.float() - ref).abs().max().item(), (low - ref).abs().max().item()
+        errors[name] = err
         if not err <= 2 * low_err + atol:
             failures.append(f"{name}: error {err:.3g} > 2 x {low_err:.3g} + {atol}")
-    return failures
+    return failures, errors

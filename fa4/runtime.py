@@ -548,7 +548,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     if assumed:
         plan.explanation.notes.insert(0, assumed)
     if isinstance(q, torch.Tensor):
-        plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap)
+        plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap,
+                                                     **({"k": k, "causal": causal} if isinstance(k, torch.Tensor) else {}))
     return plan.explanation
 
 
@@ -563,7 +564,8 @@ def _assumed_target(device_name: str | None) -> tuple[str, str, str]:
             return arch, name, (f"the inputs are on no GPU: explained for this machine's {name} ({arch}); "
                                 f"{how}")
     db = database()
-    tuned = sorted({(e.arch, e.device) for e in db.entries}) if db is not None else []
+    # forward families only: a backward knob set's entries ("sm90_bwd") name no architecture to explain for
+    tuned = sorted({(e.arch, e.device) for e in db.entries if e.arch in kernels.ARCHS}) if db is not None else []
     if device_name is not None:
         arch = next((a for a, d in tuned if d == device_name), tuned[0][0] if tuned else kernels.ARCHS[0])
         where = f"{arch} on {device_name}"

@@ -124,10 +124,12 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
                    study: Optional[str] = None, workers: int = 1, jobs: Optional[int] = None,
                    db: Optional[str] = None, record_db: bool = True, space: Optional[str] = None,
                    l2: str = "warm", peers: bool = True, warm_start: bool = True,
-                   retime_rounds: Optional[int] = None, progress=None) -> list[dict]:
+                   retime_rounds: Optional[int] = None, backward: bool = False, progress=None) -> list[dict]:
     """`fa4tune search` after option parsing: one study per problem on `gpus` (from `detect_gpus`);
     returns one summary dict per study (`fa4tune.searches.study.summarize`). `retime_rounds` None: the
-    search's default (`fa4tune.searches.retime.ROUNDS`)."""
+    search's default (`fa4tune.searches.retime.ROUNDS`). `backward`: search the architecture's backward
+    knob set (`fa4.kernels.backward_knob_set`): the same search, another knob set, its own studies and
+    database keys."""
     from fa4tune import paths
     from fa4tune.searches import runner as search_runner
     from fa4.backends import peer_names
@@ -140,6 +142,10 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
     if not gpus:
         raise NoGpuError(NO_GPU_SEARCH)
     arch = resolve_arch(arch, gpus, need_gpu=True)
+    if backward:
+        from fa4.kernels import backward_knob_set
+
+        arch = backward_knob_set(arch)   # ValueError where the architecture has no backward of ours
     progress.message(f"fa4tune search: arch {arch} (detected: {gpus[0]['name']}); {describe_problems(problems)}")
     load_space(arch, space)   # a bad space file fails here, before any worker starts
     if workers > len(gpus):
@@ -189,7 +195,7 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
            causal: Optional[bool] = None, quiet: bool = False, **options) -> "pandas.DataFrame":
     """Run (or resume) one study per problem, as `fa4tune search`; returns `search_frame`. Options are
     the command's, as keywords: arch, trials, sampler, seed, timeout, trial_timeout, compile_timeout,
-    storage, study, workers, jobs, db, record_db, space, l2, peers, warm_start, retime_rounds."""
+    storage, study, workers, jobs, db, record_db, space, l2, peers, warm_start, retime_rounds, backward."""
     from fa4tune.progress import Progress
 
     problems = problems_of(shapes, model=model, shapes_file=shapes_file, causal=causal)

@@ -465,10 +465,14 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
                    "each and record the lowest median (the search's single best is partly luck); 0: off")
 @click.option("--compile-only", is_flag=True,
               help="no GPU: `fa4tune compile-space` with --limit TRIALS (the same code path and exit status)")
+@click.option("--backward", is_flag=True, default=False,
+              help="search our backward kernel's knobs (knob set <arch>_bwd) instead of the forward's: each "
+                   "trial validated (dQ, dK, dV) and timed as the backward alone, the peers' backward "
+                   "timed beside it; entries recorded under their own keys")
 def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
            effort, trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
-           space_path, l2, peers, warm_start, retime_rounds, compile_only):
+           space_path, l2, peers, warm_start, retime_rounds, compile_only, backward):
     """Search kernel knobs per shape with optuna; validate, time, record the best."""
     from fa4tune.api import NoGpuError, run_search_set
     from fa4tune.inputs.space import SpaceError
@@ -477,6 +481,9 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     trials = trials or EFFORTS[effort or "default"]
     problems = (problems_from_set(shapes_file, model, mask)
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
+    if compile_only and backward:
+        # the backward's whole space is compile-checked by tests/test_sm90_bwd_compile.py
+        raise click.UsageError("--compile-only compiles forward spaces; --backward needs a GPU")
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
         _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
@@ -486,7 +493,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
             problems, gpus=detect_gpus(), arch=arch, trials=trials, sampler=sampler, seed=seed, timeout=timeout,
             trial_timeout=trial_timeout, compile_timeout=compile_timeout, storage=storage, study=study,
             workers=workers, jobs=jobs, db=db_path, record_db=not no_db, space=space_path, l2=l2, peers=peers,
-            warm_start=warm_start, retime_rounds=retime_rounds, progress=_verbosity().progress())
+            warm_start=warm_start, retime_rounds=retime_rounds, backward=backward, progress=_verbosity().progress())
     except NoGpuError as exc:
         click.echo(f"fa4tune search: {exc}", err=True)
         sys.exit(2)
@@ -548,7 +555,7 @@ def best(fmt, db_path):
     cannot be read or an entry fails the check (each named on stderr; the rest is listed)."""
     from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
-    from fa4.kernels import AttentionProblem
+    from fa4.kernels import BACKWARD_KERNELS, AttentionProblem
     from fa4tune import environment
 
     if db_path is not None:
@@ -585,11 +592,13 @@ def best(fmt, db_path):
             layer = d["layer"] + (f" (over {', '.join(d['shadows'])})" if d["shadows"] else "")
             fastest = " / ".join(backends.title(d["fastest_backend"][m]) for m in dispatch.MODES
                                  if m in d["fastest_backend"]) or None
-            rows.append([AttentionProblem(**d["problem"]).label(), layer, _label(d["arch"], d["config"]),
+            # a backward entry (`search --backward`) beside its forward one: the same problem, another pass
+            rows.append([AttentionProblem(**d["problem"]).label(), "backward" if d["arch"] in BACKWARD_KERNELS
+                         else "forward", layer, _label(d["arch"], d["config"]),
                          _fmt(d["us"]), versus, fastest,
                          {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), d["date"][:10]])
         _table(f"best configurations ({len(rows)})",
-               ["problem", "layer", "config", "us", "ours ÷ fastest peer", "fastest eager / captured", "stale",
+               ["problem", "pass", "layer", "config", "us", "ours ÷ fastest peer", "fastest eager / captured", "stale",
                 "date"], rows)
     if db.errors or db.skipped:
         sys.exit(1)
@@ -612,7 +621,7 @@ def db_merge(inputs, out_path):
     entries compete like the inputs' (and win ties). The target is read, merged and written in one
     locked step, so a search recording into it meanwhile loses nothing. Prints what it kept."""
     from fa4.database import BestConfigDB, DatabaseError, default_path, merge_databases, update
-    from fa4.kernels import ARCHS
+    from fa4.kernels import KNOB_SETS
     from fa4tune import environment
 
     target = out_path or str(default_path())
@@ -620,7 +629,7 @@ def db_merge(inputs, out_path):
     if missing:
         raise click.ClickException(f"no such database: {', '.join(missing)}")
     fingerprints = {}
-    for arch in ARCHS:
+    for arch in KNOB_SETS:   # the backward knob sets' entries are judged by their own fingerprint too
         fp = environment.kernel_fingerprint(arch)
         fingerprints[arch] = None if fp.startswith("unavailable") else fp
 

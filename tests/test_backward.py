@@ -12,6 +12,7 @@ import torch
 
 import fa4
 from fa4 import backward
+from fa4.kernels import Config
 from fa4.reference import check_grads, plain_attention, softmax_scale
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -140,6 +141,8 @@ def test_auto_order_is_a_peer_then_ours_then_blockwise(monkeypatch):
     monkeypatch.delenv(backward.ENV_VAR, raising=False)
     monkeypatch.setattr(backward, "peers_with_backward", lambda: ())
     monkeypatch.setattr(backward, "ours_unsupported", lambda q, window=None, softcap=None: None)
+    # no tuned entry: the default configuration (the database and the GPU's name are test_backward_search's)
+    monkeypatch.setattr(backward, "tuned", lambda q, k, causal: (Config.make("sm90_bwd"), "default", None))
     q = torch.empty(1, 8, 2, 64)
     assert backward.choose(q)[0] == "ours"
     assert backward._automatic(q, with_ours=False)[0] == "blockwise"

@@ -205,6 +205,42 @@ class FakeEvaluator:
         return True
 
 
+# ---- backward (`fa4tune search --backward`): the real kernel API judges, this evaluator times -----
+
+def fake_bwd_us(config: dict, causal: bool) -> float:
+    """A backward time of the sm90_bwd knobs: sdp_swap and the bulk dQ fastest (as the SASS counts
+    suggest), the default (80 us) slower than FakeBackwardEvaluator's cuDNN backward (60 us), the best
+    (about 45 us) faster."""
+    us = 80.0
+    us -= 20.0 if config["sdp_swap"] else 0.0
+    us -= 10.0 if config["dq_accum"] == "bulk" else 0.0
+    us -= 2.0 if config["pds_stages"] == 2 else 0.0
+    us -= 3.0 if config["tile_m"] == 128 else 0.0
+    us += 8.0 if config["tile_n"] == 64 else 0.0
+    us += 4.0 if config["q_stages"] == 1 else 0.0
+    us -= 1.0 if config["scheduler"] == "single_lpt" and causal else 0.0
+    return round(us, 3)
+
+
+class FakeBackwardEvaluator(FakeEvaluator):
+    """Backward trials of the knob set sm90_bwd: compiles fail where tile_m is 128 and q_stages 1 (a
+    stand-in for a ptxas failure), times from `fake_bwd_us`; the peers' backward from `time_training`
+    (cuDNN 60 us backward alone)."""
+
+    def compile(self, config, problem):
+        assert config.arch == "sm90_bwd", config.arch
+        time.sleep(float(os.environ.get(FAKE_COMPILE_S_ENV, "0.01")))
+        if config.tile_m == 128 and config.q_stages == 1:
+            raise RuntimeError("fake DSL: ptxas error: too many registers")
+        return FakeKernel(config)
+
+    def run_trial(self, kernel, config, problem, timing, validate, perturb) -> dict:
+        if perturb:
+            return {"outcome": "mismatch", "max_err": 1.0, "error": "gradients: dQ: error 1 > 2 x 0.01 + 0.01"}
+        us = fake_bwd_us(config.to_dict(), problem.causal)
+        return {"outcome": "ok", "us": us, "tflops": round(2.5 * problem.flops() / us / 1e6, 2), "max_err": 0.002}
+
+
 # ---- GPU: the real worker machinery with SDPA standing in for our kernel ------------------------
 
 class SdpaKernel:

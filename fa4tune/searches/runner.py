@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fa4.backends import peer_names
-from fa4.kernels import AttentionProblem, DeviceDescription, reference_device
+from fa4.kernels import AttentionProblem, DeviceDescription, arch_of, reference_device
 from fa4tune.searches import liveness
 from fa4tune.environment import kernel_api, kernel_fingerprint
 from fa4tune.progress import Progress
@@ -208,7 +208,7 @@ def run_studies_per_gpu(arch: str, problems: list[AttentionProblem], names: list
 
 
 def worker_device(arch: str, facts: dict) -> DeviceDescription:
-    """The GPU the pool's workers run on, described from what their setup reported
+    """`arch`: the knob set searched (a backward one runs on its kernel's architecture). The GPU the pool's workers run on, described from what their setup reported
     (`fa4tune.workers.evaluator.device_info`): the search judges feasibility and seeds its default for it, as
     the runtime would on that GPU. The family's reference device where the workers reported no
     description of a GPU of this family (CPU workers, stand-in evaluators)."""
@@ -218,8 +218,8 @@ def worker_device(arch: str, facts: dict) -> DeviceDescription:
             sm_count=int(facts["sm_count"]), smem_per_block_bytes=int(facts["smem_per_block_bytes"]),
             l2_bytes=int(facts["l2_bytes"]))
     except (KeyError, TypeError, ValueError):
-        return reference_device(arch)
-    return described if described.arch == arch else reference_device(arch)
+        return reference_device(arch_of(arch))
+    return described if described.arch == arch_of(arch) else reference_device(arch_of(arch))
 
 
 def study_name_of(arch: str, problem: AttentionProblem, problems: list[AttentionProblem],

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fa4.kernels import AttentionProblem, Config, DeviceDescription
+from fa4.kernels import BACKWARD_KERNELS, AttentionProblem, Config, DeviceDescription
 from fa4tune.searches import liveness
 from fa4tune.environment import utc_now
 from fa4tune.workers.outcomes import INFEASIBLE, INTERRUPTED, OK
@@ -88,8 +88,10 @@ class TrialLoop:
     def run(self) -> float:
         self.started = time.monotonic()
         if self.settings.peers:
-            self.peers_task = self.pool.submit("peers", {"problem": self.problem.to_dict(), "timing": self.timing,
-                                                         "names": list(self.settings.peers)})
+            # a backward search times the peers' backward alone through autograd (the training task)
+            kind = "training" if self.arch in BACKWARD_KERNELS else "peers"
+            self.peers_task = self.pool.submit(kind, {"problem": self.problem.to_dict(), "timing": self.timing,
+                                                      "names": list(self.settings.peers)})
         self.progress.start(self.name, self.settings.trials, self.evaluated(), self.settings.timeout_s)
         try:
             while True:
@@ -223,8 +225,8 @@ class TrialLoop:
     def on_result(self, task_id: int, result: dict) -> None:
         if task_id == self.peers_task:
             self.peers_task = None
-            peers = result.get("peers") or {n: {"error": result.get("error", "peers task failed")}
-                                            for n in self.settings.peers}
+            peers = (result.get("peers") or peers_backward(result.get("training"))
+                     or {n: {"error": result.get("error", "peers task failed")} for n in self.settings.peers})
             self.study.set_user_attr("peers", peers)
             self.study.set_user_attr("peers_date", utc_now())
             return
@@ -296,3 +298,16 @@ def held_by_earlier(study, trial, settle_s: float = ASK_SETTLE_S):
         if not half_written or time.monotonic() > deadline:
             return None
         time.sleep(0.02)
+
+
+def peers_backward(training: Optional[dict]) -> dict:
+    """The peers' times of a backward search, from the training task (`fa4tune.workers.training`): per
+    peer its backward alone as "us" (what the database's `backend_us` and the speedups read), beside
+    its forward + backward and its validation, or its error."""
+    out = {}
+    for name, measured in (training or {}).items():
+        if "error" in measured or "bwd_us" not in measured:
+            out[name] = {"error": measured.get("error", "no backward time")}
+            continue
+        out[name] = {"us": measured["bwd_us"], **{k: v for k, v in measured.items() if k != "bwd_us"}}
+    return out

@@ -5,6 +5,8 @@ A worker loads its evaluator by "module:attribute" (`load_evaluator`), so tests 
 (tests/test_search_fakes.py); the default is `fa4tune.workers.evaluator:KernelEvaluator`. An evaluator has
 `setup() -> device facts`, `compile_key`, `compile`, `compile_report`, `run_trial`, `time_peers`,
 `time_dispatched` (fa4.attention itself, for `fa4tune bench`), `trigger_fault` and `healthy`.
+A configuration of a backward knob set (`fa4.kernels.BACKWARD_KERNELS`, `fa4tune search --backward`)
+compiles our backward kernel and runs as a backward trial (`fa4tune.workers.backward`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ class KernelEvaluator:
         return compile_key(config, problem)
 
     def compile(self, config, problem):
-        from fa4.kernels import compile_attention
+        from fa4.kernels import BACKWARD_KERNELS, compile_attention
 
+        if config.arch in BACKWARD_KERNELS:
+            from fa4tune.workers.backward import compile_backward
+
+            return compile_backward(config, problem)
         return compile_attention(config, problem)
 
     def compile_report(self, config, problem) -> dict:
@@ -73,8 +79,25 @@ class KernelEvaluator:
             self._inputs[key] = (q, k, v, expected, scale)
         return self._inputs[key]
 
+    def _backward_inputs(self, problem):
+        """The saved tensors, dO and gradient references of a backward search's problem (one kept)."""
+        key = ("backward", problem)
+        if key not in self._inputs:
+            from fa4tune.workers.backward import BackwardInputs
+
+            q, k, v, _, scale = self._cached_inputs(problem)
+            self._inputs[key] = BackwardInputs(problem, q, k, v, scale)
+        return self._inputs[key]
+
     def run_trial(self, kernel, config, problem, timing, validate: bool, perturb: bool) -> dict:
         import torch
+
+        from fa4.kernels import BACKWARD_KERNELS
+
+        if config.arch in BACKWARD_KERNELS:
+            from fa4tune.workers.backward import run_backward_trial
+
+            return run_backward_trial(kernel, self._backward_inputs(problem), problem, timing, validate, perturb)
 
         from fa4.kernels.compiling import mask_values
         from fa4.reference import compare

@@ -96,7 +96,8 @@ def time_training(problem, timing, names, inputs, healthy: Callable[[], bool]) -
             if name == FA4:
                 from fa4.backward import choose
 
-                result["backward"] = choose(q, window=problem.window, softcap=problem.softcap)[0]
+                result["backward"] = choose(q, window=problem.window, softcap=problem.softcap, k=k,
+                                                causal=problem.causal)[0]
             out[name] = result
             del saved, grads
         except Exception as exc:  # an implementation that cannot train this shape is a result, not a crash
