@@ -13,6 +13,7 @@ import os
 import torch
 
 import fa4
+from fa4tune.workers.timing import time_events_us
 
 SHAPES = [  # (batch, seqlen, heads_q, heads_kv, head_dim, causal)
     (4, 2048, 16, 4, 128, True),
@@ -29,19 +30,7 @@ def backward_us(batch, seqlen, heads_q, heads_kv, head_dim, causal, runs=5, call
     q, k, v = leaf(heads_q), leaf(heads_kv), leaf(heads_kv)
     out = fa4.attention(q, k, v, causal=causal)
     dout = torch.randn_like(out)
-    for _ in range(3):
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(runs):
-        start.record()
-        for _ in range(calls):
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-        stop.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(stop) * 1000 / calls)
-    return best
+    return time_events_us(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), runs, calls)
 
 
 def main():

@@ -24,7 +24,6 @@ Output: a table (us, ratio to flash-attn-4) and, with --json, the rows.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import subprocess
@@ -86,40 +85,6 @@ def admitted_configs(shapes) -> list:
 # ------------------------------------------------------------------------------------------------
 # the child: one configuration (or the peer), every shape
 
-class GpuLock:
-    """One process times the GPU at a time (the others may compile meanwhile)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        self.handle = open(self.path, "w")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
-
-
-def _time_us(fn, runs: int = 5, calls: int = 10) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(runs):
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(stop) * 1000 / calls)
-    return best
-
-
 def _inputs(shape, seq_k=None, seed=0, exact=False):
     """Q, K, V, O, LSE, dO of a shape (bf16; LSE fp32 natural log). `exact`: O and LSE of the fp32
     reference, for checking gradients; otherwise random O and a plausible LSE (log Sk), for timing
@@ -179,9 +144,10 @@ def _backward_fn(kind: str, config_label: str, head_dim: int, causal: bool, comp
 def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[dict]:
     import torch
 
-    from fa4.reference import check_grads, softmax_scale
-
     from fa4.kernels import sm90_bwd
+    from fa4.reference import check_grads, softmax_scale
+    from fa4tune.workers.timing import time_events_us
+    from fa4tune.workers.worker import gpu_lock
 
     rows, compiled, checked = [], {}, {}
     for shape in shapes:
@@ -206,8 +172,8 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
             continue
         q, k, v, out, lse, dout = _inputs(shape)
         scale = softmax_scale(d)
-        with GpuLock(lock_path):
-            us = _time_us(lambda: fn(q, k, v, out, lse, dout, scale))
+        with gpu_lock(lock_path):
+            us = time_events_us(lambda: fn(q, k, v, out, lse, dout, scale))
         rows.append({**row, "outcome": "ok", "us": round(us, 1)})
         del q, k, v, out, lse, dout
     return rows

@@ -11,6 +11,7 @@ import pytest
 
 from fa4.kernels import AttentionProblem, Config, compile_key, default_config, feasible, sm90
 from fa4.kernels.sm90.feasibility import VARLEN_HEAD_DIMS
+from sm90_compile_checks import assert_compiles_clean
 
 
 def _problem(d, dtype, causal, window=None, softcap=None, heads=(16, 4), return_lse=True, varlen=True):
@@ -41,16 +42,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_varlen_compiles_clean(name):
-    problem, knobs = CASES[name]
-    cfg = default_config("sm90", problem)
-    if knobs:
-        cfg = cfg.replace(**knobs)
-    assert feasible(cfg, problem) == [], cfg.label()
-    report = sm90.compile_report(cfg, problem)
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg.label(), report["registers"])
-    assert not report["wgmma_serialized"], cfg.label()
-    assert report["smem_bytes"] == sm90.resources(cfg, problem)["smem_bytes"]
-    assert all(report["ptx_markers"].values()), report["ptx_markers"]
+    assert_compiles_clean(*CASES[name])
 
 
 def test_the_defaults_neither_pack_nor_launch_in_m_order():

@@ -11,7 +11,8 @@ import tempfile
 
 import pytest
 
-from fa4.kernels import AttentionProblem, Config, compiling, default_config, family, feasible, sm90
+from fa4.kernels import AttentionProblem, Config, compiling, default_config, family, sm90
+from sm90_compile_checks import assert_compiles_clean
 
 
 def _problem(d, dtype, causal, window=None, softcap=None, heads=(32, 8), return_lse=False):
@@ -43,16 +44,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_window_and_softcap_compile_clean(name):
-    problem, knobs = CASES[name]
-    cfg = default_config("sm90", problem)
-    if knobs:
-        cfg = cfg.replace(**knobs)
-    assert feasible(cfg, problem) == [], cfg.label()
-    report = sm90.compile_report(cfg, problem)
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg.label(), report["registers"])
-    assert not report["wgmma_serialized"], cfg.label()
-    assert report["smem_bytes"] == sm90.resources(cfg, problem)["smem_bytes"]
-    assert all(report["ptx_markers"].values()), report["ptx_markers"]
+    assert_compiles_clean(*CASES[name])
 
 
 def test_the_softcap_is_the_mufu_tanh_and_a_dense_kernel_has_none():

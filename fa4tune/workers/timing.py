@@ -154,6 +154,27 @@ def time_cuda(fn: Callable[[], object], settings: TimingSettings = TimingSetting
     return Timing(statistics.median(times), times)
 
 
+def time_events_us(fn: Callable[[], object], runs: int = 5, calls: int = 10, warmup_calls: int = 3) -> float:
+    """GPU time per call of `fn` between two CUDA events around `calls` back-to-back calls, the best of
+    `runs`, after `warmup_calls`: no graph, so it takes what a capture cannot (a backward that allocates
+    its workspaces, a call with host syncs). Prefer `time_cuda` where the call can be captured."""
+    import torch
+
+    for _ in range(warmup_calls):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(runs):
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(stop) * 1000 / calls)
+    return best
+
+
 def time_eager(fn: Callable[[], object], calls: int = 100, repeats: int = 5, warmup_calls: int = 10) -> float:
     """Wall time per call of `fn` called back to back eagerly, in microseconds (median of `repeats`
     runs of `calls` calls, each ended by a synchronize): the larger of the host's time per call and the
