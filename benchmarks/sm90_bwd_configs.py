@@ -190,11 +190,25 @@ def run_child(kind: str, label: str, shapes: list, lock_path: str, timeout: floa
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return [{**b, "outcome": "timeout", "reason": f"no result within {timeout:.0f} s (a hang?)"} for b in base]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    rows = rows_from_child(proc.stdout)
+    if proc.returncode != 0 or rows is None:
         reason = f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"
         return [{**b, "outcome": "fault", "reason": reason} for b in base]
-    return json.loads(lines[-1])
+    return rows
+
+
+ROWS_MARK = "rows: "   # the line of a child's stdout that carries its rows (other output may precede it)
+
+
+def print_rows(rows: list) -> None:
+    """A child's result, for `rows_from_child`."""
+    print(ROWS_MARK + json.dumps(rows), flush=True)
+
+
+def rows_from_child(stdout: str):
+    """The rows a child printed (`ROWS_MARK` + JSON list), or None if it printed none."""
+    lines = [line for line in stdout.splitlines() if line.startswith(ROWS_MARK)]
+    return json.loads(lines[-1][len(ROWS_MARK):]) if lines else None
 
 
 def format_table(rows: list[dict]) -> str:
@@ -225,6 +239,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=None,
                     help='a configuration: "default" or knob=value pairs over it (repeatable)')
+    ap.add_argument("--config-file", default=None,
+                    help="configurations one per line (as --config takes them), run in that order")
     ap.add_argument("--shape", action="append", default=None, metavar="B,S,HQ,HKV,D,causal|full",
                     help="a shape to time (repeatable; default: benchmarks/backward_impls.py's four)")
     ap.add_argument("--jobs", type=int, default=6, help="configurations compiled at once")
@@ -240,12 +256,16 @@ def main(argv=None):
 
     if args.child:
         rows = child(args.child, args.config[0], [tuple(s) for s in json.loads(args.shapes_json)], args.lock)
-        print(json.dumps(rows), flush=True)
+        print_rows(rows)
         return
 
     shapes = SHAPES
     if args.shape:
         shapes = [tuple(int(x) for x in s.split(",")[:5]) + (s.split(",")[5] == "causal",) for s in args.shape]
+    if args.config_file:
+        with open(args.config_file) as handle:
+            args.config = (args.config or []) + [line.strip() for line in handle
+                                                 if line.strip() and not line.startswith("#")]
     labels = [parse_config(c).label() for c in args.config] if args.config else \
         [c.label() for c in admitted_configs(shapes)]
     lock_path = os.path.join(tempfile.gettempdir(), "fa4-sm90-bwd-configs.lock")

@@ -102,22 +102,20 @@ def _expand_kv(x, heads_q: int):
     return x.float().transpose(1, 2).repeat_interleave(heads_q // x.shape[2], dim=1)
 
 
-def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int, window=None, softcap=None,
-                  dtype=None):
-    """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) in `dtype` (default fp32),
-    scaled and capped, hidden keys -inf."""
+def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int, window=None, softcap=None):
+    """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) fp32, scaled and capped,
+    hidden keys -inf."""
     import torch
 
-    dtype = dtype or torch.float32
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
-    kf = _expand_kv(k, heads_q).to(dtype)
+    kf = _expand_kv(k, heads_q)
     rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * seqlen_k))
     mask_window = _mask_window(causal, window)
     visible = visible_keys(seqlen_q, seqlen_k, q.device, mask_window) if mask_window else None
     for start in range(0, seqlen_q, rows):
         stop = min(seqlen_q, start + rows)
-        scores = capped(torch.matmul(q[:, start:stop].to(dtype).transpose(1, 2), kf.transpose(-1, -2)) * scale,
+        scores = capped(torch.matmul(q[:, start:stop].float().transpose(1, 2), kf.transpose(-1, -2)) * scale,
                         softcap)
         if visible is not None:
             scores = scores.masked_fill(~visible[start:stop], -math.inf)
@@ -148,7 +146,10 @@ def attention_fp32(q, k, v, causal: bool, scale: Optional[float] = None, chunk_b
 
 
 def _chunked_attention(q, k, v, causal, scale, chunk_bytes, window, softcap, dtype):
-    """(O, LSE) a query chunk at a time, the arithmetic in `dtype` (None: fp32; LSE always fp32)."""
+    """(O, LSE) a query chunk at a time. `dtype` None: all fp32. Otherwise a flash kernel's precision:
+    scores, cap and softmax in fp32, P and V in `dtype` for the value product, O rounded to `dtype`
+    (scores rounded to bf16 before a cap and a softmax would be a worse answer than any kernel's, and
+    the rule would then fail correct outputs)."""
     import torch
 
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -159,10 +160,10 @@ def _chunked_attention(q, k, v, causal, scale, chunk_bytes, window, softcap, dty
     if k.shape[1] == 0 or q.numel() == 0:
         return out.transpose(1, 2).contiguous(), lse
     vf = _expand_kv(v, heads_q).to(dtype)
-    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes, window, softcap, dtype):
+    for start, stop, scores in _score_chunks(q, k, causal, scale, chunk_bytes, window, softcap):
         chunk_lse = torch.logsumexp(scores, dim=-1)
         empty = torch.isneginf(chunk_lse)
-        p = torch.exp(scores - chunk_lse.masked_fill(empty, 0.0).unsqueeze(-1))
+        p = torch.exp(scores - chunk_lse.masked_fill(empty, 0.0).unsqueeze(-1)).to(dtype)
         out[:, :, start:stop] = torch.matmul(p, vf).masked_fill(empty.unsqueeze(-1), 0.0)
         lse[:, :, start:stop] = chunk_lse.float()
     return out.transpose(1, 2).contiguous(), lse
@@ -172,8 +173,8 @@ def sdpa_same_precision(q, k, v, causal: bool, scale: Optional[float] = None, *,
                         softcap: Optional[float] = None):
     """`scaled_dot_product_attention` in the inputs' dtype (whatever backend torch picks) with an explicit
     bottom-right mask (the window's, if any), in our layout; rows without a key set to 0 (SDPA leaves
-    them NaN). SDPA has no softcap: with one, the same math written out in the inputs' dtype, a chunk
-    of query rows at a time."""
+    them NaN). SDPA has no softcap: with one, the same math written out at a flash kernel's precision
+    (`_chunked_attention`), a chunk of query rows at a time."""
     import torch.nn.functional as F
 
     if softcap is not None:

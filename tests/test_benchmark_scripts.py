@@ -3,7 +3,9 @@ CPU, rather than on the H200 where a broken script costs device time."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,12 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     rows = [{"shape": "s", "kernel": "some_peer", "config": "Some Peer", "outcome": "ok", "us": 100.0},
             {"shape": "s", "kernel": bench.OURS, "config": "a", "outcome": "ok", "us": 150.0},
             {"shape": "s", "kernel": bench.OURS, "config": "b", "outcome": "timeout", "reason": "hang"}]
+    # what a child prints is what the parent reads back (a mismatch once turned every row into a fault)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print("a compiler's chatter")
+        bench.print_rows(rows)
+    assert bench.rows_from_child(printed.getvalue()) == rows and bench.rows_from_child("chatter\n") is None
     table = bench.format_table(rows)
     assert "| a | 150.0 (1.50x) |" in table and "| b | timeout |" in table and "| Some Peer (us) | 100.0 |" in table
     # the peer timed beside ours comes from the registry of backends

@@ -74,6 +74,20 @@ def test_the_same_precision_answer_passes():
     assert result["max_err_lse"] == 0.0
 
 
+@pytest.mark.parametrize("softcap", [5.0, 50.0])
+def test_the_same_precision_answer_under_a_softcap_passes(softcap):
+    """With a softcap the second reference is written out at a flash kernel's precision (fp32 scores
+    and softmax, P and V in bf16); it must itself pass the rule against fp32. Its first version rounded
+    the scores to bf16 before the cap and failed correct kernels (ours and flash-attn-4) on the H200."""
+    problem = AttentionProblem(1, 700, 700, 8, 2, 128, "bf16", causal=True, window=(200, 0), softcap=softcap)
+    q, k, v = random_inputs(problem, device="cpu")
+    out = sdpa_same_precision(q, k, v, True, window=(200, 0), softcap=softcap)
+    assert out.dtype == torch.bfloat16
+    result = compare(out, lse_fp32(q, k, True, window=(200, 0), softcap=softcap),
+                     Expected.of(q, k, v, True, window=(200, 0), softcap=softcap))
+    assert result["passed"], result["failures"]
+
+
 @pytest.mark.parametrize("damage, words", [
     (lambda o, lse: (o + 0.05, lse), "fp32 reference"),
     (lambda o, lse: (torch.full_like(o, float("nan")), lse), "NaN"),

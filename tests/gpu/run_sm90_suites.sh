@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs the sm90 GPU test suites on the H200 in parallel shards (one compile cache per process) and
 # logs go to $OUT. Timing is `fa4tune bench`'s job. Usage (after sourcing the device bundle's setup.sh):
-#   bash tests/gpu/run_sm90_suites.sh default|knobs|window|all [shards]
+#   bash tests/gpu/run_sm90_suites.sh default|knobs|window|all [shards [pytest args, e.g. -k softcap]]
 set -u
 what=${1:-all}; n=${2:-8}; out=${OUT:-/tmp/out}; mkdir -p "$out"
+extra=("${@:3}")
 run_suite() {  # $1 = test file stem
   local pids=()
   for i in $(seq 0 $((n - 1))); do
-    FA4_SM90_SHARD="$i/$n" python3 -m pytest -q -p no:cacheprovider -m gpu "tests/gpu/$1.py" \
+    FA4_SM90_SHARD="$i/$n" python3 -m pytest -v --tb=line -p no:cacheprovider -m gpu "tests/gpu/$1.py" "${extra[@]}" \
       > "/tmp/$1.$i.log" 2>&1 &
     pids+=($!)
   done

@@ -61,7 +61,7 @@ def test_each_backward_implementation(implementation, monkeypatch):
         why_not = None
     if why_not:
         pytest.skip(why_not)
-    monkeypatch.setattr(backward, "choose", lambda q: (implementation, "forced by the test"))
+    monkeypatch.setattr(backward, "choose", lambda q, *_, **__: (implementation, "forced by the test"))
     q, k, v, dout = _inputs(1, 400, 600, 8, 2, 128, torch.bfloat16, seed=5)
     failures = check_grads(_grads(q, k, v, dout, True), q, k, v, dout, True)
     assert not failures, failures

@@ -81,11 +81,15 @@ KNOB_MASKS = [m for m in MASKS if m[0] in ("causal-w100", "full-w64-64", "full-r
                                             "causal-w200-softcap50")]
 
 
+KNOB_CASES = shard([  # knobs outermost, then the mask: a shard compiles only its own keys
+    pytest.param(knobs, causal, window, softcap, sq, sk, id=f"{knobs}-{name}-{sq}x{sk}")
+    for knobs in sorted(KNOBS) for name, causal, window, softcap in KNOB_MASKS
+    for sq, sk in ((1000, 1000), (777, 2048), (2048, 777))])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", sorted(KNOBS))
-@pytest.mark.parametrize("name,causal,window,softcap", KNOB_MASKS, ids=[m[0] for m in KNOB_MASKS])
-@pytest.mark.parametrize("sq,sk", [(1000, 1000), (777, 2048), (2048, 777)])
-def test_knobs_with_window_and_softcap(knobs, name, causal, window, softcap, sq, sk):
+@pytest.mark.parametrize("knobs,causal,window,softcap,sq,sk", KNOB_CASES)
+def test_knobs_with_window_and_softcap(knobs, causal, window, softcap, sq, sk):
     problem = AttentionProblem(1, sq, sk, 8, 2, 64, "bf16", causal=causal, return_lse=True, window=window,
                                softcap=softcap)
     cfg = default_config("sm90", problem).replace(**KNOBS[knobs])
@@ -96,7 +100,7 @@ def test_knobs_with_window_and_softcap(knobs, name, causal, window, softcap, sq,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("softcap", [1.0, 30.0])
+@pytest.mark.parametrize("softcap", shard([1.0, 30.0]))
 def test_large_logits_under_a_softcap(softcap):
     """Scores in the hundreds: the cap bounds them, and the softmax must still match."""
     problem = AttentionProblem(1, 1024, 1024, 8, 2, 128, "fp16", causal=True, return_lse=True,
@@ -110,9 +114,9 @@ BACKENDS = ["ours", "flash_attn_4", "auto"]
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("empty_database")
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("causal,window,softcap", [(True, (255, 255), None), (False, (31, 64), 20.0),
-                                                   (True, None, 50.0), (True, (8191, 0), None)])
+@pytest.mark.parametrize("backend,causal,window,softcap", shard([
+    (backend, *mask) for backend in BACKENDS
+    for mask in ((True, (255, 255), None), (False, (31, 64), 20.0), (True, None, 50.0), (True, (8191, 0), None))]))
 def test_fa4_attention_with_window_and_softcap(backend, causal, window, softcap):
     """Through `fa4.attention`: flash-attn's conventions (causal bounds the right side; a window wider
     than the sequences is none), each implementation forced, and the dispatched one."""
@@ -137,8 +141,9 @@ GRAD_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap)
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("empty_database")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("case", GRAD_CASES, ids=str)
+@pytest.mark.parametrize("case,dtype", shard([
+    pytest.param(case, dtype, id=f"{case}-{str(dtype)[6:]}") for case in GRAD_CASES
+    for dtype in (torch.float16, torch.bfloat16)]))
 def test_gradients_with_window_and_softcap(case, dtype):
     """The backward `fa4.backward` picks (flash-attn-4's with its window and softcap where installed,
     else the blockwise one; never ours, which has neither) against fp32 autograd."""
