@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The training pass and the new head dims on the H200 (with the project installed, `pip install -e '.[peer]'`
 # and transformers), one step per call (each fits a 10-minute device call):
-#   bash benchmarks/h200_training.sh tests    # GPU tests: our backward kernels, the autograd path (auto and
-#                                             # FA4_BACKWARD=ours), transformers, the forward's new head dims
+#   bash benchmarks/h200_training.sh tests    # GPU tests: the autograd path (auto and FA4_BACKWARD=ours),
+#                                             # transformers, the forward's new head dims
+#   bash benchmarks/h200_training.sh varlen   # GPU tests of attention_varlen (ours, the peer's, per sequence)
 #   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
 #   bash benchmarks/h200_training.sh extras   # transformers prefill; attention_varlen's implementations
 #   bash benchmarks/h200_training.sh features # GPU tests of sliding windows and softcaps (sm90 kernel)
@@ -15,22 +16,29 @@
 #                                                 # the tiny GPU test of the backward search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 quiet() { grep -v -i "userwarning\|exe_args"; }
 case "$STEP" in
   tests)
-    timeout 250 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_backward_gpu.py \
-        tests/gpu/test_transformers_gpu.py tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_backward.txt"
-    tail -n 15 "$OUT/tests_backward.txt"
+    # -v: a run cut by the call's limit still shows each test's outcome
+    timeout 250 python3 -m pytest -v --tb=line -m gpu tests/gpu/test_backward_gpu.py tests/gpu/test_transformers_gpu.py \
+        -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_backward.txt"
+    grep -E "FAILED|passed|failed" "$OUT/tests_backward.txt" | grep -v "%\]" | tail -n 15
     FA4_BACKWARD=ours timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_backward_gpu.py -p no:cacheprovider \
         -k "gradients or strided" 2>&1 | quiet > "$OUT/tests_backward_ours.txt"
     tail -n 8 "$OUT/tests_backward_ours.txt"
     timeout 180 python3 -m pytest -q -m gpu tests/gpu/test_sm90_default.py tests/gpu/test_sm90_knobs.py \
         -k "d96 or d192 or d256 or new_head_dims" -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_head_dims.txt"
     tail -n 8 "$OUT/tests_head_dims.txt"
+    ;;
+  varlen)
+    # 98 tests, about 4 minutes alone (cut at 250 s beside the window suite on 2026-12-03)
+    timeout 560 python3 -m pytest -v --tb=line -m gpu tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_varlen.txt"
+    grep -E "FAILED|passed|failed" "$OUT/tests_varlen.txt" | grep -v "%\]" | tail -n 15
     ;;
   grid)
     timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
@@ -77,7 +85,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_bwd_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search)" >&2
     exit 2
     ;;
 esac

@@ -34,7 +34,8 @@ def settings(tmp_path, **kw) -> SearchSettings:
 
 def test_kernel_api_answers_for_the_backward_knob_set():
     default = kernels.default_config("sm90_bwd", PROBLEM)
-    assert default == Config.make("sm90_bwd") and kernels.feasible(default, PROBLEM) == []
+    assert default == Config.make("sm90_bwd", dq_accum="bulk", sdp_swap=True, pds_stages=2, scheduler="single_lpt")
+    assert kernels.feasible(default, PROBLEM) == []
     assert kernels.feasible(default.replace(sdp_swap=True, tile_n=64), PROBLEM)   # the model's own rule
     assert kernels.compile_key(default, PROBLEM)[0] == "sm90_bwd"
     assert kernels.arch_of("sm90_bwd") == "sm90" and kernels.arch_of("sm100") == "sm100"
@@ -96,7 +97,7 @@ def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_pat
     assert best["config"]["sdp_swap"] is True and best["config"]["dq_accum"] == "bulk"
     assert best["us"] == min(fakes.fake_bwd_us(Config.from_dict("sm90_bwd", t.params).to_dict(), True)
                              for t in study.trials if t.user_attrs.get("outcome") == "ok")
-    assert summary["default_us"] == fakes.fake_bwd_us(Config.make("sm90_bwd").to_dict(), True)
+    assert summary["default_us"] == fakes.fake_bwd_us(kernels.default_config("sm90_bwd", PROBLEM).to_dict(), True)
 
     db = BestConfigDB.load(tmp_path / "db.json")
     [entry] = db.entries
@@ -211,7 +212,8 @@ def test_runtime_runs_the_tuned_configuration_and_picks_ours_where_measured_fast
     assert backward.tuned(q2, k2, True)[:2] == (config, "nearest")
     assert backward.choose(q2, k=k2, causal=True)[0] == "ours"
     # the other mask has no entry: the default, and the peer
-    assert backward.tuned(q, k, False) == (Config.make("sm90_bwd"), "default", None)
+    full = AttentionProblem(2, 1024, 1024, 16, 4, 128, "bf16", causal=False)
+    assert backward.tuned(q, k, False) == (kernels.default_config("sm90_bwd", full), "default", None)
     assert backward.choose(q, k=k, causal=False)[0] == "flash_attn_4"
     # without the shape (older callers) nothing is read: the peer, as before
     assert backward.choose(q)[0] == "flash_attn_4"
@@ -224,7 +226,7 @@ def test_runtime_keeps_the_peer_where_it_measured_faster_and_ignores_stale_entri
     assert backward.choose(q, k=k, causal=True) == (
         "flash_attn_4", "flash-attn-4's backward kernels (the fastest measured; $FA4_BACKWARD picks another)")
     backward = runtime(_timed(40.0, 50.0, fingerprint="edited-since", sdp_swap=True))
-    assert backward.tuned(q, k, True) == (Config.make("sm90_bwd"), "default", None)
+    assert backward.tuned(q, k, True) == (kernels.default_config("sm90_bwd", PROBLEM), "default", None)
     assert backward.choose(q, k=k, causal=True)[0] == "flash_attn_4"
     # a forward entry of the same bucket is not a backward's
     backward = runtime(_entry("sm90", Config.make("sm90").to_dict(), 10.0, PROBLEM, kernels.kernel_fingerprint("sm90")))

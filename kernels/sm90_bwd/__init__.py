@@ -48,11 +48,22 @@ PTX_MARKERS = {
 
 
 def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
-    """The knobs' declared defaults (`fa4.kernels.knobs`, knob set "sm90_bwd"): 64 x 128 tiles, two
-    Q/dO stages, at both head dims (flash-attn takes 128 x 128 at head dim 64; this kernel's S and dP
-    at 128 x 128 exceed the register model). A rule here may read only what is compiled in (dtype,
-    head dim, causal): `fa4.backward` caches the compiled default by those."""
-    return Config.make(KNOB_SET)
+    """The configuration an untuned problem runs, from timing every admitted configuration beside
+    flash-attn-4's backward on the H200 (`results/h200/training/2026-12-03b/`,
+    `benchmarks/sm90_bwd_configs.py`; the declared defaults in `fa4.kernels.knobs` are the kernel's
+    plain form, 2.0-2.8x slower):
+    - S^T/dP^T swapped, dQ by TMA reduce-add, two P/dS buffers, two Q/dO stages, 128 keys a CTA: each
+      the faster value of its knob on every shape timed;
+    - 128 query rows a block at head dim 64 (64 x 128 is the fastest the register model admits at
+      128: its S^T and dP^T at 128 x 128 do not fit), 1.05-1.16x faster than 64 rows there;
+    - longest key block first (single_lpt) under causal masks, where key block 0 sees the most query
+      blocks (1.37x and 1.46x over single at B4 S2048 causal, D128 and D64; 2 % slower at B8 S1024
+      D64); the plain order without one (2 % faster at B2 S4096 D128).
+    A rule here may read only what is compiled in (dtype, head dim, causal): `fa4.backward` caches
+    the compiled default by those."""
+    return Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 64, tile_n=128, q_stages=2,
+                       dq_accum="bulk", sdp_swap=True, pds_stages=2,
+                       scheduler="single_lpt" if problem.causal else "single")
 
 
 def compile_key(config: Config, problem: AttentionProblem) -> tuple:
