@@ -19,8 +19,7 @@
   (`benchmarks/backward_impls.py`), so "auto" picks them over a peer's backward only where that entry
   measured ours faster than the peer (its `backend_us`, timed in one search run), else only where no
   peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any name of
-  `implementations()`. A gradient through a returned LSE goes to the next implementation (ours has
-  no dLSE term yet).
+  `implementations()`. A gradient through a returned LSE enters every implementation through D.
 
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
 causal masks and sliding windows; a row that sees no key has LSE -inf and gets zero gradients):
@@ -177,9 +176,9 @@ def _forced() -> Optional[str]:
 def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Optional[float] = None, *,
                k: Optional[torch.Tensor] = None, causal: Optional[bool] = None) -> tuple[str, str]:
     """`auto`'s choice: ours where its tuned entry measured it faster than the first peer's backward
-    that can take these inputs, else that peer's, else ours (`with_ours`: the gradient has no dLSE
-    term), else the blockwise one."""
-    ours_why_not = ours_unsupported(q, window, softcap) if with_ours else "ours has no term for a gradient through the LSE"
+    that can take these inputs, else that peer's, else ours (unless `with_ours` is False: ours was
+    tried and refused), else the blockwise one."""
+    ours_why_not = ours_unsupported(q, window, softcap) if with_ours else "ours refused these inputs"
     ours = tuned(q, k, causal) if ours_why_not is None and k is not None and causal is not None else None
     why_not = []
     for peer in peers_with_backward():
@@ -212,9 +211,9 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if implementation == BLOCKWISE:
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     if implementation == OURS:
-        why = ours_unsupported(q, **mask) or ("a gradient through the returned LSE" if dlse is not None else None)
+        why = ours_unsupported(q, **mask)
         if why is None:
-            return ours_backward(dout, q, k, v, out, lse, causal, scale)
+            return ours_backward(dout, q, k, v, out, lse, causal, scale, dlse)
         implementation, _ = _automatic(q, with_ours=False)
         if forced:  # auto's own pick of ours needs no warning when the next one takes over
             warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
@@ -239,9 +238,9 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 _COMPILED: dict = {}
 
 
-def ours_backward(dout, q, k, v, out, lse, causal, scale):
+def ours_backward(dout, q, k, v, out, lse, causal, scale, dlse=None):
     """Our sm90 backward kernels on the saved tensors, in the configuration `tuned` picks (compiled on
-    first use of a kind)."""
+    first use of a kind); `dlse`: the gradient of a returned LSE, or None."""
     from fa4.kernels import device_from_torch, sm90_bwd
 
     config, _, _ = tuned(q, k, causal)
@@ -252,7 +251,7 @@ def ours_backward(dout, q, k, v, out, lse, causal, scale):
             compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem_of(q, k, causal),
                                                                   device_from_torch(q.device.index))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale)
+    compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale, dlse)
     return dq, dk, dv
 
 

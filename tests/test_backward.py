@@ -136,8 +136,8 @@ def test_choice_on_cpu_is_the_blockwise_backward(monkeypatch):
 
 
 def test_auto_order_is_a_peer_then_ours_then_blockwise(monkeypatch):
-    """Where no peer's backward runs, auto picks ours (it passed its GPU tests), but not for a gradient
-    through the LSE (no dLSE term in ours): the blockwise one takes that, without a warning."""
+    """Where no peer's backward runs, auto picks ours (it passed its GPU tests), a gradient through
+    the LSE included (its dLSE goes to ours); where ours refuses, the blockwise one."""
     monkeypatch.delenv(backward.ENV_VAR, raising=False)
     monkeypatch.setattr(backward, "peers_with_backward", lambda: ())
     monkeypatch.setattr(backward, "ours_unsupported", lambda q, window=None, softcap=None: None)
@@ -147,14 +147,17 @@ def test_auto_order_is_a_peer_then_ours_then_blockwise(monkeypatch):
     assert backward.choose(q)[0] == "ours"
     assert backward._automatic(q, with_ours=False)[0] == "blockwise"
     ran = []
-    monkeypatch.setattr(backward, "ours_backward", lambda *args, **kwargs: ran.append("ours"))
-    monkeypatch.setattr(backward, "blockwise_backward", lambda *args, **kwargs: ran.append("blockwise"))
+    monkeypatch.setattr(backward, "ours_backward", lambda *args: ran.append(("ours", args[-1] is not None)))
+    monkeypatch.setattr(backward, "blockwise_backward", lambda *args, **kwargs: ran.append(("blockwise",)))
     args = (*(torch.empty(1, 8, 2, 64),) * 5, torch.empty(1, 2, 8), False, 0.1)
     backward.attention_backward(*args)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         backward.attention_backward(*args, dlse=torch.empty(1, 2, 8))
-    assert ran == ["ours", "blockwise"]
+    assert ran == [("ours", False), ("ours", True)]
+    monkeypatch.setattr(backward, "ours_unsupported", lambda q, window=None, softcap=None: "not here")
+    backward.attention_backward(*args)
+    assert ran[-1] == ("blockwise",)
 
 
 def test_the_environment_names_the_backward(monkeypatch):
@@ -190,3 +193,32 @@ def test_torch_compile_keeps_the_step_in_one_graph():
     compiled(*leaves, dout).backward()
     for got, want in zip(leaves, eager):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_ours_takes_a_gradient_through_the_lse_in_d():
+    """`CompiledBackward.run(..., dlse)` hands the main kernel D = rowsum(dO * O) - dLSE on the real
+    rows (padding rows as the preprocess left them), and D alone without one; kernels stood in by
+    functions, so this runs on a CPU."""
+    from fa4.kernels import AttentionProblem, sm90_bwd
+
+    problem = AttentionProblem(1, 100, 100, 2, 1, 64, "bf16", causal=True)
+    config = sm90_bwd.default_config(problem)
+    seen = {}
+
+    def preprocess(out, dout, lse, lse2, delta):
+        delta.fill_(1.0)
+
+    def main(q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale):
+        seen["delta"] = delta.clone()
+
+    compiled = sm90_bwd.CompiledBackward({"preprocess": preprocess, "main": main,
+                                          "postprocess": lambda *args: None}, config, problem)
+    q, dout = torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
+    k = v = torch.randn(1, 100, 1, 64)
+    lse, dlse = torch.zeros(1, 2, 100), torch.randn(1, 2, 100)
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    compiled.run(q, k, v, q, dout, lse, *grads, 0.125, dlse)
+    assert seen["delta"].shape[-1] == 128   # padded to tile_m rows
+    assert torch.equal(seen["delta"][..., :100], 1.0 - dlse) and bool((seen["delta"][..., 100:] == 1.0).all())
+    compiled.run(q, k, v, q, dout, lse, *grads, 0.125)
+    assert bool((seen["delta"] == 1.0).all())

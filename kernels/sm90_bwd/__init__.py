@@ -153,9 +153,11 @@ class CompiledBackward:
         self.config = config
         self.problem = problem
 
-    def run(self, q, k, v, out, dout, lse, dq, dk, dv, softmax_scale: Optional[float] = None) -> None:
+    def run(self, q, k, v, out, dout, lse, dq, dk, dv, softmax_scale: Optional[float] = None,
+            dlse=None) -> None:
         """Q, out, dout, dq (B, Sq, Hq, D); K, V, dk, dv (B, Sk, Hkv, D); lse (B, Hq, Sq) fp32 (the
-        forward's, natural log). dq, dk, dv are written."""
+        forward's, natural log); dlse (B, Hq, Sq), the gradient of a returned LSE, or None. dq, dk, dv
+        are written."""
         import torch
 
         if q.shape[-1] != self.problem.head_dim:
@@ -167,6 +169,11 @@ class CompiledBackward:
         delta = torch.empty_like(lse2)
         dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         self.compiled["preprocess"](out, dout, lse, lse2, delta)
+        if dlse is not None:
+            # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
+            # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
+            # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
+            delta[:, :, :seqlen_q].sub_(dlse.float())
         self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale)
         self.compiled["postprocess"](dq_accum, dq, scale)
 

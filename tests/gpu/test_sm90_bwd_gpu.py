@@ -89,6 +89,21 @@ def _run(q, k, v, dout, causal, dtype_name, config=None):
     return [dq, dk, dv]
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_gradient_through_the_lse(causal):
+    """dLSE enters through D (`CompiledBackward.run(..., dlse)`): held to flash-attn's rule against
+    autograd of out and LSE together; rows without a key (Sq > Sk, causal) included."""
+    q, k, v, dout = _inputs(1, 700, 500, 8, 2, 128, torch.bfloat16, seed=3)
+    dlse = torch.randn(1, 8, 700, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+    scale = softmax_scale(128)
+    out, lse = attention_fp32(q, k, v, causal, scale)
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    _compiled(128, "bf16", causal).run(q, k, v, out.to(q.dtype), dout, lse, *grads, scale, dlse)
+    torch.cuda.synchronize()
+    failures = check_grads(grads, q, k, v, dout, causal, dlse=dlse)
+    assert not failures, failures
+
+
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-sq{}-sk{}-hq{}-hkv{}-d{}-{}".format(
     *c[:6], "causal" if c[6] else "full"))
