@@ -7,16 +7,17 @@
 #   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
 #   bash benchmarks/h200_training.sh extras   # transformers prefill; attention_varlen's implementations
 #   bash benchmarks/h200_training.sh features # GPU tests of sliding windows and softcaps (sm90 kernel)
+#   bash benchmarks/h200_training.sh features-search # fa4tune search over benchmarks/h200_features.toml
 #   bash benchmarks/h200_training.sh features-bench  # fa4tune bench over benchmarks/h200_features.toml
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
-#   bash benchmarks/h200_training.sh bwd-search   # fa4tune search --backward on two grid shapes (ours and
-#                                                 # the peers' backward alone), the entries listed; then
-#                                                 # the tiny GPU test of the backward search
+#   bash benchmarks/h200_training.sh bwd-search 1|2  # fa4tune search --backward over half the grid (ours
+#                                                 # and the peers' backward alone), the entries listed
+#   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -55,6 +56,14 @@ case "$STEP" in
     timeout 570 bash tests/gpu/run_sm90_suites.sh window 2>&1 | quiet > "$OUT/tests_window_softcap.txt"
     tail -n 15 "$OUT/tests_window_softcap.txt"
     ;;
+  features-search)
+    # tune the 14 window/softcap problems (30 configurations a study, as the wide set was tuned, peers
+    # timed); merge $OUT/features_best.json into fa4/data/best_configs.json before features-bench
+    timeout 560 python3 -m fa4tune.cli search --shapes-file benchmarks/h200_features.toml --trials 30 \
+        --storage "$OUT/features.journal" --db "$OUT/features_best.json" 2>&1 | quiet > "$OUT/features_search.log"
+    tail -n 6 "$OUT/features_search.log"
+    python3 -m fa4tune.cli best --db "$OUT/features_best.json" | tee "$OUT/features_best.txt"
+    ;;
   features-bench)
     timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_features.toml --rounds 2 \
         --db fa4/data/best_configs.json --out "$OUT/bench_features.json" --jobs 12 2>&1 \
@@ -71,21 +80,25 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
   bwd-search)
-    # two of benchmarks/h200_grid.toml's shapes, 24 configurations each (of the 128 of
-    # search_spaces/sm90_bwd.toml; the model refuses about half of them per head dim)
-    for shape in "--batch 1 --seqlen 4096 --causal" "--batch 16 --seqlen 1024 --no-causal"; do
-      timeout 240 python3 -m fa4tune.cli search --backward $shape --heads 32 --heads-kv 8 --head-dim 128 \
-          --dtype fp16 --trials 24 --timeout 180 --storage "$OUT/bwd_studies.journal" --db "$OUT/bwd_best.json" \
-          --format json >> "$OUT/bwd_search.json" 2> >(quiet >> "$OUT/bwd_search.log")
-      tail -n 6 "$OUT/bwd_search.log"
-    done
-    python3 -m fa4tune.cli best --db "$OUT/bwd_best.json" | tee "$OUT/bwd_best.txt"
+    # the 14 grid shapes in two halves (PART 1 or 2: every other shape), each configuration of the fast
+    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 8, 4 of them at head dim 128) per shape,
+    # ours and the peers' backward alone timed in one run; entries in $OUT/bwd_best.json
+    part=${2:-1}
+    python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 2
+    timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_grid_part.toml \
+        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 8 --timeout 70 \
+        --storage "$OUT/bwd_studies_$part.journal" --db "$OUT/bwd_best.json" --format json \
+        > "$OUT/bwd_search_$part.json" 2> >(quiet > "$OUT/bwd_search_$part.log")
+    tail -n 6 "$OUT/bwd_search_$part.log"
+    python3 -m fa4tune.cli best --db "$OUT/bwd_best.json" | tee "$OUT/bwd_best_$part.txt"
+    ;;
+  bwd-search-test)
     timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_backward_search_gpu.py -p no:cacheprovider 2>&1 \
         | quiet > "$OUT/tests_bwd_search.txt"
     tail -n 8 "$OUT/tests_bwd_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test)" >&2
     exit 2
     ;;
 esac
