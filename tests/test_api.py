@@ -64,6 +64,9 @@ def test_shape_keys_with_a_window_stand_for_both_masks_as_a_shapes_file_table_do
                                                      replace(long, causal=True, window=(4095, 0))]
     assert api.problems_of("s8192-wl4095-wr0") == [replace(long, causal=True, window=(4095, 0), softcap=None)]
     assert api.problems_of("s1024-wl4095-causal") == [replace(BASE, causal=True)]
+    # the line a search prints first names the window and softcap of each mask
+    assert api.describe_problems(api.problems_of("s1024-wl100-cap50")).endswith(
+        "fp16, non-causal window (100, -1) softcap 50 and causal window (100, 0) softcap 50")
 
 
 def test_search_returns_a_frame_of_the_summaries_the_command_prints(tmp_path, fakes_injected):
