@@ -41,8 +41,14 @@ class Explanation:
     # "graph": under CUDA-graph capture or torch.compile); set when path == "kernel"
     runs: dict = field(default_factory=dict)
     forced_backend: str | None = None  # backend= when it names an implementation
+    # under backend="auto": the implementations dispatch chose among (ours first), and why each peer
+    # left out of it cannot run this call here ({name: why}: not installed, no semantics for its mask, ...)
+    candidates: list = field(default_factory=list)
+    left_out: dict = field(default_factory=dict)
     # the backward that runs when an input requires grad: (implementation, why) (`fa4.backward.choose`)
     backward: tuple | None = None
+    # the sliding window and softcap in words (`mask_lines`), empty for a dense call
+    mask: list = field(default_factory=list)
 
     def runs_ours(self, mode: str | None = None) -> bool:
         """Whether our kernel runs (in `mode`, or in any mode)."""
@@ -53,8 +59,12 @@ class Explanation:
         lines = [f"fa4.attention on {self.problem} ({self.device}"
                  + (f", {self.device_name}" if self.device_name else "")
                  + (f", {self.arch}" if self.arch else "") + ")"]
+        lines += [f"  {line}" for line in self.mask]
         if self.path == "kernel":
             lines += self._runs_lines()
+            if self.candidates:
+                lines.append(f"  dispatch among: {', '.join(_backends.title(n) for n in self.candidates)}"
+                             + (f" (left out: {'; '.join(self.left_out.values())})" if self.left_out else ""))
             if self.config is not None:
                 lines.append(f"  configuration{'' if self.runs_ours() else ' (if our kernel ran)'}: "
                              f"{self.config.label()}")
@@ -96,6 +106,10 @@ class Explanation:
             [name] = names
             reason = forced or ("" if name == dispatch.OURS else
                                 f" ({'; '.join(f'{m}: {why[m].reason}' for m in dispatch.MODES if m in why)})")
+            if not reason and self.candidates and not why:   # auto dispatch with nothing to go by
+                reason = (f" (nothing measured at this shape, nor at a shape of its kind on "
+                          f"{self.device_name or 'this GPU'} (same dtype, head dim and mask): ours runs; "
+                          "`fa4tune search` it, or `fa4tune bench` it and `fa4tune db import-bench`)")
             return [f"  runs: {title(name)}{reason}"]
         lines = ["  runs:"]
         for mode in dispatch.MODES:
@@ -116,6 +130,21 @@ class Explanation:
         facts = [f"tuned on {e.device}", f"{e.us:.1f} us", f"{e.tflops:.0f} TFLOP/s"]
         facts += [f"{v:.2f}x vs {k}" for k, v in sorted(e.speedup.items())]
         return f"{what} {e.key} ({', '.join(facts)}; {e.date})"
+
+
+def mask_lines(causal: bool, window: tuple | None, softcap: float | None) -> list[str]:
+    """A resolved window and softcap (`fa4.kernels.problem.resolve_mask`'s) in words: which keys query i
+    sees, and what the cap does to a score."""
+    lines = []
+    if window is not None:
+        left, right = window[0], 0 if causal else window[1]
+        first = "0" if left < 0 else f"diag - {left}"
+        last = "Sk - 1" if right < 0 else "diag" if right == 0 else f"diag + {right}"
+        widest = f", at most {left + right + 1} keys" if left >= 0 and right >= 0 else ""
+        lines.append(f"window: query i sees keys {first} .. {last} (diag = i + Sk - Sq){widest}")
+    if softcap is not None:
+        lines.append(f"softcap: each scaled score s becomes {softcap:g} * tanh(s / {softcap:g}) before the softmax")
+    return lines
 
 
 MODE_TITLES = {"eager": "eager calls", "graph": "under CUDA-graph capture or torch.compile"}

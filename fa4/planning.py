@@ -13,7 +13,7 @@ from fa4 import backends as _backends, checks, compile_cache, dispatch, kernels,
 from fa4.arch import describe_capabilities
 from fa4.checks import InvalidInputError, UnsupportedInputError
 from fa4.config_arg import check_unused, forced_config
-from fa4.explanation import Explanation
+from fa4.explanation import Explanation, mask_lines
 from fa4.kernels import AttentionProblem, Config, DeviceDescription
 from fa4.state import STATE, warn_once
 
@@ -98,7 +98,7 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
     label = (f"B{spec.batch} Sq{spec.seqlen_q} Sk{spec.seqlen_k} H{spec.heads_q}/{spec.heads_kv} "
              f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {mask_text}")
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
-                       device_name=device_name, notes=notes)
+                       device_name=device_name, notes=notes, mask=mask_lines(causal, window, softcap))
     given = checks.window_value(window_size)
     if given is not None and window != (given[0], 0 if causal else given[1]):
         notes.append(f"window_size {given} at Sq={spec.seqlen_q}, Sk={spec.seqlen_k} is '{mask_text}': a side "
@@ -183,6 +183,9 @@ def _choose_backends(expl: Explanation, backend: str, problem: AttentionProblem)
     # an exact entry without times (autotuned on first use, which times ours only) is judged as a
     # shape nobody measured: the neighbours predict the implementation
     excluded = _excluded_peers(expl, problem)
+    if backend == AUTO:
+        expl.candidates = [dispatch.OURS] + [name for name in _backends.peer_names() if name not in excluded]
+        expl.left_out = excluded
     host = dispatch.host_us(expl.device_name or "")
     if measured_here:
         measured = dict(expl.entry.backend_us)

@@ -73,7 +73,8 @@ def describe_problems(problems: list) -> str:
     if len({(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.dtype, p.return_lse)
             for p in problems}) > 1:   # a shape set: name each problem
         return f"{len(problems)} problems: " + "; ".join(p.label() for p in problems)
-    masks = " and ".join("causal" if p.causal else "non-causal" for p in problems)
+    # each mask as its label says it ("causal window (4095, 0) softcap 50"), "full" spelled "non-causal"
+    masks = " and ".join(p.mask_label().replace("full", "non-causal", 1) for p in problems)
     return (f"batch {p0.batch}, {p0.heads_q} query heads, {p0.heads_kv} KV heads (gqa {p0.gqa_ratio}), "
             f"head dim {p0.head_dim}, seqlen_q {p0.seqlen_q}, seqlen_k {p0.seqlen_k}, {p0.dtype}, {masks}"
             + (", with LSE" if p0.return_lse else ""))
@@ -87,7 +88,7 @@ def problems_of(shapes: Union[ShapeLike, Iterable[ShapeLike], None] = None, *, m
     """The problems named by exactly one of shapes, model, shapes_file (see the module docstring)."""
     from fa4.kernels import AttentionProblem
     from fa4tune.inputs.shape_sets import load_model, load_shapes_file
-    from fa4tune.inputs.shapes import parse_shape
+    from fa4tune.inputs.shapes import parse_shape_masks
 
     given = [x is not None for x in (shapes, model, shapes_file)]
     if sum(given) != 1:
@@ -104,10 +105,7 @@ def problems_of(shapes: Union[ShapeLike, Iterable[ShapeLike], None] = None, *, m
                 problems.append(item)
                 continue
             for text in str(item).replace(",", " ").split():
-                _, problem = parse_shape(text, DEFAULT_PROBLEM)
-                named_mask = any(t in ("causal", "full") for t in text.lower().split("-"))
-                masks = [problem.causal] if named_mask else [False, True]
-                problems += [AttentionProblem(**{**problem.to_dict(), "causal": m}) for m in masks]
+                problems += parse_shape_masks(text, DEFAULT_PROBLEM)
     if causal is not None:
         problems = [p for p in problems if p.causal == causal]
     if not problems:

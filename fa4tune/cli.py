@@ -177,9 +177,45 @@ def _echo_err(text: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # shared options
 
+class WindowType(click.ParamType):
+    """--window LEFT,RIGHT: two integers, each checked as `fa4.attention` checks window_size
+    (`fa4.kernels.problem.window_pair`, the check `resolve_mask` makes)."""
+
+    name = "LEFT,RIGHT"
+
+    def convert(self, value, param, ctx):
+        from fa4.kernels.problem import window_pair
+
+        if isinstance(value, tuple):
+            return value
+        sides = str(value).split(",")
+        try:
+            pair = tuple(int(side.strip()) for side in sides)
+        except ValueError:
+            pair = ()
+        if len(pair) != 2:
+            self.fail(f"{value!r} is not LEFT,RIGHT: two integers, -1 for an unbounded side (e.g. 4095,0)",
+                      param, ctx)
+        try:
+            return window_pair(pair)
+        except ValueError as exc:
+            self.fail(f"{value}: {exc}", param, ctx)
+
+
+def _check_softcap(ctx, param, value):
+    from fa4.kernels.problem import softcap_value
+
+    if value is None:
+        return None
+    try:
+        return softcap_value(value)
+    except ValueError:
+        raise click.BadParameter(f"{value:g} is not a finite number > 0 (leave --softcap out for none)") from None
+
+
 def shape_options(fn):
     """--batch --heads --heads-kv/--gqa --head-dim --seqlen --seqlen-k --dtype --lse
-    --causal/--no-causal/--both (both by default, in every command)."""
+    --causal/--no-causal/--both (both by default, in every command) --window --softcap."""
     options = [
         click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_SHAPE["batch"], show_default=True),
         click.option("--heads", type=click.IntRange(min=1), default=DEFAULT_SHAPE["heads"], show_default=True,
@@ -197,6 +233,11 @@ def shape_options(fn):
         click.option("--causal", "mask", flag_value="causal", help="causal only"),
         click.option("--no-causal", "mask", flag_value="full", help="non-causal only"),
         click.option("--both", "mask", flag_value="both", default=True, help="both (default)"),
+        click.option("--window", type=WindowType(), default=None,
+                     help="sliding window: keys seen left,right of the diagonal (flash-attn's window_size: "
+                          "-1 unbounded; under causal the right side is 0)"),
+        click.option("--softcap", type=float, default=None, callback=_check_softcap, metavar="C",
+                     help="softcap C > 0: each scaled score s becomes C*tanh(s/C)"),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -213,7 +254,8 @@ def shape_set_options(fn):
                              "instead of the shape options")(fn)
 
 
-_SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen", "seqlen_k", "dtype", "lse")
+_SHAPE_OPTION_NAMES = ("batch", "heads", "gqa", "heads_kv", "head_dim", "seqlen", "seqlen_k", "dtype", "lse",
+                       "window", "softcap")
 
 
 def problems_from_set(shapes_file, model, mask):
@@ -275,8 +317,18 @@ def format_option(fn):
                         show_default=True)(fn)
 
 
-def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask):
+def _option_masks(mask) -> list[bool]:
+    """The causal flags of --causal/--no-causal/--both."""
+    return {"causal": [True], "full": [False], "both": [False, True]}[mask or "both"]
+
+
+def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask,
+                          window=None, softcap=None):
+    """The problems of the shape options: one per mask, the window and softcap resolved as a shapes
+    file's table and `fa4.attention` resolve them (`resolve_mask`: a window as wide as the sequences is
+    none, a right side 0 is causal, so both masks may be one problem)."""
     from fa4.kernels import AttentionProblem
+    from fa4.kernels.problem import resolve_mask
 
     if gqa is not None and heads_kv is not None:
         raise click.UsageError("give --gqa or --heads-kv, not both")
@@ -285,12 +337,16 @@ def problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
         if heads % ratio:
             raise click.UsageError(f"--heads {heads} is not divisible by --gqa {ratio}")
         heads_kv = heads // ratio
-    masks = {"causal": [True], "full": [False], "both": [False, True]}[mask or "both"]
+    seqlen_k = seqlen_k or seqlen
+    problems: dict = {}
     try:
-        return [AttentionProblem(batch, seqlen, seqlen_k or seqlen, heads, heads_kv, head_dim, dtype, causal, lse)
-                for causal in masks]
+        for causal in _option_masks(mask):
+            causal, resolved, cap = resolve_mask(causal, window, softcap, seqlen, seqlen_k)
+            problems.setdefault(AttentionProblem(batch, seqlen, seqlen_k, heads, heads_kv, head_dim, dtype, causal,
+                                                 lse, window=resolved, softcap=cap))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    return list(problems)
 
 
 def _resolve_arch(arch: str, gpus: list[dict], need_gpu: bool) -> str:
@@ -411,13 +467,14 @@ def _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt
 @click.option("--compile-timeout", type=float, default=300.0, show_default=True, help="seconds per compile")
 @format_option
 @click.option("--out", "out_path", default=None, help="also write the results as JSON (a list, one per problem)")
-def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, arch,
-                          space_path, limit, jobs, seed, shard, compile_timeout, fmt, out_path):
+def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, window, softcap,
+                          arch, space_path, limit, jobs, seed, shard, compile_timeout, fmt, out_path):
     """Compile a search space on CPU: feasibility, registers, spills, shared memory, PTX (no GPU needed).
 
     Exit status: 0 clean; 1 a configuration the model accepts failed the compile check; 4 the default
     configuration is infeasible (flags add up); 2 a usage error."""
-    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask)
+    problems = problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask,
+                                     window, softcap)
     arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
     _run_compile_space(arch, problems, space_path, limit, jobs, seed, shard, fmt, out_path, compile_timeout)
 
@@ -469,7 +526,8 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
               help="search our backward kernel's knobs (knob set <arch>_bwd) instead of the forward's: each "
                    "trial validated (dQ, dK, dV) and timed as the backward alone, the peers' backward "
                    "timed beside it; entries recorded under their own keys")
-def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, arch,
+def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, window, softcap, shapes_file,
+           model, arch,
            effort, trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
            space_path, l2, peers, warm_start, retime_rounds, compile_only, backward):
@@ -480,7 +538,8 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
 
     trials = trials or EFFORTS[effort or "default"]
     problems = (problems_from_set(shapes_file, model, mask)
-                or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
+                or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask,
+                                         window, softcap))
     if compile_only and backward:
         # the backward's whole space is compile-checked by tests/test_sm90_bwd_compile.py
         raise click.UsageError("--compile-only compiles forward spaces; --backward needs a GPU")
@@ -711,7 +770,8 @@ def _cannot_write(target: str, exc: OSError) -> str:
 @shape_set_options
 @click.option("--shapes", default=None,
               help="space/comma separated shape keys, e.g. 'sq1024-gqa4-causal s4096-bf16-full' "
-                   "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full lse; the rest from the shape options)")
+                   "(tokens: b hq hkv gqa d s sq sk fp16 bf16 causal full wl wr cap lse; the rest from the "
+                   "shape options)")
 @arch_option
 @db_option
 @click.option("--out", "out_path", default=None, help="JSON output [default: the results directory's bench.json]")
@@ -727,31 +787,29 @@ def _cannot_write(target: str, exc: OSError) -> str:
 @click.option("--backward", is_flag=True, default=False,
               help="time the training pass too: forward + backward and backward alone, fa4.attention "
                    "and every peer (gradients validated)")
-def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, shapes_file, model, shapes,
-          arch, db_path,
+def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, window, softcap, shapes_file,
+          model, shapes, arch, db_path,
           out_path, csv_path, fmt, jobs, l2, peers, rounds, backward):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
-    from fa4tune.inputs.shapes import parse_shape
+    from fa4tune.inputs.shapes import parse_shape_masks
     from fa4tune.workers.pool import PoolError
 
     shape_set = problems_from_set(shapes_file, model, mask)
     problems = shape_set or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k,
-                                                  dtype, lse, mask)
+                                                  dtype, lse, mask, window, softcap)
     if shapes:
-        base = problems[0].to_dict()
-        parsed = []
+        # the tokens a key leaves out come from the shape options, the window and softcap as given (each
+        # key's own lengths decide what they hide); a key without a mask stands for the options' masks
+        base = {**problems[0].to_dict(), "window": window, "softcap": softcap}
+        parsed: dict = {}
         for text in shapes.replace(",", " ").split():
             try:
-                shape_arch, p = parse_shape(text, base)
+                parsed.update(dict.fromkeys(parse_shape_masks(text, base, _option_masks(mask))))
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from exc
-            if "causal" in text or "full" in text:
-                parsed.append(p)
-            else:  # no mask named: the masks of --causal/--no-causal/--both
-                parsed.extend(p.__class__(**{**p.to_dict(), "causal": q.causal}) for q in problems)
-        problems = parsed
+        problems = list(parsed)
     check_output(out_path or paths.bench_path(), "--out")
     check_output(csv_path, "--csv")
     try:

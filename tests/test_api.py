@@ -56,6 +56,19 @@ def test_problems_of_names_problems_as_the_cli_does():
                                         "mask": "full"}) == [BASE]
 
 
+def test_shape_keys_with_a_window_stand_for_both_masks_as_a_shapes_file_table_does():
+    """A key without a mask is each mask with the key's window and softcap, resolved as fa4.attention
+    resolves them (a causal window has no right side; a window as wide as the sequences is none)."""
+    long = replace(BASE, seqlen_q=8192, seqlen_k=8192, softcap=50.0)
+    assert api.problems_of("s8192-wl4095-cap50") == [replace(long, window=(4095, -1)),
+                                                     replace(long, causal=True, window=(4095, 0))]
+    assert api.problems_of("s8192-wl4095-wr0") == [replace(long, causal=True, window=(4095, 0), softcap=None)]
+    assert api.problems_of("s1024-wl4095-causal") == [replace(BASE, causal=True)]
+    # the line a search prints first names the window and softcap of each mask
+    assert api.describe_problems(api.problems_of("s1024-wl100-cap50")).endswith(
+        "fp16, non-causal window (100, -1) softcap 50 and causal window (100, 0) softcap 50")
+
+
 def test_search_returns_a_frame_of_the_summaries_the_command_prints(tmp_path, fakes_injected):
     storage, db = str(tmp_path / "studies.journal"), str(tmp_path / "db.json")
     frame = fa4tune.search("s1024", trials=5, storage=storage, db=db, quiet=True)

@@ -543,3 +543,103 @@ def test_bench_backward_prints_the_training_table(tmp_path, monkeypatch):
     assert "training pass" in result.stdout and "fa4.attention" in result.stdout
     rows = json.loads(out.read_text())["training_rows"]
     assert {r["implementation"] for r in rows} >= {"fa4", "sdpa_cudnn"}
+
+
+# ------------------------------------------------------------------------------------------------
+# sliding windows and softcaps on the command line
+
+WINDOW_CASES = [   # (options, the shapes-file table's lines with the same values)
+    (["--batch", "2", "--seqlen", "8192", "--dtype", "bf16", "--window", "4095,0", "--softcap", "50"],
+     "batch = 2\nseqlen = 8192\ndtype = \"bf16\"\nwindow = [4095, 0]\nsoftcap = 50.0"),
+    (["--seqlen", "1024", "--window", "255,7"], "batch = 1\nseqlen = 1024\nwindow = [255, 7]"),
+    (["--seqlen", "1024", "--window=-1,7", "--softcap", "2.5"],
+     "batch = 1\nseqlen = 1024\nwindow = [-1, 7]\nsoftcap = 2.5"),
+    (["--causal", "--seqlen", "512", "--seqlen-k", "2048", "--window", "100,7"],
+     "batch = 1\nseqlen_q = 512\nseqlen_k = 2048\ncausal = true\nwindow = [100, 7]"),
+    (["--seqlen", "1024", "--window", "4095,0"], "batch = 1\nseqlen = 1024\nwindow = [4095, 0]"),  # wider: none
+    (["--no-causal", "--seqlen", "1024", "--softcap", "30"], "batch = 1\nseqlen = 1024\ncausal = false\nsoftcap = 30.0"),
+]
+
+
+@pytest.fixture
+def captured_problems(monkeypatch):
+    """The problems each command would run: search, bench and compile-space stop where they would start."""
+    from fa4tune import api
+
+    seen = []
+
+    def search_set(problems, **kw):
+        seen.append(problems)
+        return []
+
+    def bench_set(problems, **kw):
+        seen.append(problems)
+        raise api.NoGpuError("stopped by the test")
+
+    monkeypatch.setattr(api, "run_search_set", search_set)
+    monkeypatch.setattr(api, "run_bench_set", bench_set)
+    monkeypatch.setattr(cli, "_run_compile_space", lambda arch, problems, *a: seen.append(problems))
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [])
+    return seen
+
+
+@pytest.mark.parametrize("options, table", WINDOW_CASES, ids=[" ".join(o) for o, _ in WINDOW_CASES])
+def test_window_and_softcap_options_build_the_problems_of_a_shapes_file_table(options, table, captured_problems):
+    """--window and --softcap give each command the problems a [[problem]] table with the same values
+    gives (both resolved by fa4.kernels.problem.resolve_mask, as fa4.attention resolves its arguments)."""
+    from fa4tune.inputs.shape_sets import parse_shapes
+
+    want = parse_shapes(f"[[problem]]\nheads_q = 32\nheads_kv = 8\nhead_dim = 128\n{table}\n")
+    for command in ("search", "bench", "compile-space"):
+        result = CliRunner().invoke(cli.main, [command, *options])
+        assert result.exit_code in (0, 2) and "Error" not in result.output, (command, result.output)
+        assert captured_problems.pop() == want, command
+
+
+def test_window_options_key_studies_and_entries_as_shapes_files_do(captured_problems):
+    from fa4tune.inputs.shapes import shape_key
+
+    invoke("search", "--seqlen", "8192", "--dtype", "bf16", "--window", "4095,0", "--softcap", "50")
+    [problem] = captured_problems.pop()   # a right side 0 is causal: both masks are one problem
+    assert problem == AttentionProblem(1, 8192, 8192, 32, 8, 128, "bf16", True, window=(4095, 0), softcap=50.0)
+    assert shape_key("sm90", problem) == "sm90-bf16-b1-hq32-hkv8-d128-sq8192-sk8192-causal-wl4095-cap50"
+
+
+def test_bench_shape_keys_take_the_window_options_and_resolve_them_per_key(captured_problems):
+    invoke("bench", "--dtype", "bf16", "--window", "255,0", "--softcap", "50",
+           "--shapes", "s8192 s256 s1024-wl100-full s2048-cap30")
+    got = [(p.seqlen_q, p.causal, p.window, p.softcap) for p in captured_problems.pop()]
+    assert got == [(8192, True, (255, 0), 50.0),       # both masks of a right side 0: the causal window
+                   (256, True, None, 50.0),            # the window reaches every key: none
+                   (1024, False, (100, -1), 50.0),     # the key's own window
+                   (2048, True, (255, 0), 30.0)]       # the key's own softcap
+
+
+BAD_WINDOWS = [
+    (["--window", "4095"], "not LEFT,RIGHT"),
+    (["--window", "a,0"], "not LEFT,RIGHT"),
+    (["--window", "4095,0,1"], "not LEFT,RIGHT"),
+    (["--window", "4095,-2"], "window_size right side must be >= 0, or -1 for unbounded, got -2"),
+    (["--window", "-3,0"], "window_size left side must be >= 0, or -1 for unbounded, got -3"),
+    (["--window", "4294967296,0"], "past 2**31 - 1"),
+    (["--softcap", "0"], "not a finite number > 0"),
+    (["--softcap", "-1"], "not a finite number > 0"),
+    (["--softcap", "inf"], "not a finite number > 0"),
+    (["--model", "llama-3-8b", "--window", "4095,0"], "--window cannot be combined with a shape set"),
+    (["--model", "llama-3-8b", "--softcap", "50"], "--softcap cannot be combined with a shape set"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_WINDOWS, ids=[" ".join(a) for a, _ in BAD_WINDOWS])
+def test_bad_window_or_softcap_options_are_usage_errors(args, message, captured_problems):
+    for command in ("search", "bench"):
+        result = CliRunner().invoke(cli.main, [command, *args])
+        assert result.exit_code == 2 and message in result.stderr, (command, result.output)
+    assert captured_problems == []
+
+
+def test_the_help_says_the_window_convention():
+    for command in ("search", "bench", "compile-space"):
+        text = " ".join(invoke(command, "-h").stdout.split())
+        assert "--window LEFT,RIGHT" in text and "-1 unbounded; under causal the right side is 0" in text, command
+        assert "--softcap C" in text and "C > 0" in text, command

@@ -87,19 +87,61 @@ def test_the_bench_grid_file_holds_exactly_the_scripts_14_problems():
 
 
 def test_every_model_preset_loads_names_its_source_and_runs_on_the_sm90_kernel():
+    from fa4.kernels import default_config, feasible
+
     names = model_names()
     assert "llama-3-8b" in names and len(names) >= 4
     for name in names:
         text = (REPO / "models" / f"{name}.toml").read_text()
         assert "config.json" in text.split("[[problem]]")[0], f"{name}: say where the head counts come from"
         problems = load_model(name)
-        assert problems and {p.causal for p in problems} == {False, True}
+        # every preset has its model's causal attention; a dense table stands for both masks
+        assert problems and any(p.causal for p in problems), name
+        dense = {p.causal for p in problems if p.window is None and p.softcap is None}
+        assert dense in (set(), {False, True}), name
         for p in problems:
             assert not list(family("sm90").can_implement(p)), (name, p)
+            assert not feasible(default_config("sm90", p), p), (name, p)   # the default runs it on the H200
     llama = load_model("llama-3-8b")
     assert {(p.heads_q, p.heads_kv, p.head_dim) for p in llama} == {(32, 8, 128)}
-    with pytest.raises(ShapeSetError, match="no model preset 'nope'; presets: llama"):
+    with pytest.raises(ShapeSetError, match="no model preset 'nope'; presets: .*llama-3-8b"):
         load_model("nope")
+
+
+def test_presets_of_sliding_windows_softcaps_and_head_dim_96():
+    """Mistral-7B-v0.1's window, Gemma 2's softcap with its local (windowed) and global layers, Phi-3
+    mini's head dim 96 and its 4k model's window: the problems their config.json fields give."""
+    from fa4.kernels import AttentionProblem as P
+
+    def kinds(name):
+        return {(p.heads_q, p.heads_kv, p.head_dim, p.causal, p.window, p.softcap) for p in load_model(name)}
+
+    def lengths(name, window):
+        return sorted({p.seqlen_q for p in load_model(name) if p.window == window})
+
+    assert kinds("mistral-7b") == {(32, 8, 128, False, None, None), (32, 8, 128, True, None, None),
+                                   (32, 8, 128, True, (4095, 0), None)}
+    assert lengths("mistral-7b", (4095, 0)) == [8192, 16384, 32768]   # where the window hides keys
+    assert kinds("gemma-2-9b") == {(16, 8, 256, True, None, 50.0), (16, 8, 256, True, (4095, 0), 50.0)}
+    assert kinds("gemma-2-27b") == {(32, 16, 128, True, None, 50.0), (32, 16, 128, True, (4095, 0), 50.0)}
+    for gemma in ("gemma-2-9b", "gemma-2-27b"):
+        assert lengths(gemma, (4095, 0)) == [8192] and lengths(gemma, None) == [1024, 4096, 8192]
+        assert {p.dtype for p in load_model(gemma)} == {"bf16"}
+    assert kinds("phi-3-mini") == {(32, 32, 96, False, None, None), (32, 32, 96, True, None, None),
+                                   (32, 32, 96, True, (2046, 0), None)}
+    assert lengths("phi-3-mini", (2046, 0)) == [4096]
+    # Gemma 2 27B's softmax scale (1/sqrt(query_pre_attn_scalar 144)) is a call's argument: the same
+    # configuration and compiled kernel serve it as the default 1/sqrt(128), as its preset says
+    import torch
+    import fa4
+
+    local = P(1, 8192, 8192, 32, 16, 128, "bf16", True, window=(4095, 0), softcap=50.0)
+    assert local in load_model("gemma-2-27b")
+    q = torch.empty(1, 8192, 32, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 8192, 16, 128, dtype=torch.bfloat16, device="meta")
+    at = {scale: fa4.explain(q, k, k, causal=True, window_size=(4095, 0), softcap=50.0, softmax_scale=scale,
+                             arch="sm90", device_name="NVIDIA H200") for scale in (None, 144 ** -0.5)}
+    assert at[None].config == at[144 ** -0.5].config and at[None].compile_key == at[144 ** -0.5].compile_key
 
 
 _RECORD = """

@@ -3,7 +3,8 @@
 `shape_key(arch, problem)` is e.g. `sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not
 causal; a sliding window's bounded sides `-wl<left>` / `-wr<right>` and a softcap `-cap<c>` follow the
 mask; `-lse` appended when the log-sum-exp is returned). `parse_shape` reads any dash-separated subset
-of its tokens (and a few short forms: `s1024`, `gqa4`), the rest from defaults.
+of its tokens (and a few short forms: `s1024`, `gqa4`), the rest from defaults; `parse_shape_masks` reads
+one for each mask a command asks for when the text names none.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from typing import Optional
 
 from fa4.kernels import ARCHS, AttentionProblem
+from fa4.kernels.problem import resolve_mask
 
 
 def shape_key(arch: str, problem: AttentionProblem) -> str:
@@ -35,11 +37,14 @@ def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProb
     """A shape from dash-separated tokens in any order, the rest from `defaults`:
     `[sm90|sm100] [fp16|bf16] b<batch> hq<heads> hkv<kv heads> gqa<ratio> d<head dim> s<seqlen>
     sq<seqlen_q> sk<seqlen_k> [causal|full] wl<left> wr<right> cap<softcap> [lse]` (`wl`/`wr`: a
-    sliding window's left and right sides, an absent one unbounded). Returns (arch or None, problem)."""
+    sliding window's left and right sides, an absent one unbounded; without either, the window of
+    `defaults`). The mask is resolved as `fa4.attention` and shapes files resolve it
+    (`fa4.kernels.problem.resolve_mask`: a window as wide as the sequences is none). Returns (arch or
+    None, problem)."""
     values = dict(defaults)
     arch = None
     gqa = None
-    window = [-1, -1]
+    window = None
     for token in text.strip().split("-"):
         token = token.strip().lower()
         if not token:
@@ -61,6 +66,7 @@ def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProb
                 raise ValueError(f"shape {text!r}: cannot read {token!r}")
             name, number = m.group(1), int(m.group(2))
             if name in ("wl", "wr"):
+                window = window or [-1, -1]
                 window[name == "wr"] = number
             elif name == "s":
                 values["seqlen_q"] = values["seqlen_k"] = number
@@ -73,8 +79,21 @@ def parse_shape(text: str, defaults: dict) -> tuple[Optional[str], AttentionProb
         if values["heads_q"] % gqa:
             raise ValueError(f"shape {text!r}: {values['heads_q']} query heads are not divisible by gqa {gqa}")
         values["heads_kv"] = values["heads_q"] // gqa
-    if window != [-1, -1]:
-        if values.get("causal") and window[1] not in (-1, 0):
-            raise ValueError(f"shape {text!r}: a causal window has no right side (wr{window[1]})")
-        values["window"] = (window[0], 0 if values.get("causal") else window[1])
+    if window is not None and values.get("causal") and window[1] not in (-1, 0):
+        raise ValueError(f"shape {text!r}: a causal window has no right side (wr{window[1]})")
+    try:
+        values["causal"], values["window"], values["softcap"] = resolve_mask(
+            values.get("causal", False), window if window is not None else values.get("window"),
+            values.get("softcap"), values["seqlen_q"], values["seqlen_k"])
+    except ValueError as exc:
+        raise ValueError(f"shape {text!r}: {exc}") from exc
     return arch, AttentionProblem(**values)
+
+
+def parse_shape_masks(text: str, defaults: dict, masks=(False, True)) -> list[AttentionProblem]:
+    """The problems of one shape text: itself when it names a mask (`causal`, `full`), else one per
+    causal flag of `masks` (as a command's --causal/--no-causal/--both), each resolved with the
+    window and softcap (so a window whose right side is 0 is causal under both flags: one problem)."""
+    named = any(t.strip().lower() in ("causal", "full") for t in text.split("-"))
+    flags = [defaults.get("causal", False)] if named else list(masks)
+    return list(dict.fromkeys(parse_shape(text, {**defaults, "causal": causal})[1] for causal in flags))
