@@ -152,6 +152,31 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: O
     return out, lse
 
 
+def expected_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None, *,
+                    window_size=None, softcap: Optional[float] = None):
+    """The answers a packed output is held to by the one rule (`fa4.reference.compare`), the packed
+    tensors seen as batch 1: the fp32 reference (`reference_varlen`), the same-precision answer
+    (`fa4.reference.sdpa_same_precision`) per sequence, and the rows that see a key. Compare an output
+    with `compare(out[None], lse[None], expected)`."""
+    from fa4.reference import Expected, sdpa_same_precision
+
+    out, lse = reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window_size=window_size,
+                                softcap=softcap)
+    same_precision = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        causal_b, window_b, softcap_b = resolve_mask(causal, window_size, softcap, q1 - q0, k1 - k0)
+        same_precision[q0:q1] = sdpa_same_precision(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal_b,
+                                                    scale, window=window_b, softcap=softcap_b)[0].float()
+    right = None if window_size is None or causal else window_pair(window_size)[1]
+    hidden = rows_without_keys(cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device), q.shape[0], causal,
+                               None if right is None or right == UNBOUNDED else right)
+    return Expected(out[None], lse[None], same_precision[None], ~hidden)
+
+
 def _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
     reasons = []
     for name, t in (("q", q), ("k", k), ("v", v)):
