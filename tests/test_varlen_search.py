@@ -229,3 +229,124 @@ def test_search_of_a_varlen_batch_records_ours_and_the_other_implementations(tmp
     seeds = warm_start_configs(db, "sm90", "Fake H200", other, entry.kernel_fingerprint, choices,
                                kernels.default_config("sm90", other).to_dict())
     assert seeds == [(entry.config, entry.key)]
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+def test_cli_search_varlen_then_best_lists_the_varlen_entry(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from fa4tune import cli
+    from fa4tune.searches import runner as search_mod
+
+    monkeypatch.setattr(cli, "detect_gpus", lambda: [{"index": 0, "name": "Fake H200", "cc": (9, 0)}])
+    real = search_mod.run_search
+    seen = []
+
+    def run_with_fakes(arch, problems, settings, progress=None, pool=None):
+        seen.extend(problems)
+        settings = replace(settings, evaluator="test_search_fakes:FakeVarlenEvaluator", processes=2,
+                           peers=("flash_attn_4",))
+        return real(arch, problems, settings, progress, pool)
+
+    monkeypatch.setattr(search_mod, "run_search", run_with_fakes)
+    db = tmp_path / "db.json"
+    common = ["--heads", "16", "--gqa", "4", "--dtype", "bf16", "--causal", "--storage",
+              str(tmp_path / "studies.journal"), "--db", str(db)]
+    run = CliRunner().invoke(cli.main, ["search", "--varlen", "azure-conv-2023", "--varlen-tokens", "8192",
+                                        "--varlen-seed", "2", "--trials", "8", "--retime", "0", "--format", "json",
+                                        *common], env={"COLUMNS": "240"}, catch_exceptions=False)
+    assert run.exit_code == 0, run.stderr
+    [summary] = json.loads(run.stdout)
+    [problem] = seen
+    assert isinstance(problem, VarlenProblem) and problem.causal and problem.tokens_q == 8192
+    assert list(problem.lengths_q) == lengths("azure-conv-2023", tokens=8192, seed=2)
+    assert summary["peers"]["per_sequence"]["us"] == 80.0 and summary["study"] == shape_key("sm90", problem)
+    [entry] = BestConfigDB.load(db).entries
+    assert entry.key == entry_key("sm90", "Fake H200", problem)
+    listed = CliRunner().invoke(cli.main, ["best", "--db", str(db)], env={"COLUMNS": "240"}).stdout
+    assert "varlen" in listed and "best configurations (1)" in listed
+    # written-out lengths, both masks
+    seen.clear()
+    run = CliRunner().invoke(cli.main, ["search", "--varlen", "4096,128,128", "--trials", "2", "--retime", "0",
+                                        "--no-db", "--storage", str(tmp_path / "studies.journal")],
+                             catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    assert [(p.causal, list(p.lengths_q)) for p in seen] == [(False, [4096, 128, 128]), (True, [4096, 128, 128])]
+    for args, message in ((["--varlen", "log-uniform", "--batch", "4"], "--batch cannot be combined with --varlen"),
+                          (["--varlen-tokens", "5"], "--varlen-tokens does something only with --varlen"),
+                          (["--varlen", "1,2", "--varlen-tokens", "5"], "the lengths given are the batch"),
+                          (["--varlen", "zipf"], "neither a distribution"),
+                          (["--varlen", "log-uniform", "--varlen-tokens", "5", "--varlen-sequences", "2"],
+                           "give --varlen-tokens or --varlen-sequences, not both"),
+                          (["--varlen", "log-uniform", "--backward"], "our varlen kernel has no backward"),
+                          (["--varlen", "log-uniform", "--model", "llama-3-8b"], "give --varlen or --model")):
+        refused = CliRunner().invoke(cli.main, ["search", *args])
+        assert refused.exit_code == 2 and message in refused.output, (args, refused.output)
+
+
+def test_a_packed_output_is_held_to_the_one_rule_per_sequence():
+    """What a varlen trial validates with (`fa4.varlen.expected_varlen` and `fa4.reference.compare`):
+    the per-sequence path's answer passes, a wrong row, a written row that sees no key and a wrong LSE
+    fail."""
+    import torch
+
+    import fa4
+    from fa4.reference import compare
+    from fa4.varlen import expected_varlen
+
+    gen = torch.Generator().manual_seed(0)
+    lengths_q, lengths_k = [5, 0, 37, 9], [3, 4, 40, 9]   # sequence 0: 2 rows see no key under causal
+    q = torch.randn(sum(lengths_q), 4, 64, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    problem = VarlenProblem.of(lengths_q, lengths_k, heads_q=4, heads_kv=2, head_dim=64, dtype="bf16", causal=True)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in problem.cu_seqlens())
+    expected = expected_varlen(q, k, v, cu_q, cu_k, True)
+    assert expected.seen.tolist() == [False, False] + [True] * 3 + [True] * 46
+    out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, 37, 40, causal=True, return_lse=True, fallback="sdpa",
+                                    backend="per_sequence")
+    assert compare(out[None], lse[None], expected)["passed"]
+    wrong = out.clone()
+    wrong[20] += 0.5
+    assert "fp32 reference" in compare(wrong[None], lse[None], expected)["error"]
+    written = out.clone()
+    written[0] = 1.0
+    assert "rows that see no key are not 0" in compare(written[None], lse[None], expected)["error"]
+    assert "LSE differs" in compare(out[None], (lse + 0.5)[None], expected)["error"]
+
+
+def test_a_varlen_trial_refuses_a_kernel_that_writes_nothing_or_a_wrong_answer():
+    """The worker's varlen trial (`fa4tune.workers.varlen`) on CPU tensors, up to its validation: a
+    kernel that writes nothing fails, and so does a right answer perturbed (what a trial checks before
+    it times anything on a GPU)."""
+    import torch
+
+    from fa4 import varlen
+    from fa4tune.workers.timing import TimingSettings
+    from fa4tune.workers.varlen import VarlenInputs, run_varlen_trial
+
+    problem = VarlenProblem.of([7, 30, 1], heads_q=4, heads_kv=2, head_dim=64, dtype="bf16", causal=True,
+                               return_lse=True)
+    inputs = VarlenInputs(problem, device="cpu")
+    assert inputs.q.shape == (38, 4, 64) and inputs.cu_q.tolist() == [0, 7, 37, 38]
+    calls = []
+
+    class Reference:   # "compiled" for the batch: the fp32 reference, per sequence
+        def __init__(self, writes: bool):
+            self.writes = writes
+
+        def run_varlen(self, q, k, v, out, lse, scale, masks, cu_q, cu_k, max_q, max_k):
+            calls.append((masks, max_q, max_k, lse.shape))
+            if self.writes:
+                o, l = varlen.reference_varlen(q, k, v, cu_q, cu_k, True, scale)
+                out.copy_(o)
+                lse.copy_(l)
+
+    timing = TimingSettings()
+    nothing = run_varlen_trial(Reference(False), inputs, problem, timing, validate=True, perturb=False)
+    assert nothing["outcome"] == "mismatch" and "NaN" in nothing["error"]
+    perturbed = run_varlen_trial(Reference(True), inputs, problem, timing, validate=True, perturb=True)
+    assert perturbed["outcome"] == "mismatch" and "fp32 reference" in perturbed["error"]
+    assert calls[0] == ((None, None, None), 30, 30, (4, 38))

@@ -26,7 +26,7 @@ INPUT_SEED = 0
 class VarlenInputs:
     """The packed tensors of one `VarlenProblem` and the answers they are held to."""
 
-    def __init__(self, problem):
+    def __init__(self, problem, device: str = "cuda"):
         import torch
 
         from fa4.reference import softmax_scale
@@ -37,16 +37,17 @@ class VarlenInputs:
         q = torch.randn((problem.tokens_q, problem.heads_q, problem.head_dim), generator=gen)
         k = torch.randn((problem.tokens_k, problem.heads_kv, problem.head_dim), generator=gen)
         v = torch.randn((problem.tokens_k, problem.heads_kv, problem.head_dim), generator=gen)
-        self.q, self.k, self.v = (t.to(device="cuda", dtype=dtype) for t in (q, k, v))
+        self.q, self.k, self.v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
         offsets_q, offsets_k = problem.cu_seqlens()
         self.cu_q_host = torch.tensor(offsets_q, dtype=torch.int32)
         self.cu_k_host = torch.tensor(offsets_k, dtype=torch.int32)
-        self.cu_q, self.cu_k = self.cu_q_host.cuda(), self.cu_k_host.cuda()
+        self.cu_q, self.cu_k = self.cu_q_host.to(device), self.cu_k_host.to(device)
         self.scale = softmax_scale(problem.head_dim)
         self.masks = {"window_size": problem.window, "softcap": problem.softcap}
         self.expected = expected_varlen(self.q, self.k, self.v, self.cu_q, self.cu_k, problem.causal, self.scale,
                                         **self.masks)
-        torch.cuda.synchronize()
+        if self.q.is_cuda:
+            torch.cuda.synchronize()
 
 
 def run_varlen_trial(kernel, inputs: VarlenInputs, problem, timing, validate: bool, perturb: bool) -> dict:
@@ -69,7 +70,8 @@ def run_varlen_trial(kernel, inputs: VarlenInputs, problem, timing, validate: bo
                           problem.seqlen_k)
 
     run()
-    torch.cuda.synchronize()
+    if q.is_cuda:
+        torch.cuda.synchronize()
     if perturb:
         out.add_(1.0)
     result: dict = {}
