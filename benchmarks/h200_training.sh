@@ -14,9 +14,12 @@
 #   bash benchmarks/h200_training.sh bwd-search   # fa4tune search --backward on two grid shapes (ours and
 #                                                 # the peers' backward alone), the entries listed; then
 #                                                 # the tiny GPU test of the backward search
+#   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
+#                                                   # flash-attn-4's varlen kernel, per sequence), the entries
+#                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -84,8 +87,19 @@ case "$STEP" in
         | quiet > "$OUT/tests_bwd_search.txt"
     tail -n 8 "$OUT/tests_bwd_search.txt"
     ;;
+  varlen-search)
+    # five batches, 24 configurations each, 90 s per study
+    timeout 500 python3 -m fa4tune.cli search --shapes-file benchmarks/h200_varlen.toml --trials 24 --timeout 90 \
+        --storage "$OUT/varlen_studies.journal" --db "$OUT/varlen_best.json" --format json \
+        > "$OUT/varlen_search.json" 2> >(quiet > "$OUT/varlen_search.log")
+    tail -n 12 "$OUT/varlen_search.log"
+    python3 -m fa4tune.cli best --db "$OUT/varlen_best.json" | tee "$OUT/varlen_best.txt"
+    timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_varlen_search_gpu.py -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_varlen_search.txt"
+    tail -n 8 "$OUT/tests_varlen_search.txt"
+    ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-bench|bwd-configs|bwd-tests|bwd-search|varlen-search)" >&2
     exit 2
     ;;
 esac
