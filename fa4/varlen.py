@@ -111,8 +111,8 @@ def choose(q: torch.Tensor, backend: str = "auto", k: Optional[torch.Tensor] = N
 
 def explain_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                   softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto",
-                   fallback: str = "error", *, window_size: Optional[tuple] = None, softcap: Optional[float] = None):
+                   softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto", *,
+                   window_size: Optional[tuple] = None, softcap: Optional[float] = None):
     """Which implementation `attention_varlen` runs on these inputs, our kernel's configuration and why
     (the database entry, the times measured there, or the neighbours a prediction used): a
     `fa4.varlen_dispatch.VarlenChoice`, whose `str()` is a short report. Computes and launches nothing,

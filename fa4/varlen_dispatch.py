@@ -73,7 +73,7 @@ def describe_config(config, source: Optional[str], entry) -> str:
 
 # lookups per (device, problem, tokens bucket) of the database object in use (`fa4.state.database`;
 # another object, after `fa4.use_config_db`, starts afresh): a lookup walks the entries, calls repeat
-_FOUND: dict = {"db": None, "found": {}}
+_FOUND: dict = {"db": None, "found": {}, "predicted": {}}
 
 
 def _database_view(problem, tokens: int, device_name: str, device) -> tuple:
@@ -84,7 +84,7 @@ def _database_view(problem, tokens: int, device_name: str, device) -> tuple:
 
     db = state.database()
     if _FOUND["db"] is not db:
-        _FOUND.update(db=db, found={})
+        _FOUND.update(db=db, found={}, predicted={})
     key = (device_name, problem, bucket(tokens))
     if key in _FOUND["found"]:
         return _FOUND["found"][key]
@@ -141,8 +141,10 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False)
              else f"{problem.label()}, {tokens} query tokens")
     choice = VarlenChoice(label, str(q.device), "", "")
     ours_why_not = varlen.ours_unsupported(q, k, v)
+    region, device_name = [], None
     if ours_why_not is None and problem is not None:
         device = state.device_description(q.device)
+        device_name = device.name
         config, source, entry, measured, region, notes = _database_view(problem, tokens, device.name, device)
         choice.config, choice.source, choice.entry, choice.notes = config, source, entry, list(notes)
         choice.measured = measured or {}
@@ -159,8 +161,7 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False)
     peer = next((p for p in varlen.varlen_peers() if p.varlen_unsupported(q) is None), None)
     if peer is not None and ours_why_not is None:
         if not choice.measured and region:
-            choice.predicted = prediction.predict(region, problem, "graph", {}, lambda name: name == peer.name,
-                                                  tokens=tokens)
+            choice.predicted = _predicted(region, problem, tokens, device_name, peer.name)
         faster = _ours_as_fast(choice, peer)
         if faster:
             choice.implementation, choice.why = varlen.OURS, faster
@@ -181,6 +182,16 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False)
     choice.implementation = varlen.PER_SEQUENCE
     choice.why = "; ".join([f"ours: {ours_why_not}"] + peers_why_not)
     return choice
+
+
+def _predicted(region: list, problem, tokens: int, device_name: str, peer_name: str):
+    """The prediction between ours and `peer_name` from the measured varlen batches near this one
+    (GPU time), cached with the lookups."""
+    key = (device_name, problem, bucket(tokens), peer_name)
+    if key not in _FOUND["predicted"]:
+        _FOUND["predicted"][key] = prediction.predict(region, problem, "graph", {}, lambda name: name == peer_name,
+                                                      tokens=tokens)
+    return _FOUND["predicted"][key]
 
 
 def _ours_as_fast(choice: VarlenChoice, peer) -> Optional[str]:

@@ -195,3 +195,13 @@ def test_explain_on_this_cpu_reads_no_database_for_ours():
     choice = fa4.explain_varlen(*args, **kw)
     assert choice.implementation == "per_sequence" and choice.config is None
     assert "the tensors are on cpu" in choice.why
+
+
+def test_choose_without_the_batch_reads_no_entry(runtime):
+    runtime(_entry(**TUNED))   # ours measured faster at the bucket, but the call's batch is not given
+    args, _ = _call()
+    q, k, v = args[:3]
+    assert varlen.choose(q) == "flash_attn_4" and varlen.choose(q, "auto", k, v) == "flash_attn_4"
+    assert varlen.choose(q, "ours") == "ours"
+    problem = varlen.varlen_problem(q, k, args[3], args[5], args[6], True, False, None, None)
+    assert varlen.choose(q, "auto", k, v, problem=problem) == "ours"
