@@ -537,7 +537,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
     """Search kernel knobs per shape with optuna; validate, time, record the best.
 
     --varlen tunes our varlen kernel on a variable-length batch (fa4.attention_varlen's packed layout),
-    timing flash-attn-4's varlen kernel and per-sequence calls beside it."""
+    timing the peers' varlen kernels and per-sequence calls beside it."""
     from fa4tune.api import NoGpuError, run_search_set
     from fa4tune.inputs.space import SpaceError
     from fa4tune.workers.pool import PoolError
@@ -549,7 +549,7 @@ def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, 
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask))
     if backward and any(p.varlen for p in problems):
         raise click.UsageError("--backward: our varlen kernel has no backward (a varlen batch's gradients run "
-                               "flash-attn-4's or the per-sequence path)")
+                               "a peer's varlen kernel or the per-sequence path)")
     if compile_only and backward:
         # the backward's whole space is compile-checked by tests/test_sm90_bwd_compile.py
         raise click.UsageError("--compile-only compiles forward spaces; --backward needs a GPU")
