@@ -15,9 +15,12 @@
 #   bash benchmarks/h200_training.sh bwd-search 1|2  # fa4tune search --backward over half the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
+#   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
+#                                                   # flash-attn-4's varlen kernel, per sequence), the entries
+#                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -97,8 +100,19 @@ case "$STEP" in
         | quiet > "$OUT/tests_bwd_search.txt"
     tail -n 8 "$OUT/tests_bwd_search.txt"
     ;;
+  varlen-search)
+    # five batches, 24 configurations each, 90 s per study
+    timeout 500 python3 -m fa4tune.cli search --shapes-file benchmarks/h200_varlen.toml --trials 24 --timeout 90 \
+        --storage "$OUT/varlen_studies.journal" --db "$OUT/varlen_best.json" --format json \
+        > "$OUT/varlen_search.json" 2> >(quiet > "$OUT/varlen_search.log")
+    tail -n 12 "$OUT/varlen_search.log"
+    python3 -m fa4tune.cli best --db "$OUT/varlen_best.json" | tee "$OUT/varlen_best.txt"
+    timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_varlen_search_gpu.py -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_varlen_search.txt"
+    tail -n 8 "$OUT/tests_varlen_search.txt"
+    ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

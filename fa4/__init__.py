@@ -6,6 +6,7 @@
     fa4.warmup([(q, k, v)], causal=True)             # compile ahead (before a CUDA-graph capture)
     fa4.autotune("quick")                            # tune unseen shapes on first use (or FA4_AUTOTUNE=quick)
     out = fa4.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)   # packed sequences
+    print(fa4.explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k))    # ... what runs, and why
 """
 
 from fa4 import ops as _ops  # registers the custom op fa4::attention  # noqa: F401
@@ -15,10 +16,10 @@ from fa4.runtime import KernelCompileError, NotWarmedUpError, attention, explain
 from fa4.state import Fa4Warning, cache_info, reset_caches, use_config_db
 from fa4.compile_ahead import warmup
 from fa4.autotuning import autotune
-from fa4.varlen import attention_varlen
+from fa4.varlen import attention_varlen, explain_varlen
 
 __all__ = [
-    "attention", "attention_varlen", "explain", "warmup", "autotune", "Explanation", "use_config_db", "cache_info", "reset_caches",
+    "attention", "attention_varlen", "explain", "explain_varlen", "warmup", "autotune", "Explanation", "use_config_db", "cache_info", "reset_caches",
     "Fa4Error", "InvalidInputError", "UnsupportedInputError", "KernelCompileError", "NotWarmedUpError",
     "Fa4Warning",
 ]

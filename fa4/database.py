@@ -31,7 +31,12 @@ One entry (every field is written; `key` is derived and checked on load):
 
     key                 "sm90|NVIDIA H200|fp16|d128|gqa4|causal|sq1024|sk1024|w8"; the mask part
                         (`mask_key`) of a problem with a sliding window or softcap adds them:
-                        "causal-wl4096-softcap" (a window side: next power of two of its width)
+                        "causal-wl4096-softcap" (a window side: next power of two of its width).
+                        A variable-length batch (`fa4.varlen_batch.VarlenProblem`, `fa4tune search
+                        --varlen`) has its own kind: "-varlen" closes the mask part and "|t<bucket>"
+                        (its total query tokens, next power of two) ends the key:
+                        "sm90|NVIDIA H200|bf16|d128|gqa4|causal-varlen|sq4096|sk4096|w128|t16384", its
+                        sq and sk the max lengths, w sequences x KV heads (why: `fa4.varlen_batch`)
     arch                the knob set tuned: a forward family, "sm90" | "sm100", or our backward kernel,
                         "sm90_bwd" (`fa4tune search --backward`). So a backward entry has a key of its own
                         beside the forward's ("sm90_bwd|NVIDIA H200|..."), and a lookup of one knob set
@@ -43,6 +48,10 @@ One entry (every field is written; `key` is derived and checked on load):
     seqlen_q_bucket, seqlen_k_bucket   next power of two of the tuned sequence lengths
     work_bucket         next power of two of batch * heads_kv (how many tile columns fill the SMs)
     problem             the exact AttentionProblem fields the tuning ran on
+    varlen              only in a varlen batch's entry: {"lengths_q": [...], "lengths_k": [...]}, the
+                        lengths of the batch the tuning ran on (its `problem` is the compiled one:
+                        batch = sequences, the max lengths, varlen true); "backend_us" there times
+                        ours, the peers' varlen kernels and "per_sequence" (`fa4.varlen`)
     config              knob values {name: value} (a complete `fa4.kernels.Config` of `arch`)
     us, tflops          GPU time of the tuned config (CUDA-graph replay, see fa4tune.workers.timing) and rate
     default_us          the heuristic default configuration on the same run, or null
@@ -124,6 +133,7 @@ __all__ = [
 MAX_HEAD_DIM = 1 << 16      # head_dim and gqa_ratio
 MAX_SIZE = 1 << 48          # sequence lengths, batch, heads, their buckets, trial numbers
 MAX_NUMBER = 1e300          # magnitude of any number (a time, a rate, a knob value)
+MAX_LENGTHS = 1 << 20       # sequences of a varlen entry's batch
 
 
 class DatabaseError(RuntimeError):
@@ -142,11 +152,20 @@ def _work(problem: Any) -> int:
     return int(problem.batch) * int(problem.heads_kv)
 
 
-def entry_key(arch: str, device_name: str, problem: Any) -> str:
-    """The key of the bucket a problem falls into on one device."""
+def entry_key(arch: str, device_name: str, problem: Any, tokens: Optional[int] = None) -> str:
+    """The key of the bucket a problem falls into on one device. A varlen problem's key holds its total
+    query tokens: `tokens`, else the problem's own (`fa4.varlen_batch.tokens_of`)."""
     return _key_from_fields(
         arch, device_name, problem.dtype, int(problem.head_dim), int(problem.gqa_ratio),
-        mask_key(problem.to_dict()), bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem)))
+        mask_key(problem.to_dict()), bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem)),
+        _tokens_bucket(problem, tokens))
+
+
+def _tokens_bucket(problem: Any, tokens: Optional[int] = None) -> Optional[int]:
+    from fa4.varlen_batch import tokens_of
+
+    found = tokens_of(problem, tokens)
+    return None if found is None else bucket(found)
 
 
 def mask_key(problem: Mapping[str, Any]) -> str:
@@ -168,11 +187,14 @@ def mask_key(problem: Mapping[str, Any]) -> str:
             key += f"-wr{bucket(right)}"
     if problem.get("softcap") is not None:
         key += "-softcap"
+    if problem.get("varlen"):   # a variable-length batch: another kind, never compared with dense ones
+        key += "-varlen"
     return key
 
 
-def _key_from_fields(arch, device, dtype, head_dim, gqa_ratio, mask, sq_b, sk_b, work_b) -> str:
-    return f"{arch}|{device}|{dtype}|d{head_dim}|gqa{gqa_ratio}|{mask}|sq{sq_b}|sk{sk_b}|w{work_b}"
+def _key_from_fields(arch, device, dtype, head_dim, gqa_ratio, mask, sq_b, sk_b, work_b, tokens_b=None) -> str:
+    key = f"{arch}|{device}|{dtype}|d{head_dim}|gqa{gqa_ratio}|{mask}|sq{sq_b}|sk{sk_b}|w{work_b}"
+    return key if tokens_b is None else f"{key}|t{tokens_b}"
 
 
 def utc_now() -> str:
@@ -206,6 +228,7 @@ class Entry:
     trial: Optional[int] = None
     backend_us: dict = field(default_factory=dict)
     backend_source: str = ""
+    varlen: Optional[dict] = None   # a varlen batch's lengths (module docstring); None: a dense problem
 
     @classmethod
     def from_result(cls, *, arch: str, device: str, problem: Any, config: Mapping[str, Any],
@@ -213,7 +236,12 @@ class Entry:
                     peers_us: Mapping[str, Optional[float]], max_err: Optional[float],
                     kernel_fingerprint: str, versions: Mapping[str, Any], study: str,
                     trial: Optional[int], date: Optional[str] = None) -> "Entry":
-        """Build an entry from a measured result; speedups are computed here, one per timed peer."""
+        """Build an entry from a measured result; speedups are computed here, one per timed peer. A
+        `fa4.varlen_batch.VarlenProblem` gives a varlen entry (its lengths beside the compiled problem)."""
+        lengths = {name: list(getattr(problem, name)) for name in ("lengths_q", "lengths_k")
+                   if getattr(problem, name, None) is not None}
+        if lengths:
+            problem = problem.base()
         speedup = {name: round(p_us / us, 4) for name, p_us in peers_us.items()
                    if p_us is not None and us > 0}
         timed = {name: float(p_us) for name, p_us in peers_us.items() if p_us is not None}
@@ -228,13 +256,18 @@ class Entry:
             max_err=max_err, kernel_fingerprint=kernel_fingerprint, versions=dict(versions),
             date=date or utc_now(), study=study, trial=trial,
             backend_us={"ours": float(us), **timed} if timed else {},
-            backend_source="search" if timed else "")
+            backend_source="search" if timed else "", varlen=lengths or None)
 
     @property
     def key(self) -> str:
         return _key_from_fields(self.arch, self.device, self.dtype, self.head_dim, self.gqa_ratio,
                                 self.mask, self.seqlen_q_bucket, self.seqlen_k_bucket,
-                                self.work_bucket)
+                                self.work_bucket, self.tokens_bucket)
+
+    @property
+    def tokens_bucket(self) -> Optional[int]:
+        """A varlen entry's total query tokens, bucketed; None for a dense entry."""
+        return None if self.varlen is None else bucket(sum(self.varlen["lengths_q"]))
 
     @property
     def mask(self) -> str:
@@ -243,6 +276,8 @@ class Entry:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
+        if out["varlen"] is None:   # a dense entry reads as it did before varlen entries existed
+            del out["varlen"]
         out["key"] = self.key
         return out
 
@@ -346,10 +381,11 @@ def max_distance() -> float:
     return value
 
 
-def _log2_distance(a: Entry, sq_b: int, sk_b: int, work_b: int) -> float:
+def _log2_distance(a: Entry, sq_b: int, sk_b: int, work_b: int, tokens_b: Optional[int] = None) -> float:
+    tokens = 0.0 if tokens_b is None or a.tokens_bucket is None else abs(math.log2(a.tokens_bucket) - math.log2(tokens_b))
     return (abs(math.log2(a.seqlen_q_bucket) - math.log2(sq_b))
             + abs(math.log2(a.seqlen_k_bucket) - math.log2(sk_b))
-            + abs(math.log2(a.work_bucket) - math.log2(work_b)))
+            + abs(math.log2(a.work_bucket) - math.log2(work_b)) + tokens)
 
 
 class BestConfigDB:
@@ -490,7 +526,8 @@ class BestConfigDB:
         return [entry for hit in found if hit is not None for entry in [hit[1]] if not entry.is_stale(fingerprint)]
 
     def lookup(self, arch: str, device_name: str, problem: Any, fingerprint: Optional[str] = None, *,
-               max_distance: float = math.inf, broken: frozenset = frozenset()) -> Lookup:
+               max_distance: float = math.inf, broken: frozenset = frozenset(),
+               tokens: Optional[int] = None) -> Lookup:
         """The best known configuration for a problem on a device.
 
         Exact: same bucket key. Nearest: the closest bucket (minimal log2 distance over (seqlen_q,
@@ -501,9 +538,12 @@ class BestConfigDB:
         other devices are never used. Entries whose kernel fingerprint differs from `fingerprint` are
         never returned; they are listed in `Lookup.stale`. `fingerprint=None` trusts every entry.
         `broken`: (layer, key) of entries the caller found unusable (`entry_problems`).
+        A varlen problem (mask "-varlen") meets varlen entries only, the total query tokens (`tokens`,
+        else the problem's own) adding a fourth log2 term to the distance.
         """
-        key = entry_key(arch, device_name, problem)
+        key = entry_key(arch, device_name, problem, tokens)
         sq_b, sk_b, work_b = bucket(problem.seqlen_q), bucket(problem.seqlen_k), bucket(_work(problem))
+        tokens_b = _tokens_bucket(problem, tokens)
         mask = mask_key(problem.to_dict())
         stale: list[tuple[Optional[str], Entry]] = []
         fresh: list[tuple[Optional[str], Entry]] = []
@@ -524,7 +564,7 @@ class BestConfigDB:
         if others:
             passed.append(f"entries tuned on {', '.join(others)} exist for this kind of problem; they are "
                           f"not used on {device_name} (another GPU model)")
-        mine = sorted(((_log2_distance(e, sq_b, sk_b, work_b), e.key, layer, e)
+        mine = sorted(((_log2_distance(e, sq_b, sk_b, work_b, tokens_b), e.key, layer, e)
                        for layer, e in fresh if e.device == device_name), key=lambda t: t[:2])
         if not mine:
             return Lookup("default", None, stale_entries, passed_over=tuple(passed))
@@ -749,9 +789,20 @@ def field_error(data: Mapping[str, Any]) -> Optional[str]:
         return f"problem: {problem_error}"
     if bool(data["problem"].get("causal")) != data["causal"]:
         return f"causal {data['causal']} differs from the problem's ({data['problem'].get('causal')})"
+    lengths = data.get("varlen")
+    if bool(data["problem"].get("varlen")) != (lengths is not None):
+        return ("a varlen problem needs the batch's lengths (varlen), and only a varlen problem has them"
+                if lengths is None else "varlen lengths given for a problem that is not varlen")
+    if lengths is not None:
+        from fa4.varlen_batch import VarlenProblem
+
+        try:
+            VarlenProblem(**data["problem"], **lengths)
+        except (TypeError, ValueError) as exc:
+            return f"varlen: {exc}"
     key = _key_from_fields(data["arch"], data["device"], data["dtype"], data["head_dim"], data["gqa_ratio"],
                            mask_key(data["problem"]), data["seqlen_q_bucket"], data["seqlen_k_bucket"],
-                           data["work_bucket"])
+                           data["work_bucket"], None if lengths is None else bucket(sum(lengths["lengths_q"])))
     if "key" in data and data["key"] != key:
         return f"key {_show(data['key'], 300)} does not match the entry's fields ({key})"
     return None
@@ -818,6 +869,11 @@ def _field_checks(archs, dtypes) -> dict[str, tuple[Callable[[Any], bool], str]]
         "trial": (lambda v: v is None or _int_in(0, MAX_SIZE)(v), f"null or an integer in 0..2**{MAX_SIZE.bit_length() - 1}"),
         "backend_us": (_times, "an object of implementation names to finite numbers > 0 (GPU microseconds)"),
         "backend_source": (_text, "text"),
+        "varlen": (lambda v: v is None or (isinstance(v, dict) and set(v) == {"lengths_q", "lengths_k"}
+                                           and all(isinstance(x, list) and 0 < len(x) <= MAX_LENGTHS
+                                                   and all(_int_in(0, MAX_SIZE)(n) for n in x)
+                                                   for x in v.values())),
+                   f"null or {{\"lengths_q\": [...], \"lengths_k\": [...]}}, each 1..{MAX_LENGTHS} integers >= 0"),
     }
 
 

@@ -4,8 +4,10 @@ Every entry the searches wrote carries the GPU time of each implementation at it
 At a shape without an entry, the entries of its region (same arch, GPU model, dtype, head dim and mask)
 are ranked by distance in the features that move the ratio between implementations: query length,
 key length, parallel work (batch x query heads) and the GQA ratio, each on a log2 scale (a shape twice
-as long is one step away, as is one with twice the heads). `fa4.dispatch.choose` names the winner at
-each neighbour, in each mode, among the implementations that can run this call.
+as long is one step away, as is one with twice the heads). A variable-length batch (`fa4.varlen`) is
+compared with varlen entries only (their mask key says so) and by its total query tokens too, a fifth
+log2 feature (`fa4.varlen_batch` says why). `fa4.dispatch.choose` names the winner at each neighbour,
+in each mode, among the implementations that can run this call.
 
 The confidence rule: the prediction is confident when the `NEIGHBOURS` nearest entries within
 `CONFIDENT_DISTANCE` steps all name the same winner and there are at least two of them, or the only one
@@ -38,11 +40,20 @@ CLOSE_DISTANCE = 0.5
 VOTERS: int | None = 3
 
 
-def features(problem: Mapping[str, Any]) -> tuple[float, float, float, float]:
-    """(log2 seqlen_q, log2 seqlen_k, log2 batch x heads_q, log2 GQA ratio) of a problem's fields."""
-    return (math.log2(max(int(problem["seqlen_q"]), 1)), math.log2(max(int(problem["seqlen_k"]), 1)),
-            math.log2(max(int(problem["batch"]) * int(problem["heads_q"]), 1)),
-            math.log2(max(int(problem["heads_q"]) // max(int(problem["heads_kv"]), 1), 1)))
+def features(problem: Mapping[str, Any]) -> tuple[float, ...]:
+    """(log2 seqlen_q, log2 seqlen_k, log2 batch x heads_q, log2 GQA ratio) of a problem's fields, and
+    log2 of a varlen batch's total query tokens where the fields hold them (`tokens_q`)."""
+    found = (math.log2(max(int(problem["seqlen_q"]), 1)), math.log2(max(int(problem["seqlen_k"]), 1)),
+             math.log2(max(int(problem["batch"]) * int(problem["heads_q"]), 1)),
+             math.log2(max(int(problem["heads_q"]) // max(int(problem["heads_kv"]), 1), 1)))
+    return found + ((math.log2(max(int(problem["tokens_q"]), 1)),) if "tokens_q" in problem else ())
+
+
+def entry_fields(entry: Any) -> dict:
+    """An entry's problem fields, with a varlen batch's total query tokens (`tokens_q`)."""
+    if getattr(entry, "varlen", None) is None:
+        return entry.problem
+    return {**entry.problem, "tokens_q": sum(entry.varlen["lengths_q"])}
 
 
 def work(problem: Mapping[str, Any]) -> float:
@@ -51,7 +62,7 @@ def work(problem: Mapping[str, Any]) -> float:
     if problem.get("window") is not None:
         from fa4.kernels import AttentionProblem
 
-        visible = AttentionProblem(**problem).visible_pairs_per_head()
+        visible = AttentionProblem(**{k: v for k, v in problem.items() if k != "tokens_q"}).visible_pairs_per_head()
         return int(problem["batch"]) * int(problem["heads_q"]) * visible
     full = int(problem["batch"]) * int(problem["heads_q"]) * int(problem["seqlen_q"]) * int(problem["seqlen_k"])
     return full / 2 if problem.get("causal") else full
@@ -105,11 +116,15 @@ def region(entries: Iterable[Any], arch: str, device_name: str, problem: Any) ->
 
 
 def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, float],
-            usable: Callable[[str], bool]) -> Optional[Prediction]:
+            usable: Callable[[str], bool], tokens: Optional[int] = None) -> Optional[Prediction]:
     """The predicted implementation for `problem` in `mode` from the `region` entries (`entries`,
     already filtered to the region), among the implementations `usable(name)` accepts; None when the
-    region has no entry."""
-    target = problem.to_dict()
+    region has no entry. A varlen problem's total query tokens: `tokens`, else its own."""
+    from fa4.varlen_batch import tokens_of
+
+    target = {k: v for k, v in problem.to_dict().items() if k not in ("lengths_q", "lengths_k")}
+    if tokens_of(problem, tokens) is not None:
+        target["tokens_q"] = tokens_of(problem, tokens)
     ranked = []
     for entry in entries:
         # GPU times scaled to this shape's work: the ratios between implementations carry over, and an
@@ -120,7 +135,7 @@ def predict(entries: Iterable[Any], problem: Any, mode: str, host: Mapping[str, 
         choice = dispatch.choose(times, host, mode)
         if choice is None:
             continue
-        ranked.append(Neighbour(entry.key, distance(entry.problem, target), choice.backend, choice.ratio))
+        ranked.append(Neighbour(entry.key, distance(entry_fields(entry), target), choice.backend, choice.ratio))
     if not ranked:
         return None
     ranked.sort(key=lambda n: (n.distance, n.key))

@@ -15,15 +15,19 @@ Implementations (`backend=`):
 - "ours": our sm90 kernel compiled for varlen (one launch for the whole batch: per tile the sequence's
   offsets are read from cu_seqlens on the GPU; docs/design.md, section 3). H100/H200, fp16/bf16, head
   dims 64, 128 and 256; forward only (a call that needs gradients runs another implementation). Its
-  configuration is the heuristic default of the batch's (sequences, max_seqlen_q, max_seqlen_k).
+  configuration is the one `fa4tune search --varlen` recorded for the batch's bucket (max lengths,
+  sequences x KV heads, total query tokens: `fa4.varlen_batch`), else the nearest tuned bucket's, else
+  the heuristic default (`fa4.varlen_dispatch`).
 - a peer's varlen kernel (`fa4.backends`: a peer with a `varlen` method; today "flash_attn_4", the
   `peer` extra; one launch for the whole batch).
 - "per_sequence": `fa4.attention` on each sequence in turn (our tuned dense kernel per sequence, or its
   fallback): one launch per non-empty sequence, so it suits a few long sequences, not many short ones.
   It reads the offsets on the host (a device-to-host copy when they are on the GPU; inside a CUDA-graph
   capture the offsets must be CPU tensors).
-- "auto" (the default): ours where it runs, else the first peer whose kernel runs, else per_sequence.
-  Nothing here is tuned or timed against the others yet (benchmarks/varlen_bench.py times them).
+- "auto" (the default): ours where the database measured it (or predicts it, from the nearest measured
+  batches) at least as fast as the first peer whose kernel runs here, else that peer, else ours, else
+  per_sequence (`fa4.varlen_dispatch`). `fa4.explain_varlen` says which runs, in which configuration,
+  and why, computing and running nothing.
 
 The offsets are checked on every call outside a capture (one copy of batch + 1 integers): a wrong
 offset or a max_seqlen below a sequence's length raises instead of reading out of bounds. Inside a
@@ -81,10 +85,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     offsets = None
     if not (capturing and cu_seqlens_q.is_cuda):
         offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    implementation = choose(q, backend, k, v)
+    problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size, softcap)
+    choice = _decide(q, k, v, problem, backend, empty=problem is None)
+    implementation = choice.implementation
     if implementation == OURS:
-        return _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                     return_lse, window_size, softcap, offsets)
+        return _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, return_lse,
+                     offsets, problem, choice.config)
     if implementation != PER_SEQUENCE:
         return _peer(implementation, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                      softmax_scale, return_lse, window_size, softcap)
@@ -96,18 +102,36 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 def choose(q: torch.Tensor, backend: str = "auto", k: Optional[torch.Tensor] = None,
-           v: Optional[torch.Tensor] = None) -> str:
-    """The implementation a call with `backend` runs (module docstring); `k` and `v` (when given) say
-    whether gradients are needed, which ours does not give."""
-    if backend == "auto":
-        return next((name for name in implementations() if unsupported(name, q, k, v) is None), PER_SEQUENCE)
-    if backend not in implementations():
-        raise InvalidInputError(f"fa4.attention_varlen: backend={backend!r} is not one of auto, "
-                                f"{', '.join(implementations())}")
-    why = unsupported(backend, q, k, v)
-    if why:
-        raise UnsupportedInputError(f"fa4.attention_varlen: backend={backend!r} cannot run here: {why}")
-    return backend
+           v: Optional[torch.Tensor] = None, *, problem: Optional[AttentionProblem] = None) -> str:
+    """The implementation a call with `backend` runs (module docstring, `fa4.varlen_dispatch.decide`);
+    `k` and `v` (when given) say whether gradients are needed, which ours does not give; `problem`
+    (`varlen_problem` of the call) lets "auto" read the database, without it nothing is read."""
+    return _decide(q, k, v, problem, backend, empty=False).implementation
+
+
+def explain_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                   softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto", *,
+                   window_size: Optional[tuple] = None, softcap: Optional[float] = None):
+    """Which implementation `attention_varlen` runs on these inputs, our kernel's configuration and why
+    (the database entry, the times measured there, or the neighbours a prediction used): a
+    `fa4.varlen_dispatch.VarlenChoice`, whose `str()` is a short report. Computes and launches nothing,
+    and reads no offsets (the total query tokens are q's rows); bad inputs raise as `attention_varlen`
+    raises."""
+    _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    try:
+        window_size = None if window_size is None else window_pair(window_size)
+        softcap = None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap_value(softcap)
+    except ValueError as exc:
+        raise InvalidInputError(f"fa4.attention_varlen: {exc}") from None
+    problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size, softcap)
+    return _decide(q, k, v, problem, backend, empty=problem is None)
+
+
+def _decide(q, k, v, problem, backend, empty: bool):
+    from fa4.varlen_dispatch import decide
+
+    return decide(q, k, v, problem, backend, empty=empty)
 
 
 def ours_unsupported(q: torch.Tensor, k: Optional[torch.Tensor] = None,
@@ -150,6 +174,31 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: O
                               softcap=softcap_b)
         out[q0:q1], lse[:, q0:q1] = o[0], l[0]
     return out, lse
+
+
+def expected_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool, scale: Optional[float] = None, *,
+                    window_size=None, softcap: Optional[float] = None):
+    """The answers a packed output is held to by the one rule (`fa4.reference.compare`), the packed
+    tensors seen as batch 1: the fp32 reference (`reference_varlen`), the same-precision answer
+    (`fa4.reference.sdpa_same_precision`) per sequence, and the rows that see a key. Compare an output
+    with `compare(out[None], lse[None], expected)`."""
+    from fa4.reference import Expected, sdpa_same_precision
+
+    out, lse = reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window_size=window_size,
+                                softcap=softcap)
+    same_precision = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        causal_b, window_b, softcap_b = resolve_mask(causal, window_size, softcap, q1 - q0, k1 - k0)
+        same_precision[q0:q1] = sdpa_same_precision(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal_b,
+                                                    scale, window=window_b, softcap=softcap_b)[0].float()
+    right = None if window_size is None or causal else window_pair(window_size)[1]
+    hidden = rows_without_keys(cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device), q.shape[0], causal,
+                               None if right is None or right == UNBOUNDED else right)
+    return Expected(out[None], lse[None], same_precision[None], ~hidden)
 
 
 def _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
@@ -251,8 +300,10 @@ def varlen_problem(q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, cau
                             return_lse=return_lse, window=window, softcap=softcap, varlen=True)
 
 
-def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
-          window_size, softcap, offsets):
+def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, return_lse, offsets,
+          problem, config):
+    """Our varlen kernel in `config` (`fa4.varlen_dispatch`: tuned, else the default) on `problem`
+    (`varlen_problem`; None: nothing to launch)."""
     from fa4 import kernels
     from fa4.kernels.compiling import mask_values
     from fa4.runtime import _compiled_kernel
@@ -260,13 +311,10 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
-    problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size,
-                             softcap)
     if problem is None:   # no sequence has both a query and a key: every row sees none
         out.zero_()
         return (out, lse.fill_(-torch.inf)) if return_lse else out
     device = device_description(q.device)
-    config = kernels.default_config("sm90", problem, device)
     reasons = kernels.feasible(config, problem, device)
     if reasons:
         raise UnsupportedInputError(f"fa4.attention_varlen (ours): {config.label()} cannot run "

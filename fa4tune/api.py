@@ -71,7 +71,7 @@ def describe_problems(problems: list) -> str:
     """One line naming the problems of a run (what `fa4tune search` prints first)."""
     p0 = problems[0]
     if len({(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.dtype, p.return_lse)
-            for p in problems}) > 1:   # a shape set: name each problem
+            for p in problems}) > 1 or p0.varlen:   # a shape set or varlen batches: name each problem
         return f"{len(problems)} problems: " + "; ".join(p.label() for p in problems)
     # each mask as its label says it ("causal window (4095, 0) softcap 50"), "full" spelled "non-causal"
     masks = " and ".join(p.mask_label().replace("full", "non-causal", 1) for p in problems)
@@ -143,6 +143,8 @@ def run_search_set(problems: list, *, gpus: list[dict], arch: str = "auto", tria
     if backward:
         from fa4.kernels import backward_knob_set
 
+        if any(p.varlen for p in problems):
+            raise ValueError("our varlen kernel has no backward: a backward search takes dense problems only")
         arch = backward_knob_set(arch)   # ValueError where the architecture has no backward of ours
     progress.message(f"fa4tune search: arch {arch} (detected: {gpus[0]['name']}); {describe_problems(problems)}")
     load_space(arch, space)   # a bad space file fails here, before any worker starts

@@ -57,7 +57,10 @@ class Verbosity:
 
 # options that exclude each other, in whichever command has both
 EXCLUSIVE_OPTIONS = (("--gqa", "--heads-kv"), ("--shapes-file", "--model"), ("--shapes", "--shapes-file"),
-                     ("--shapes", "--model"), ("--db", "--no-db"), ("--effort", "--trials"))
+                     ("--shapes", "--model"), ("--db", "--no-db"), ("--effort", "--trials"),
+                     ("--varlen", "--shapes-file"), ("--varlen", "--model"), ("--varlen-tokens", "--varlen-sequences"),
+                     # a varlen batch with a window or softcap comes from a shapes file's [[varlen]] table
+                     ("--varlen", "--window"), ("--varlen", "--softcap"))
 # per command, a mode option and the options it makes do nothing (refused with it, not ignored)
 IGNORED_WITH = {
     "search": ("--compile-only", ("--sampler", "--timeout", "--trial-timeout", "--storage", "--study", "--workers",
@@ -69,6 +72,7 @@ IGNORED_WITH = {
 # per command, an option that does something only with another one (refused without it)
 NEEDS = {
     "compile-space": (("--seed", "--limit"),),          # --seed picks the sample --limit takes
+    "search": (("--varlen-tokens", "--varlen"), ("--varlen-sequences", "--varlen"), ("--varlen-seed", "--varlen")),
     "report": (("--screenshot-size", "--screenshot"),),
 }
 
@@ -281,6 +285,63 @@ def problems_from_set(shapes_file, model, mask):
         if not problems:
             raise click.UsageError(f"the shape set has no {'causal' if mask == 'causal' else 'non-causal'} problem")
     return problems
+
+
+def varlen_options(fn):
+    """--varlen (a length distribution's name, or the lengths) and how a distribution's batch is drawn."""
+    options = [
+        click.option("--varlen", "varlen_spec", default=None, metavar="DISTRIBUTION|L1,L2,...",
+                     help="a variable-length batch instead of --batch/--seqlen: its lengths drawn from a "
+                          "distribution (fa4tune.inputs.varlen_lengths: azure-conv-2023, azure-code-2023, "
+                          "log-uniform) or written out; tuned as fa4.attention_varlen runs it"),
+        click.option("--varlen-tokens", type=click.IntRange(min=1), default=None,
+                     help=f"the drawn batch's total tokens [default: {VARLEN_TOKENS}]"),
+        click.option("--varlen-sequences", type=click.IntRange(min=1), default=None,
+                     help="draw this many sequences instead of filling --varlen-tokens"),
+        click.option("--varlen-seed", type=int, default=0, show_default=True, help="which drawn batch"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+# a drawn varlen batch's tokens when neither --varlen-tokens nor --varlen-sequences is given: a prefill
+# step of a serving engine (vLLM's max_num_batched_tokens is of this order)
+VARLEN_TOKENS = 16384
+
+
+def problems_from_varlen(spec, tokens, sequences, seed, heads, gqa, heads_kv, head_dim, dtype, lse, mask):
+    """The `VarlenProblem`s of --varlen (one per mask), or None without it; the shape options that a
+    batch's lengths set (--batch, --seqlen, --seqlen-k) may not be given with it."""
+    from fa4.varlen_batch import VarlenProblem
+    from fa4tune.inputs.varlen_lengths import DISTRIBUTIONS, lengths
+
+    if spec is None:
+        return None
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in ("batch", "seqlen", "seqlen_k")
+             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot be combined with --varlen: the batch's lengths set them")
+    try:
+        if spec in DISTRIBUTIONS:
+            drawn = lengths(spec, sequences=sequences, tokens=None if sequences else tokens or VARLEN_TOKENS, seed=seed)
+        else:
+            if tokens or sequences:
+                raise ValueError("--varlen-tokens and --varlen-sequences draw from a distribution; the lengths "
+                                 "given are the batch")
+            try:
+                drawn = [int(n) for n in spec.split(",")]
+            except ValueError:
+                raise ValueError(f"--varlen {spec!r} is neither a distribution ({', '.join(DISTRIBUTIONS)}) nor "
+                                 "comma-separated lengths") from None
+        [template] = problems_from_options(1, heads, gqa, heads_kv, head_dim, 1, None, dtype, lse, "full")
+        problems = {VarlenProblem.of(drawn, heads_q=template.heads_q, heads_kv=template.heads_kv, head_dim=head_dim,
+                                     dtype=dtype, causal=causal, return_lse=lse): None
+                    for causal in {"causal": [True], "full": [False], "both": [False, True]}[mask or "both"]}
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return list(problems)
 
 
 def _check_arch(ctx, param, value: str) -> str:
@@ -526,26 +587,38 @@ def compile_space_command(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_
               help="search our backward kernel's knobs (knob set <arch>_bwd) instead of the forward's: each "
                    "trial validated (dQ, dK, dV) and timed as the backward alone, the peers' backward "
                    "timed beside it; entries recorded under their own keys")
+@varlen_options
 def search(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, window, softcap, shapes_file,
            model, arch,
            effort, trials, sampler,
            timeout, trial_timeout, compile_timeout, storage, study, workers, jobs, seed, fmt, db_path, no_db,
-           space_path, l2, peers, warm_start, retime_rounds, compile_only, backward):
-    """Search kernel knobs per shape with optuna; validate, time, record the best."""
+           space_path, l2, peers, warm_start, retime_rounds, compile_only, backward,
+           varlen_spec, varlen_tokens, varlen_sequences, varlen_seed):
+    """Search kernel knobs per shape with optuna; validate, time, record the best.
+
+    --varlen tunes our varlen kernel on a variable-length batch (fa4.attention_varlen's packed layout),
+    timing the peers' varlen kernels and per-sequence calls beside it."""
     from fa4tune.api import NoGpuError, run_search_set
     from fa4tune.inputs.space import SpaceError
     from fa4tune.workers.pool import PoolError
 
     trials = trials or EFFORTS[effort or "default"]
     problems = (problems_from_set(shapes_file, model, mask)
+                or problems_from_varlen(varlen_spec, varlen_tokens, varlen_sequences, varlen_seed, heads, gqa,
+                                        heads_kv, head_dim, dtype, lse, mask)
                 or problems_from_options(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask,
                                          window, softcap))
+    if backward and any(p.varlen for p in problems):
+        raise click.UsageError("--backward: our varlen kernel has no backward (a varlen batch's gradients run "
+                               "a peer's varlen kernel or the per-sequence path)")
     if compile_only and backward:
         # the backward's whole space is compile-checked by tests/test_sm90_bwd_compile.py
         raise click.UsageError("--compile-only compiles forward spaces; --backward needs a GPU")
     if compile_only:
         arch = _resolve_arch(arch, detect_gpus() if arch == "auto" else [], need_gpu=False)
-        _run_compile_space(arch, problems, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
+        # a varlen batch compiles as its compiled problem (the lengths are run-time values)
+        compiled = list(dict.fromkeys(p.base() if hasattr(p, "base") else p for p in problems))
+        _run_compile_space(arch, compiled, space_path, trials, jobs, seed, "0/1", fmt, None, compile_timeout)
     _check_search_outputs(storage, db_path, no_db)
     try:
         summaries = run_search_set(
@@ -614,7 +687,8 @@ def best(fmt, db_path):
     cannot be read or an entry fails the check (each named on stderr; the rest is listed)."""
     from fa4 import dispatch
     from fa4.database import BestConfigDB, DatabaseError
-    from fa4.kernels import BACKWARD_KERNELS, AttentionProblem
+    from fa4.kernels import BACKWARD_KERNELS
+    from fa4.varlen_batch import problem_from_dict
     from fa4tune import environment
 
     if db_path is not None:
@@ -652,7 +726,8 @@ def best(fmt, db_path):
             fastest = " / ".join(backends.title(d["fastest_backend"][m]) for m in dispatch.MODES
                                  if m in d["fastest_backend"]) or None
             # a backward entry (`search --backward`) beside its forward one: the same problem, another pass
-            rows.append([AttentionProblem(**d["problem"]).label(), "backward" if d["arch"] in BACKWARD_KERNELS
+            rows.append([problem_from_dict({**d["problem"], **(d.get("varlen") or {})}).label(),
+                         "backward" if d["arch"] in BACKWARD_KERNELS
                          else "forward", layer, _label(d["arch"], d["config"]),
                          _fmt(d["us"]), versus, fastest,
                          {True: "STALE", False: "no"}.get(d["stale"], d["stale"]), d["date"][:10]])

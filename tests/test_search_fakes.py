@@ -275,3 +275,41 @@ class SdpaGpuEvaluator(_real_evaluator_base()):
 
     def compile(self, config, problem):
         return SdpaKernel(config, problem)
+
+
+# ---- varlen batches (`fa4tune search --varlen`): the real kernel API judges, this evaluator times ----
+
+def fake_varlen_us(config: dict, problem) -> float:
+    """A varlen time: `fake_us` without GQA packing (varlen refuses it), plus what empty grid cells cost
+    one CTA per tile: 20 us x the share of cells without rows (1 - tokens / (sequences x max)), a
+    tenth of that in a persistent loop. So a batch of one long and many short sequences is fastest
+    persistent, a near-uniform one with single_lpt's order."""
+    empty = 1.0 - problem.tokens_q / (problem.batch * problem.seqlen_q)
+    persistent = config["scheduler"] in ("static", "lpt")
+    us = fake_us({**config, "pack_gqa": True}) + 20.0 * empty * (0.1 if persistent else 1.0)
+    return round(us, 3)
+
+
+class FakeVarlenEvaluator(FakeEvaluator):
+    """Varlen trials: the problem must reach the worker with its lengths (a `VarlenProblem`), times from
+    `fake_varlen_us`; the other implementations: flash-attn-4's varlen kernel 33 us, per sequence 80 us,
+    SDPA's backends without a varlen kernel."""
+
+    def run_trial(self, kernel, config, problem, timing, validate, perturb) -> dict:
+        from fa4.varlen_batch import VarlenProblem
+
+        assert isinstance(problem, VarlenProblem), type(problem)
+        if perturb:
+            return {"outcome": "mismatch", "max_err": 1.0, "error": "differs from the fp32 reference"}
+        us = fake_varlen_us(config.to_dict(), problem)
+        return {"outcome": "ok", "us": us, "tflops": round(problem.flops() / us / 1e6, 2), "max_err": 0.001}
+
+    def time_peers(self, problem, timing, names, eager: bool = False) -> dict:
+        from fa4.varlen_batch import VarlenProblem
+
+        assert isinstance(problem, VarlenProblem), type(problem)
+        out = {name: {"error": f"{name} has no varlen kernel"} for name in names if name != "flash_attn_4"}
+        if "flash_attn_4" in names:
+            out["flash_attn_4"] = {"us": 33.0, "tflops": 1.0, "max_err": 0.002}
+        out["per_sequence"] = {"us": 80.0, "tflops": 0.5, "max_err": 0.001}
+        return out

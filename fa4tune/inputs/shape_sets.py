@@ -17,6 +17,24 @@ pairs; `softcap` a number > 0.
     batch = [1, 8]
     seqlen = [1024, 4096]
 
+A shapes file may name variable-length batches too (`fa4.varlen_batch.VarlenProblem`, tuned as
+`fa4tune search --varlen` tunes one): `[[varlen]]` tables with the head counts, head dim, dtype, causal,
+return_lse, window and softcap of a `[[problem]]` table (the same short form `gqa`; no batch and no
+lengths: the sequences give them), and the lengths either written out (`lengths`, queries and keys
+alike, or `lengths_q` and `lengths_k`; a list of lists for several batches) or drawn from a named
+distribution (`distribution`, `fa4tune.inputs.varlen_lengths`: "azure-conv-2023" is measured prompt
+lengths of a serving trace) with `sequences` or `tokens` (the batch's total) and `seed` (default 0).
+Any of the others may be a list, as in `[[problem]]`.
+
+    [[varlen]]                      # a serving prefill batch of 16384 tokens, causal
+    heads_q = 32
+    gqa = 4
+    head_dim = 128
+    dtype = "bf16"
+    causal = true
+    distribution = "azure-conv-2023"
+    tokens = 16384
+
 Model presets (`--model NAME`) are shapes files shipped with the package (`models/<name>.toml`, the
 package `fa4tune.models`); each says where its head counts and head dim come from. `FA4_RECORD_SHAPES`
 (`fa4.record_shapes`) writes shapes files too, one single-valued table per problem.
@@ -95,22 +113,88 @@ def _expand(table: dict, where: str) -> list[AttentionProblem]:
     return problems
 
 
+_VARLEN_FIELDS = ("heads_q", "heads_kv", "gqa", "head_dim", "dtype", "causal", "return_lse", "window", "softcap",
+                  "lengths", "lengths_q", "lengths_k", "distribution", "sequences", "tokens", "seed")
+
+
+def _expand_varlen(table: dict, where: str) -> list[AttentionProblem]:
+    """The `VarlenProblem`s of one [[varlen]] table (module docstring)."""
+    from fa4.varlen_batch import VarlenProblem
+    from fa4tune.inputs.varlen_lengths import lengths as draw_lengths
+
+    unknown = sorted(set(table) - set(_VARLEN_FIELDS))
+    if unknown:
+        raise ShapeSetError(f"{where}: unknown name(s) {unknown}; known: {list(_VARLEN_FIELDS)}")
+    written = [name for name in ("lengths", "lengths_q") if name in table]
+    if len(written) + ("distribution" in table) != 1 or ("lengths_k" in table) != ("lengths_q" in table):
+        raise ShapeSetError(f"{where}: give the lengths one way: lengths, lengths_q with lengths_k, or "
+                            "distribution (with sequences or tokens)")
+    if "distribution" not in table and any(name in table for name in ("sequences", "tokens", "seed")):
+        raise ShapeSetError(f"{where}: sequences, tokens and seed draw lengths from a distribution: name one")
+    batches = {}   # field -> one batch's lengths, or a list of batches
+    for name in ("lengths", "lengths_q", "lengths_k"):
+        if name in table:
+            value = table.pop(name)
+            several = isinstance(value, list) and value and all(isinstance(x, list) for x in value)
+            batches[name] = value if several else [value]
+    if {"heads_q", "head_dim"} - set(table) or ("gqa" in table) == ("heads_kv" in table):
+        raise ShapeSetError(f"{where}: a [[varlen]] table needs heads_q, head_dim and one of heads_kv or gqa")
+    table = {"causal": [False, True], **table}
+    names = sorted(table)
+    problems = []
+    for values in itertools.product(*(_as_list(table[n], n) for n in names)):
+        fields = dict(zip(names, values))
+        if "gqa" in fields:
+            gqa = fields.pop("gqa")
+            if not isinstance(gqa, int) or gqa < 1 or fields["heads_q"] % gqa:
+                raise ShapeSetError(f"{where}: {fields['heads_q']} query heads are not divisible by gqa {gqa}")
+            fields["heads_kv"] = fields["heads_q"] // gqa
+        for flag in ("causal", "return_lse"):
+            if not isinstance(fields.get(flag, False), bool):
+                raise ShapeSetError(f"{where}: {flag} must be true or false, got {fields[flag]!r}")
+        for name in ("heads_q", "heads_kv", "head_dim"):
+            if not isinstance(fields[name], int) or isinstance(fields[name], bool) or fields[name] < 1:
+                raise ShapeSetError(f"{where}: {name} must be a positive integer, got {fields[name]!r}")
+        try:
+            if "distribution" in fields:
+                drawn = draw_lengths(fields.pop("distribution"), sequences=fields.pop("sequences", None),
+                                     tokens=fields.pop("tokens", None), seed=fields.pop("seed", 0))
+                pairs = [(drawn, drawn)]
+            elif "lengths" in batches:
+                pairs = [(b, b) for b in batches["lengths"]]
+            else:
+                if len(batches["lengths_q"]) != len(batches["lengths_k"]):
+                    raise ValueError("lengths_q and lengths_k name different numbers of batches")
+                pairs = list(zip(batches["lengths_q"], batches["lengths_k"]))
+            for lengths_q, lengths_k in pairs:
+                if not isinstance(lengths_q, list) or not isinstance(lengths_k, list):
+                    raise ValueError("lengths must be lists of integers")
+                problems.append(VarlenProblem.of(lengths_q, lengths_k, window_size=fields.get("window"),
+                                                 **{k: v for k, v in fields.items() if k != "window"}))
+        except (TypeError, ValueError) as exc:
+            raise ShapeSetError(f"{where}: {exc}") from exc
+    return problems
+
+
 def parse_shapes(text: str, source: str = "<shapes>") -> list[AttentionProblem]:
-    """The problems of a shapes file's text (see the module docstring)."""
+    """The problems of a shapes file's text (see the module docstring): its [[problem]] tables, then its
+    [[varlen]] tables."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ShapeSetError(f"{source}: not valid TOML: {exc}") from exc
-    extra = sorted(set(doc) - {"problem"})
+    extra = sorted(set(doc) - {"problem", "varlen"})
     if extra:
-        raise ShapeSetError(f"{source}: unknown top-level name(s) {extra}; a shapes file holds [[problem]] tables")
-    tables = doc.get("problem", [])
-    if not isinstance(tables, list) or not tables:
-        raise ShapeSetError(f"{source}: no [[problem]] table")
+        raise ShapeSetError(f"{source}: unknown top-level name(s) {extra}; a shapes file holds [[problem]] "
+                            "and [[varlen]] tables")
+    tables = {kind: doc.get(kind, []) for kind in ("problem", "varlen")}
+    if not all(isinstance(t, list) for t in tables.values()) or not any(tables.values()):
+        raise ShapeSetError(f"{source}: no [[problem]] or [[varlen]] table")
     out: dict[AttentionProblem, None] = {}
-    for i, table in enumerate(tables):
-        for problem in _expand(table, f"{source}, problem {i + 1}"):
-            out.setdefault(problem)
+    for kind, expand in (("problem", _expand), ("varlen", _expand_varlen)):
+        for i, table in enumerate(tables[kind]):
+            for problem in expand(dict(table), f"{source}, {kind} {i + 1}"):
+                out.setdefault(problem)
     return list(out)
 
 

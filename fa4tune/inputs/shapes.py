@@ -2,7 +2,9 @@
 
 `shape_key(arch, problem)` is e.g. `sm90-fp16-b1-hq32-hkv8-d128-sq1024-sk1024-causal` (`-full` when not
 causal; a sliding window's bounded sides `-wl<left>` / `-wr<right>` and a softcap `-cap<c>` follow the
-mask; `-lse` appended when the log-sum-exp is returned). `parse_shape` reads any dash-separated subset
+mask; `-lse` appended when the log-sum-exp is returned; a variable-length batch,
+`fa4.varlen_batch.VarlenProblem`, ends in `-varlen-t<total query tokens>-<digest of its lengths>`, its
+b, sq and sk the sequences and the max lengths). `parse_shape` reads any dash-separated subset
 of its tokens (and a few short forms: `s1024`, `gqa4`), the rest from defaults; `parse_shape_masks` reads
 one for each mask a command asks for when the text names none.
 """
@@ -26,7 +28,10 @@ def shape_key(arch: str, problem: AttentionProblem) -> str:
         mask += f"-cap{problem.softcap:g}"
     key = (f"{arch}-{problem.dtype}-b{problem.batch}-hq{problem.heads_q}-hkv{problem.heads_kv}"
            f"-d{problem.head_dim}-sq{problem.seqlen_q}-sk{problem.seqlen_k}-{mask}")
-    return key + ("-lse" if problem.return_lse else "")
+    key += "-lse" if problem.return_lse else ""
+    if getattr(problem, "lengths_q", None) is not None:   # a varlen batch: its tokens and which lengths
+        key += f"-varlen-t{problem.tokens_q}-{problem.lengths_digest()}"
+    return key
 
 
 _TOKEN = re.compile(r"^(b|hq|hkv|d|sq|sk|s|gqa|wl|wr)(\d+)$")

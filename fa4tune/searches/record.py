@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from fa4.kernels import AttentionProblem
+from fa4.varlen_batch import problem_from_dict
 from fa4tune.searches.study import best_ok_trial
 
 
@@ -35,7 +35,7 @@ def record_best(study, db_path: Optional[str], retimed: Optional[dict] = None) -
     device = (attrs.get("device") or {}).get("name")
     if best is None or not device:
         return None
-    problem = AttentionProblem(**attrs["problem"])
+    problem = problem_from_dict(attrs["problem"])   # a varlen batch's entry keeps its lengths
     us, default_us, tflops = best.value, attrs.get("default_us"), best.user_attrs.get("tflops") or 0.0
     if retimed is not None:
         from fa4tune.workers.timing import tflops as tflops_of

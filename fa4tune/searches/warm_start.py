@@ -8,6 +8,9 @@ of the sequence-length and work buckets (as the runtime's nearest lookup, `fa4.d
 entries (another kernel fingerprint) are not used, nor configurations outside the study's space; but the
 stale entry of the study's own bucket goes first: after a kernel change, a re-tune starts from the
 configuration that won before (re-timed like any seed, never trusted).
+A variable-length batch (`fa4.varlen_batch.VarlenProblem`) is seeded from varlen entries only and a
+dense problem from dense ones (a kind's configurations are judged at its own shapes; a dense winner
+packing GQA rows could not run a varlen batch at all); the tokens bucket joins the distance.
 Each seeded trial carries user_attr `warm_start`: the key of the entry it came from. Seeds are
 evaluated like any trial (screened, counted in `--trials`); with none to be found, a study starts cold.
 """
@@ -26,9 +29,12 @@ def _distance(entry, problem: AttentionProblem) -> float:
     from fa4.database import bucket
 
     work = problem.batch * problem.heads_kv
+    tokens = getattr(problem, "tokens_q", None)
     return (abs(math.log2(entry.seqlen_q_bucket) - math.log2(bucket(problem.seqlen_q)))
             + abs(math.log2(entry.seqlen_k_bucket) - math.log2(bucket(problem.seqlen_k)))
-            + abs(math.log2(entry.work_bucket) - math.log2(bucket(work))))
+            + abs(math.log2(entry.work_bucket) - math.log2(bucket(work)))
+            + (0.0 if tokens is None or entry.tokens_bucket is None
+               else abs(math.log2(entry.tokens_bucket) - math.log2(bucket(tokens)))))
 
 
 def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionProblem, fingerprint: str,
@@ -57,7 +63,8 @@ def warm_start_configs(db, arch: str, device: Optional[str], problem: AttentionP
     for causal in (problem.causal, not problem.causal):
         candidates = [e for e in db.entries
                       if e.arch == arch and e.dtype == problem.dtype and e.head_dim == problem.head_dim
-                      and e.causal == causal and not e.is_stale(fingerprint)]
+                      and e.causal == causal and not e.is_stale(fingerprint)
+                      and bool(e.problem.get("varlen")) == problem.varlen]
         candidates.sort(key=lambda e: (e.device != device, abs(math.log2(e.gqa_ratio) - math.log2(problem.gqa_ratio)),
                                        _distance(e, problem), e.key))
         taken = 0

@@ -6,7 +6,10 @@ A worker loads its evaluator by "module:attribute" (`load_evaluator`), so tests 
 `setup() -> device facts`, `compile_key`, `compile`, `compile_report`, `run_trial`, `time_peers`,
 `time_dispatched` (fa4.attention itself, for `fa4tune bench`), `trigger_fault` and `healthy`.
 A configuration of a backward knob set (`fa4.kernels.BACKWARD_KERNELS`, `fa4tune search --backward`)
-compiles our backward kernel and runs as a backward trial (`fa4tune.workers.backward`).
+compiles our backward kernel and runs as a backward trial (`fa4tune.workers.backward`). A variable-length
+batch (`fa4.varlen_batch.VarlenProblem`, `fa4tune search --varlen`) compiles our varlen kernel and runs
+as a varlen trial on packed tensors, its peers being `fa4.attention_varlen`'s other implementations
+(`fa4tune.workers.varlen`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class KernelEvaluator:
             from fa4tune.workers.backward import compile_backward
 
             return compile_backward(config, problem)
+        if _is_varlen_batch(problem):
+            problem = problem.base()   # the kernel is compiled for the batch's shape, not its lengths
         return compile_attention(config, problem)
 
     def compile_report(self, config, problem) -> dict:
@@ -79,6 +84,15 @@ class KernelEvaluator:
             self._inputs[key] = (q, k, v, expected, scale)
         return self._inputs[key]
 
+    def _varlen_inputs(self, problem):
+        """The packed tensors and references of a varlen batch (one problem's kept)."""
+        if problem not in self._inputs:
+            from fa4tune.workers.varlen import VarlenInputs
+
+            self._inputs.clear()
+            self._inputs[problem] = VarlenInputs(problem)
+        return self._inputs[problem]
+
     def _backward_inputs(self, problem):
         """The saved tensors, dO and gradient references of a backward search's problem (one kept)."""
         key = ("backward", problem)
@@ -98,6 +112,10 @@ class KernelEvaluator:
             from fa4tune.workers.backward import run_backward_trial
 
             return run_backward_trial(kernel, self._backward_inputs(problem), problem, timing, validate, perturb)
+        if _is_varlen_batch(problem):
+            from fa4tune.workers.varlen import run_varlen_trial
+
+            return run_varlen_trial(kernel, self._varlen_inputs(problem), problem, timing, validate, perturb)
 
         from fa4.kernels.compiling import mask_values
         from fa4.reference import compare
@@ -129,8 +147,14 @@ class KernelEvaluator:
 
     def time_peers(self, problem, timing, names, eager: bool = False) -> dict:
         """GPU time of each peer by CUDA-graph replay; with `eager`, also its wall time per
-        back-to-back eager call (the bench's eager comparison; a search has no use for it)."""
+        back-to-back eager call (the bench's eager comparison; a search has no use for it). A varlen
+        batch's: `fa4.attention_varlen`'s other implementations (`fa4tune.workers.varlen`)."""
         import torch
+
+        if _is_varlen_batch(problem):
+            from fa4tune.workers.varlen import time_varlen_peers
+
+            return time_varlen_peers(self._varlen_inputs(problem), problem, timing, names, self.healthy)
 
         from fa4tune.workers.peers import peer_available, peer_call
         from fa4tune.workers.timing import time_cuda, time_eager, tflops
@@ -239,6 +263,11 @@ class KernelEvaluator:
             return torch.ones(1, device="cuda").add_(1).item() == 2.0
         except Exception:
             return False
+
+
+def _is_varlen_batch(problem) -> bool:
+    """A `fa4.varlen_batch.VarlenProblem` (a varlen problem with its sequences' lengths)."""
+    return getattr(problem, "lengths_q", None) is not None
 
 
 def device_info() -> dict:

@@ -157,9 +157,10 @@ def worker_main(conn, spec: dict) -> None:
 
 
 def _problem_and_config(payload):
-    from fa4.kernels import AttentionProblem, Config
+    from fa4.kernels import Config
+    from fa4.varlen_batch import problem_from_dict
 
-    problem = AttentionProblem(**payload["problem"])
+    problem = problem_from_dict(payload["problem"])
     config = Config.from_dict(payload["arch"], payload["config"])
     return problem, config
 
@@ -221,10 +222,10 @@ def _run_gpu_task(conn, lock_path, task_id, payload, evaluator, measure):
     """A task whose whole work is on the GPU, under the GPU lock: `measure(problem, timing)` gives the
     result; an exception is a launch error, or a fault (the worker retires) when the GPU is no longer
     healthy."""
-    from fa4.kernels import AttentionProblem
+    from fa4.varlen_batch import problem_from_dict
     from fa4tune.workers.timing import TimingSettings
 
-    problem = AttentionProblem(**payload["problem"])
+    problem = problem_from_dict(payload["problem"])
     with gpu_lock(lock_path):
         conn.send(("phase", task_id, "gpu", {}))
         try:
