@@ -55,13 +55,11 @@ def implementations() -> tuple[str, ...]:
     return (OURS,) + tuple(peer.name for peer in peers_with_backward()) + (BLOCKWISE,)
 
 
-def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = None,
-                     v: Optional[torch.Tensor] = None) -> Optional[str]:
-    """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can)."""
+def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = None) -> Optional[str]:
+    """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can; a value
+    head dim of its own is `_ours_unsupported_with_v`'s)."""
     if window is not None or softcap is not None:
         return "our backward kernels have no sliding window or softcap"
-    if _value_dim_differs(q, v):
-        return _one_head_dim("our backward kernels", q, v)
     if q.device.type != "cuda":
         return f"our backward kernels run on CUDA GPUs, not {q.device.type}"
     major, minor = torch.cuda.get_device_capability(q.device)
@@ -82,6 +80,11 @@ def _one_head_dim(who: str, q: torch.Tensor, v: torch.Tensor) -> str:
     return f"{who}: q, k and v must share one head dim (v's is {v.shape[-1]}, q's {q.shape[-1]})"
 
 
+def _ours_unsupported_with_v(q: torch.Tensor, window, softcap, v: Optional[torch.Tensor]) -> Optional[str]:
+    """`ours_unsupported`, and our kernels' one head dim for q, k and v (the sm90 backward's)."""
+    return _one_head_dim("our backward kernels", q, v) if _value_dim_differs(q, v) else ours_unsupported(q, window, softcap)
+
+
 def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: Optional[torch.Tensor] = None,
            causal: Optional[bool] = None, v: Optional[torch.Tensor] = None) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
@@ -91,7 +94,7 @@ def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: 
     forced = _forced()
     if forced is not None:
         why = f"${ENV_VAR}={forced}"
-        if forced == OURS and k is not None and causal is not None and ours_unsupported(q, window, softcap, v) is None:
+        if forced == OURS and k is not None and causal is not None and _ours_unsupported_with_v(q, window, softcap, v) is None:
             why += "; " + describe_config(*tuned(q, k, causal))
         return forced, why
     return _automatic(q, window=window, softcap=softcap, k=k, causal=causal, v=v)
@@ -191,7 +194,7 @@ def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Op
     that can take these inputs, else that peer's, else ours (unless `with_ours` is False: ours was
     tried and refused), else the blockwise one. A value head dim of its own (v's != q's) only the
     blockwise one takes: the peers' adapters pass one head dim."""
-    ours_why_not = ours_unsupported(q, window, softcap, v) if with_ours else "ours refused these inputs"
+    ours_why_not = _ours_unsupported_with_v(q, window, softcap, v) if with_ours else "ours refused these inputs"
     ours = tuned(q, k, causal) if ours_why_not is None and k is not None and causal is not None else None
     why_not = []
     for peer in peers_with_backward():
@@ -225,7 +228,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if implementation == BLOCKWISE:
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     if implementation == OURS:
-        why = ours_unsupported(q, **mask, v=v)
+        why = _ours_unsupported_with_v(q, window, softcap, v)
         if why is None:
             return ours_backward(dout, q, k, v, out, lse, causal, scale, dlse)
         implementation, _ = _automatic(q, with_ours=False, v=v)

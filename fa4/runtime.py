@@ -413,7 +413,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                       causal, return_lse, config, fallback, allow_untested_sm100, backend, window_size, softcap)
         last = STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else STATE.kernel_launches.get(kernel_key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
+    except (AttributeError, TypeError, RuntimeError, IndexError):  # not tensors (or v not 4-D) (nested and sparse ones have no
         # sizes or strides), or an unhashable config: the checked path says
         kernel_key = launch = None
     # a launch with a graph launch attached runs that one under a capture: the checked path picks it
