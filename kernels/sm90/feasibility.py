@@ -44,8 +44,8 @@ def can_implement(problem: AttentionProblem) -> list[str]:
     if problem.batch < 1 or problem.seqlen_q < 1 or problem.seqlen_k < 1 or problem.heads_q < 1:
         reasons.append("empty problem: batch, sequence lengths and heads must be >= 1")
     if problem.varlen and not unknown_dims and 128 % (problem.value_head_dim // 8):
-        reasons.append(f"varlen at value head dim {problem.value_head_dim}: the row-predicated O store "
-                       f"spreads a row over Dv / 8 threads, which must divide a warpgroup (varlen head dims: "
+        reasons.append(f"varlen at head dim {problem.value_head_dim} (of O): the row-predicated O store "
+                       f"spreads a row over head_dim / 8 threads, which must divide a warpgroup (varlen head dims: "
                        f"{', '.join(str(d) for d in VARLEN_HEAD_DIMS)})")
     return reasons
 
