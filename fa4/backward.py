@@ -56,7 +56,8 @@ def implementations() -> tuple[str, ...]:
 
 
 def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = None) -> Optional[str]:
-    """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can)."""
+    """Why our backward kernels cannot take a gradient of these inputs' kind (None: they can; a value
+    head dim of its own is `_ours_unsupported_with_v`'s)."""
     if window is not None or softcap is not None:
         return "our backward kernels have no sliding window or softcap"
     if q.device.type != "cuda":
@@ -71,8 +72,21 @@ def ours_unsupported(q: torch.Tensor, window=None, softcap: Optional[float] = No
     return None
 
 
+def _value_dim_differs(q: torch.Tensor, v: Optional[torch.Tensor]) -> bool:
+    return v is not None and v.shape[-1] != q.shape[-1]
+
+
+def _one_head_dim(who: str, q: torch.Tensor, v: torch.Tensor) -> str:
+    return f"{who}: q, k and v must share one head dim (v's is {v.shape[-1]}, q's {q.shape[-1]})"
+
+
+def _ours_unsupported_with_v(q: torch.Tensor, window, softcap, v: Optional[torch.Tensor]) -> Optional[str]:
+    """`ours_unsupported`, and our kernels' one head dim for q, k and v (the sm90 backward's)."""
+    return _one_head_dim("our backward kernels", q, v) if _value_dim_differs(q, v) else ours_unsupported(q, window, softcap)
+
+
 def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: Optional[torch.Tensor] = None,
-           causal: Optional[bool] = None) -> tuple[str, str]:
+           causal: Optional[bool] = None, v: Optional[torch.Tensor] = None) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
     ours where a tuned entry measured it faster than the first peer's backward that can take it, else
     that peer's, else ours, else the blockwise one. Without `k` and `causal` no entry is read. Where
@@ -80,10 +94,10 @@ def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: 
     forced = _forced()
     if forced is not None:
         why = f"${ENV_VAR}={forced}"
-        if forced == OURS and k is not None and causal is not None and ours_unsupported(q, window, softcap) is None:
+        if forced == OURS and k is not None and causal is not None and _ours_unsupported_with_v(q, window, softcap, v) is None:
             why += "; " + describe_config(*tuned(q, k, causal))
         return forced, why
-    return _automatic(q, window=window, softcap=softcap, k=k, causal=causal)
+    return _automatic(q, window=window, softcap=softcap, k=k, causal=causal, v=v)
 
 
 def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool):
@@ -174,15 +188,18 @@ def _forced() -> Optional[str]:
 
 
 def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Optional[float] = None, *,
-               k: Optional[torch.Tensor] = None, causal: Optional[bool] = None) -> tuple[str, str]:
+               k: Optional[torch.Tensor] = None, causal: Optional[bool] = None,
+               v: Optional[torch.Tensor] = None) -> tuple[str, str]:
     """`auto`'s choice: ours where its tuned entry measured it faster than the first peer's backward
     that can take these inputs, else that peer's, else ours (unless `with_ours` is False: ours was
-    tried and refused), else the blockwise one."""
-    ours_why_not = ours_unsupported(q, window, softcap) if with_ours else "ours refused these inputs"
+    tried and refused), else the blockwise one. A value head dim of its own (v's != q's) only the
+    blockwise one takes: the peers' adapters pass one head dim."""
+    ours_why_not = _ours_unsupported_with_v(q, window, softcap, v) if with_ours else "ours refused these inputs"
     ours = tuned(q, k, causal) if ours_why_not is None and k is not None and causal is not None else None
     why_not = []
     for peer in peers_with_backward():
-        reason = peer.backward_unsupported(q)
+        reason = (_one_head_dim(f"{peer.title}'s backward adapter", q, v) if _value_dim_differs(q, v)
+                  else peer.backward_unsupported(q))
         if reason is None:
             faster = _measured_faster(ours[2], peer) if ours is not None else None
             if faster:
@@ -207,14 +224,14 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     forced = implementation != "auto" or _forced() is not None
     mask = {"window": window, "softcap": softcap}
     if implementation == "auto":
-        implementation, _ = choose(q, **mask, k=k, causal=causal)
+        implementation, _ = choose(q, **mask, k=k, causal=causal, v=v)
     if implementation == BLOCKWISE:
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     if implementation == OURS:
-        why = ours_unsupported(q, **mask)
+        why = _ours_unsupported_with_v(q, window, softcap, v)
         if why is None:
             return ours_backward(dout, q, k, v, out, lse, causal, scale, dlse)
-        implementation, _ = _automatic(q, with_ours=False)
+        implementation, _ = _automatic(q, with_ours=False, v=v)
         if forced:  # auto's own pick of ours needs no warning when the next one takes over
             warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
                                      f"{implementation} runs instead")
@@ -224,6 +241,10 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if peer is None:
         raise ValueError(f"unknown backward implementation {implementation!r}; known: auto, "
                          f"{', '.join(implementations())}")
+    if _value_dim_differs(q, v):   # forced: the peer's adapter would refuse or misread it
+        why = _one_head_dim(f"{peer.title}'s backward adapter", q, v)
+        warn_once(f"bwd-dv:{peer.name}", f"fa4: {why}; the blockwise PyTorch backward runs instead")
+        return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     try:
         return peer.backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
     except (ImportError, TypeError) as exc:  # its entry point moved: still correct, slower
@@ -264,8 +285,9 @@ def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_
     _, seqlen_k, heads_kv, _ = k.shape
     ratio = heads_q // heads_kv
 
-    def grouped(t, heads):   # (B, S, H, D) -> (B, Hkv, ratio, S, D) fp32 (ratio 1 for K and V)
-        return t.float().permute(0, 2, 1, 3).reshape(batch, heads_kv, heads // heads_kv, t.shape[1], head_dim)
+    def grouped(t, heads):   # (B, S, H, D) -> (B, Hkv, ratio, S, D) fp32 (ratio 1 for K and V; V, O
+        # and dO have the value head dim)
+        return t.float().permute(0, 2, 1, 3).reshape(batch, heads_kv, heads // heads_kv, t.shape[1], t.shape[3])
 
     qf, dof = grouped(q, heads_q), grouped(dout, heads_q)
     kf, vf = grouped(k, heads_kv)[:, :, 0], grouped(v, heads_kv)[:, :, 0]   # (B, Hkv, Sk, D)
@@ -317,6 +339,6 @@ def blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, block_
         dk[:, :, first:keys] += torch.einsum("bgrij,bgrid->bgjd", ds, qi) * scale
 
     def ungrouped(t, like):   # (B, Hkv, ratio, S, D) or (B, Hkv, S, D) -> (B, S, H, D) in like's dtype
-        return t.reshape(batch, -1, t.shape[-2], head_dim).permute(0, 2, 1, 3).to(like.dtype).contiguous()
+        return t.reshape(batch, -1, t.shape[-2], t.shape[-1]).permute(0, 2, 1, 3).to(like.dtype).contiguous()
 
     return ungrouped(dq, q), ungrouped(dk, k), ungrouped(dv, v)

@@ -24,6 +24,7 @@ import torch
 
 from fa4.kernels import AttentionProblem
 from fa4.kernels.problem import resolve_mask, window_pair
+from fa4.kernels.sm90.plan import SUPPORTED_HEAD_DIM_PAIRS
 
 # TMA addresses global memory in 16-byte units: base pointers and every stride but the innermost.
 TMA_ALIGN_BYTES = 16
@@ -33,6 +34,9 @@ KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 FALLBACK_DTYPES = (torch.float32, torch.float64)
 
 LAYOUT = "q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv, head_dim)"
+# (q/k head dim, v head dim) pairs with Dv != D that a kernel of ours runs (the sm90 forward's); any
+# other pair is an invalid call
+VALUE_HEAD_DIM_PAIRS = SUPPORTED_HEAD_DIM_PAIRS
 # The longest sequence (queries or keys) of any call, whatever runs it: the kernels' row and key
 # indices are 32-bit. Past it the call is invalid, not unsupported: SDPA would need the memory of
 # 2**31 rows (an error from torch's allocator, or minutes of work on expanded tensors) to say so.
@@ -68,6 +72,12 @@ class InputSpec:
     unsupported: tuple[str, ...]
     # Dimensions of size 1 whose stride TMA could not use; harmless, the runtime re-strides them.
     needs_restride: bool
+    # v's (and the output's) head dim where it differs from q's and k's; None: the same
+    head_dim_v: int | None = None
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     @property
     def dtype(self) -> str | None:
@@ -80,7 +90,7 @@ class InputSpec:
         return AttentionProblem(
             batch=self.batch, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, heads_q=self.heads_q,
             heads_kv=self.heads_kv, head_dim=self.head_dim, dtype=self.dtype, causal=bool(causal),
-            return_lse=bool(return_lse), window=window, softcap=softcap)
+            return_lse=bool(return_lse), window=window, softcap=softcap, head_dim_v=self.head_dim_v)
 
     @property
     def is_empty(self) -> bool:
@@ -131,10 +141,14 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
     batch, seqlen_q, heads_q, head_dim = q.shape
     batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
     batch_v, seqlen_v, heads_v, head_dim_v = v.shape
-    if not (head_dim == head_dim_k == head_dim_v):
+    if head_dim != head_dim_k:
         raise InvalidInputError(
-            f"head dims differ: q {head_dim}, k {head_dim_k}, v {head_dim_v} (last dimension); "
-            "the kernels need one head dim for q, k and v")
+            f"head dims differ: q {head_dim}, k {head_dim_k} (last dimension); q and k need one head dim")
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in VALUE_HEAD_DIM_PAIRS:
+        raise InvalidInputError(
+            f"v's head dim {head_dim_v} differs from q's and k's {head_dim} (last dimension); fa4 runs a "
+            f"different v head dim only for q/k/v "
+            f"{', '.join(f'{d}/{d}/{dv}' for d, dv in VALUE_HEAD_DIM_PAIRS)} (the sm90 kernel)")
     if not (batch == batch_k == batch_v):
         raise InvalidInputError(
             f"batch sizes differ: q {batch}, k {batch_k}, v {batch_v} (first dimension); expected {LAYOUT}")
@@ -171,7 +185,7 @@ def inspect_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> InputSp
     return InputSpec(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
         head_dim=head_dim, torch_dtype=dtype, device=q.device, unsupported=tuple(unsupported),
-        needs_restride=needs_restride)
+        needs_restride=needs_restride, head_dim_v=None if head_dim_v == head_dim else head_dim_v)
 
 
 # The softmax scales every path takes (the kernels, the peers, the SDPA fallback and `fa4.explain`
@@ -308,6 +322,7 @@ def kernel_reasons(arch: str, spec: InputSpec, causal: bool, return_lse: bool, w
     problem = AttentionProblem(
         batch=max(spec.batch, 1), seqlen_q=max(spec.seqlen_q, 1), seqlen_k=max(spec.seqlen_k, 1),
         heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, dtype=spec.dtype,
-        causal=bool(causal), return_lse=bool(return_lse), window=window, softcap=softcap)
+        causal=bool(causal), return_lse=bool(return_lse), window=window, softcap=softcap,
+        head_dim_v=spec.head_dim_v)
     return [f"the {arch} kernel cannot run {problem.label()}: {r}"
             for r in kernels.family(arch).can_implement(problem)]

@@ -175,6 +175,7 @@ def mask_key(problem: Mapping[str, Any]) -> str:
     lengths are: it sets the key blocks each tile visits (the work per tile, as Sk does without a
     window), and widths of one bucket take the same tiles and schedule, the width being a runtime
     value of one compiled kernel; the cap's value changes neither, so only its presence counts.
+    A value head dim of its own (`head_dim_v`, DeepSeek's 192/128) adds "-dv<Dv>": another kernel.
     Entries of one mask key are one kind: lookup and prediction compare within a kind."""
     causal = bool(problem.get("causal", False))
     key = "causal" if causal else "full"
@@ -187,6 +188,8 @@ def mask_key(problem: Mapping[str, Any]) -> str:
             key += f"-wr{bucket(right)}"
     if problem.get("softcap") is not None:
         key += "-softcap"
+    if problem.get("head_dim_v") is not None:
+        key += f"-dv{problem['head_dim_v']}"
     if problem.get("varlen"):   # a variable-length batch: another kind, never compared with dense ones
         key += "-varlen"
     return key
@@ -897,7 +900,7 @@ def _problem_error(problem: dict, kernels) -> Optional[str]:
         elif fields[name].type in (bool, "bool"):
             ok, want = isinstance(value, bool), "true or false"
         else:
-            limit = MAX_HEAD_DIM if name == "head_dim" else MAX_SIZE
+            limit = MAX_HEAD_DIM if name in ("head_dim", "head_dim_v") else MAX_SIZE
             ok, want = _int_in(1, limit)(value), f"an integer in 1..{limit}"
         if not ok:
             return f"{name} {_show(value)}: want {want}"

@@ -30,7 +30,7 @@ from fa4.reference import (attention_fp32, key_bounds, lse_fp32, rows_without_ke
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    softmax_scale: float | None, return_lse: bool, *, window=None, softcap: float | None = None):
-    """O (B, Sq, Hq, D) contiguous, and LSE (B, Hq, Sq) fp32 when asked, computed with SDPA (with a
+    """O (B, Sq, Hq, Dv) contiguous (Dv: v's head dim), and LSE (B, Hq, Sq) fp32 when asked, computed with SDPA (with a
     softcap: the fp32 reference). `window` (left, right), -1 unbounded; `softcap` c > 0 or None."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -50,7 +50,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         mask = visible_keys(seqlen_q, seqlen_k, q.device, (-1 if left is None else left,
                                                             -1 if right is None else right))
     if seqlen_k == 0:
-        out = q.new_zeros(q.shape)
+        out = q.new_zeros((batch, seqlen_q, heads_q, v.shape[3]))
     else:
         try:
             out_t = F.scaled_dot_product_attention(

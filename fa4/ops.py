@@ -38,7 +38,7 @@ _LIB.impl("attention", runtime.forward_for_op, "CompositeExplicitAutograd")
 def _attention_fake(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
                     backend="auto", window_size=None, softcap=None):
     batch, seqlen_q, heads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+    out = q.new_empty((batch, seqlen_q, heads_q, v.shape[3]))   # v's head dim (DeepSeek's 192/128)
     lse_shape = (batch, heads_q, seqlen_q) if return_lse else (0,)
     return out, q.new_empty(lse_shape, dtype=torch.float32)
 

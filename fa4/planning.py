@@ -96,7 +96,8 @@ def plan(q, k, v, causal, return_lse, config, fallback, allow_untested_sm100, ba
 
     mask_text = AttentionProblem(1, 1, 1, 1, 1, 1, causal=causal, **masks).mask_label()
     label = (f"B{spec.batch} Sq{spec.seqlen_q} Sk{spec.seqlen_k} H{spec.heads_q}/{spec.heads_kv} "
-             f"D{spec.head_dim} {spec.dtype or spec.torch_dtype} {mask_text}")
+             f"D{spec.head_dim}{'' if spec.head_dim_v is None else f' Dv{spec.head_dim_v}'} "
+             f"{spec.dtype or spec.torch_dtype} {mask_text}")
     expl = Explanation(path="kernel", problem=label, device=str(spec.device), arch=arch,
                        device_name=device_name, notes=notes, mask=mask_lines(causal, window, softcap))
     given = checks.window_value(window_size)

@@ -260,7 +260,7 @@ def check(out, lse, q, k, v, causal: bool, scale: Optional[float] = None, *, win
 
 def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: float = 1.0):
     """Random q, k, v (standard normal; q and k times `logit_scale`) in our layout and the problem's
-    dtype. Drawn on the CPU, so the same seed gives the same values on every device."""
+    dtype (v at its value head dim). Drawn on the CPU, so the same seed gives the same values on every device."""
     import torch
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
@@ -269,7 +269,7 @@ def random_inputs(problem, device: str = "cuda", seed: int = 0, logit_scale: flo
     shape_kv = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
     q = torch.randn(shape_q, generator=gen) * logit_scale
     k = torch.randn(shape_kv, generator=gen) * logit_scale
-    v = torch.randn(shape_kv, generator=gen)
+    v = torch.randn(shape_kv[:3] + (problem.value_head_dim,), generator=gen)
     return tuple(x.to(device=device, dtype=dtype) for x in (q, k, v))
 
 

@@ -165,7 +165,7 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
     if kind == _SDPA:
         warn_once("sdpa:" + "|".join(expl.reasons),
                    "fa4: running PyTorch SDPA (fallback='sdpa') because " + "; ".join(expl.reasons or ["the kernel failed to compile"]))
-    out_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    out_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.value_head_dim)
     from fa4.reference import rows_without_keys
 
     return _Launch(
@@ -177,6 +177,11 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
         backend=backend if kind in (_KERNEL, _PEER) else dispatch.OURS,
         rows_without_keys=rows_without_keys(spec.seqlen_q, spec.seqlen_k, plan.causal, plan.window)
         if kind == _PEER else 0, window=plan.window, softcap=plan.softcap, kernel_masks=kernel_masks)
+
+
+def spec_out_like_q(spec) -> bool:
+    """Whether the output has q's shape (not when v's head dim differs)."""
+    return spec.head_dim_v is None
 
 
 def _peer_runner(plan: planning.Plan, backend: str):
@@ -260,7 +265,7 @@ def _slow_call(q, k, v, causal, softmax_scale, return_lse, config, fallback, all
     record_shapes.note(plan.spec, plan.causal, return_lse, plan.window, plan.softcap)   # FA4_RECORD_SHAPES
     launch = _make_launch(plan, fallback)
     if launch.kind == _KERNEL or (launch.graph is not None and launch.graph.kind == _KERNEL):
-        launch.out_like_q = q.is_contiguous()
+        launch.out_like_q = q.is_contiguous() and spec_out_like_q(plan.spec)
         if launch.graph is not None:
             launch.graph.out_like_q = launch.out_like_q
         misaligned = checks.pointers_misaligned(q, k, v)
@@ -356,7 +361,7 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
                    f"fa4: {title}, measured fastest for {expl.problem}, refused the call ({why}); our "
                    "kernel runs instead")
         ours = _launch_of(plan, dispatch.OURS, fallback)
-        ours.out_like_q = q.is_contiguous()
+        ours.out_like_q = q.is_contiguous() and spec_out_like_q(plan.spec)
         return ours, _run_launch(ours, q, k, v, softmax_scale, return_lse)
 
 
@@ -402,13 +407,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                                allow_untested_sm100, backend, window_size, softcap)
         # The short key of the kernel path: what decides the launch and what the compiled function
         # cannot check (strides of size-1 extents, which it skips and the kernel re-strides on the
-        # checked path). V's shape, K's and V's dtypes and devices and the data pointers' alignment
+        # checked path). V's head dim (the output's), here; the rest of V's shape, K's and V's dtypes and devices and the data pointers' alignment
         # are checked by the compiled function on every call, in C.
-        kernel_key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
+        kernel_key = (q.shape, k.shape, v.shape[3], q.stride(), k.stride(), v.stride(), q.dtype, q.get_device(),
                       causal, return_lse, config, fallback, allow_untested_sm100, backend, window_size, softcap)
         last = STATE.last_kernel  # consecutive calls usually share a signature: skip hashing the key
         launch = last[1] if kernel_key == last[0] else STATE.kernel_launches.get(kernel_key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors (nested and sparse ones have no
+    except (AttributeError, TypeError, RuntimeError, IndexError):  # not tensors (or v not 4-D) (nested and sparse ones have no
         # sizes or strides), or an unhashable config: the checked path says
         kernel_key = launch = None
     # a launch with a graph launch attached runs that one under a capture: the checked path picks it
@@ -549,7 +554,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
         plan.explanation.notes.insert(0, assumed)
     if isinstance(q, torch.Tensor):
         plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap,
-                                                     **({"k": k, "causal": causal} if isinstance(k, torch.Tensor) else {}))
+                                                     **({"k": k, "causal": causal} if isinstance(k, torch.Tensor) else {}),
+                                                     **({"v": v} if isinstance(v, torch.Tensor) else {}))
     return plan.explanation
 
 

@@ -44,7 +44,8 @@ def target_arch(arch: str):
 
 
 def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):
-    """Fake Q, K, V, O, LSE and stream with symbolic batch, sequence lengths, head counts and strides.
+    """Fake Q, K, V, O, LSE and stream with symbolic batch, sequence lengths, head counts and strides;
+    V and O have the problem's value head dim.
 
     Strides are symbolic multiples of 8 elements (16-byte TMA alignment) with a contiguous head dim,
     so one compile serves any (B, S, H, D) view the runtime passes. `tvm_ffi`: the stream is the
@@ -55,17 +56,17 @@ def fake_arguments(problem: AttentionProblem, tvm_ffi: bool = False):
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[problem.dtype]
-    d = problem.head_dim
+    d, dv = problem.head_dim, problem.value_head_dim
     batch, seq_q, seq_k = cute.sym_int(), cute.sym_int(), cute.sym_int()
     heads_q, heads_kv = cute.sym_int(), cute.sym_int()
 
-    def bshd(seq, heads):
+    def bshd(seq, heads, dim=d):
         stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8),
                   cute.sym_int64(divisibility=8), 1)
-        return make_fake_tensor(dtype, (batch, seq, heads, d), stride=stride, assumed_align=16)
+        return make_fake_tensor(dtype, (batch, seq, heads, dim), stride=stride, assumed_align=16)
 
-    q, o = bshd(seq_q, heads_q), bshd(seq_q, heads_q)
-    k, v = bshd(seq_k, heads_kv), bshd(seq_k, heads_kv)
+    q, o = bshd(seq_q, heads_q), bshd(seq_q, heads_q, dv)
+    k, v = bshd(seq_k, heads_kv), bshd(seq_k, heads_kv, dv)
     lse = None
     if problem.return_lse:
         lse = make_fake_tensor(cutlass.Float32, (batch, heads_q, seq_q),
@@ -152,8 +153,8 @@ class CompiledAttention:
 
     def run(self, q, k, v, out, lse=None, softmax_scale: Optional[float] = None,
             masks: Optional[tuple] = None) -> None:
-        """Q, out (B, Sq, Hq, D); K, V (B, Sk, Hkv, D); lse (B, Hq, Sq) fp32 exactly when the problem
-        returns LSE. Batch, lengths and heads may differ from the compiled problem; what the code
+        """Q (B, Sq, Hq, D), out (B, Sq, Hq, Dv); K (B, Sk, Hkv, D), V (B, Sk, Hkv, Dv); lse (B, Hq, Sq)
+        fp32 exactly when the problem returns LSE. Batch, lengths and heads may differ from the compiled problem; what the code
         was specialised on (head dim, and the GQA ratio of a packed kernel) may not; nor which sides
         of a window are bounded and whether there is a softcap (`masks`: `mask_values` of the call's
         problem; the widths and the cap are the call's)."""
@@ -164,8 +165,7 @@ class CompiledAttention:
                              f"{self.problem.mask_label()})")
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
-        if q.shape[-1] != self.problem.head_dim:
-            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        self._check_head_dims(q, v, out)
         if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
             raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
                              f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
@@ -175,6 +175,12 @@ class CompiledAttention:
         else:
             self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
 
+    def _check_head_dims(self, q, v, out) -> None:
+        if q.shape[-1] != self.problem.head_dim:
+            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        if v.shape[-1] != self.problem.value_head_dim or out.shape[-1] != self.problem.value_head_dim:
+            raise ValueError(f"value head dim of v {v.shape[-1]} / out {out.shape[-1]} != compiled "
+                             f"{self.problem.value_head_dim}")
 
     def run_varlen(self, q, k, v, out, lse, softmax_scale: Optional[float], masks: tuple, cu_seqlens_q,
                    cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
@@ -189,8 +195,7 @@ class CompiledAttention:
                              f"{self.problem.mask_label()})")
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
-        if q.shape[-1] != self.problem.head_dim:
-            raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
+        self._check_head_dims(q, v, out)
         scale = self._default_scale if softmax_scale is None else float(softmax_scale)
         self.compiled(q[None], k[None], v[None], out[None], None if lse is None else lse[None], scale,
                       *kernel_mask_values(masks, max_seqlen_q, max_seqlen_k), cu_seqlens_q, cu_seqlens_k,

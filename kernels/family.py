@@ -101,9 +101,15 @@ def protocol_members() -> list[str]:
 
 
 
-def unsupported_by_family(problem: AttentionProblem, family: str, head_dims: tuple[int, ...]) -> list[str]:
-    """What no configuration of a family can run, whatever the family: a head dim it has no code for
-    (each family's `can_implement` starts here; the dtype is checked where a problem is made)."""
-    if problem.head_dim in head_dims:
-        return []
-    return [f"head dim {problem.head_dim} is not supported ({family} kernel: {', '.join(map(str, head_dims))})"]
+def unsupported_by_family(problem: AttentionProblem, family: str, head_dims: tuple[int, ...],
+                          head_dim_pairs: tuple[tuple[int, int], ...] = ()) -> list[str]:
+    """What no configuration of a family can run, whatever the family: a head dim it has no code for,
+    or a value head dim Dv != D outside the (D, Dv) pairs it has code for (each family's
+    `can_implement` starts here; the dtype is checked where a problem is made)."""
+    if problem.head_dim not in head_dims:
+        return [f"head dim {problem.head_dim} is not supported ({family} kernel: {', '.join(map(str, head_dims))})"]
+    if problem.head_dim_v is not None and (problem.head_dim, problem.head_dim_v) not in head_dim_pairs:
+        pairs = ", ".join(f"{d}/{dv}" for d, dv in head_dim_pairs)
+        return [f"value head dim {problem.head_dim_v} != head dim {problem.head_dim} is not supported "
+                f"({family} kernel: Dv = D" + (f", or D/Dv {pairs})" if pairs else " only)")]
+    return []

@@ -13,7 +13,8 @@ UNBOUNDED = -1  # a side of a sliding window without a bound (flash-attn's conve
 
 @dataclass(frozen=True, repr=False)
 class AttentionProblem:
-    """O = softmax(Q K^T * scale) V with Q (B, Sq, Hq, D), K and V (B, Sk, Hkv, D).
+    """O = softmax(Q K^T * scale) V with Q (B, Sq, Hq, D), K (B, Sk, Hkv, D), V (B, Sk, Hkv, Dv) and
+    O (B, Sq, Hq, Dv).
 
     Query i's diagonal key is i + Sk - Sq (bottom-right aligned, as flash-attn). Causal hides the keys
     right of it. `window` (left, right), a sliding window: query i sees key j when
@@ -26,6 +27,10 @@ class AttentionProblem:
     `varlen`: a variable-length batch in flash-attn's packed layout (`fa4.attention_varlen`): `batch`
     sequences of at most `seqlen_q` queries and `seqlen_k` keys (the call's max_seqlen), each its own
     problem with the masks above. False (a dense batch) leaves it out of the key, label and dict.
+
+    `head_dim_v`: the value (and output) head dim Dv where it differs from `head_dim` (DeepSeek's
+    192 / 128); None, or a value equal to `head_dim` (made None), is Dv = D and leaves it out of the
+    key, label, repr and dict. Which pairs a kernel runs is its `can_implement`'s.
     """
 
     batch: int
@@ -40,6 +45,7 @@ class AttentionProblem:
     window: Optional[tuple[int, int]] = None
     softcap: Optional[float] = None
     varlen: bool = False
+    head_dim_v: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -65,12 +71,23 @@ class AttentionProblem:
                                  + (", window=None" if left == UNBOUNDED else ""))
         if self.softcap is not None:
             object.__setattr__(self, "softcap", softcap_value(self.softcap))
+        if self.head_dim_v is not None:
+            if isinstance(self.head_dim_v, bool) or not isinstance(self.head_dim_v, numbers.Integral) \
+                    or self.head_dim_v < 1:
+                raise ValueError(f"head_dim_v must be an integer >= 1 (None: head_dim), got {self.head_dim_v!r}")
+            # one form for one problem: Dv = D is the problem without the field
+            object.__setattr__(self, "head_dim_v", None if self.head_dim_v == self.head_dim else int(self.head_dim_v))
 
     def __repr__(self) -> str:
         """The constructor call, a dense problem's without `window` and `softcap` (as before they existed)."""
         shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                 if not (f.name in ("window", "softcap", "varlen") and not getattr(self, f.name)))
+                 if not (f.name in _LEFT_OUT_WHEN_UNSET and not getattr(self, f.name)))
         return f"AttentionProblem({', '.join(shown)})"
+
+    @property
+    def value_head_dim(self) -> int:
+        """Dv: the head dim of V and O."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     @property
     def gqa_ratio(self) -> int:
@@ -111,14 +128,15 @@ class AttentionProblem:
         return seen - hidden
 
     def flops(self) -> int:
-        """4 * B * Hq * (visible pairs) * D: the TFLOP/s convention of the field."""
-        return 4 * self.batch * self.heads_q * self.visible_pairs_per_head() * self.head_dim
+        """2 * B * Hq * (visible pairs) * (D + Dv): the TFLOP/s convention of the field (4 * ... * D
+        when Dv = D)."""
+        return 2 * self.batch * self.heads_q * self.visible_pairs_per_head() * (self.head_dim + self.value_head_dim)
 
     def to_dict(self) -> dict:
         """The fields; a dense problem's leave out `window` and `softcap` (the dicts recorded before
         they existed read the same)."""
         fields = asdict(self)
-        for name in ("window", "softcap", "varlen"):
+        for name in _LEFT_OUT_WHEN_UNSET:
             if fields[name] is None or fields[name] is False:
                 del fields[name]
         if self.window is not None:
@@ -139,7 +157,12 @@ class AttentionProblem:
 
     def label(self) -> str:
         return (f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} "
-                f"D{self.head_dim} {self.dtype} {self.mask_label()}")
+                f"D{self.head_dim}{'' if self.head_dim_v is None else f' Dv{self.head_dim_v}'} "
+                f"{self.dtype} {self.mask_label()}")
+
+
+# fields a problem without them (dense, Dv = D) leaves out of its repr and dict, as before they existed
+_LEFT_OUT_WHEN_UNSET = ("window", "softcap", "varlen", "head_dim_v")
 
 
 def _clamped_sum(start: int, count: int, limit: int) -> int:

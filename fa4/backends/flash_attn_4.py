@@ -32,7 +32,7 @@ class FlashAttn4:
         return module_missing(self.title, MODULE)
 
     def supports(self, problem) -> Optional[str]:
-        return None  # every call we take, LSE included
+        return None  # every call we take, LSE included (D/Dv 192/128 too: its `_validate_head_dims`)
 
     def runner(self, causal: bool, window=None, softcap=None):
         from flash_attn.cute import flash_attn_func

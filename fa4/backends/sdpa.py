@@ -63,6 +63,8 @@ class PinnedSdpa:
             why.append(f"{self.title} has no sliding window (an explicit mask runs another SDPA backend)")
         if problem.softcap is not None:
             why.append(f"{self.title} has no softcap")
+        if problem.head_dim_v is not None:   # not measured with one: torch's flash kernel takes one head dim
+            why.append(f"{self.title} is not run with a value head dim of its own ({problem.head_dim}/{problem.head_dim_v})")
         if not self.runs_lower_right_causal and problem.causal and problem.seqlen_q != problem.seqlen_k:
             why.append(f"{self.title} with a bottom-right causal mask and Sq != Sk: torch runs its own flash "
                        f"or memory-efficient kernel for causal_lower_right, not {self.kernel}")

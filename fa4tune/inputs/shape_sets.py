@@ -2,7 +2,7 @@
 
 A shapes file is TOML, a list of `[[problem]]` tables. Each names the fields of
 `fa4.kernels.AttentionProblem` (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal,
-return_lse, window, softcap), plus two short forms: `seqlen` (query and key length alike) and `gqa`
+return_lse, window, softcap, head_dim_v: v's head dim where it differs), plus two short forms: `seqlen` (query and key length alike) and `gqa`
 (query heads per KV head, instead of heads_kv). Any value may be a list: the table then stands for every
 combination. A table without `causal` stands for both masks, as the command line's default. Unknown
 names are errors. `window` is a pair [left, right] (flash-attn's convention: -1 for an unbounded side;
@@ -54,7 +54,7 @@ from fa4.kernels.problem import resolve_mask
 from fa4.record_shapes import problem_table  # noqa: F401  (the writer of the tables read here)
 
 _FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "causal", "return_lse",
-           "window", "softcap")
+           "window", "softcap", "head_dim_v")
 _SHORT_FORMS = ("seqlen", "gqa")
 _REQUIRED = ("batch", "heads_q", "head_dim")
 

@@ -122,7 +122,8 @@ class KernelEvaluator:
         from fa4tune.workers.timing import time_cuda, tflops
 
         q, k, v, expected, scale = self._cached_inputs(problem)
-        out = torch.full_like(q, float("nan"))  # a kernel that writes nothing cannot pass
+        # a kernel that writes nothing cannot pass; O has v's head dim
+        out = q.new_full(q.shape[:3] + v.shape[3:], float("nan"))
         lse = (torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
                           device=q.device, dtype=torch.float32) if problem.return_lse else None)
         masks = mask_values(problem)

@@ -67,11 +67,13 @@ def problem_key(config: Config, problem: AttentionProblem) -> tuple:
     """What of the problem the generated code depends on (never sequence lengths, batch or heads;
     the GQA ratio only when rows are packed, where it shapes the tile; which sides of a window are
     bounded and whether there is a softcap, never their values: those are runtime arguments; whether
-    the batch is variable-length, never its offsets)."""
+    the batch is variable-length, never its offsets; the value head dim where it is not the head dim)."""
     key = (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal),
            ("return_lse", problem.return_lse))
     if config.pack_gqa:
         key += (("gqa_ratio", problem.gqa_ratio),)
+    if problem.head_dim_v is not None:   # Dv = D: the key it had before values had a head dim of their own
+        key += (("head_dim_v", problem.head_dim_v),)
     features = _mask_features(problem)
     if any(features.values()):   # a dense problem's key is what it was before windows existed
         key += tuple(features.items())
@@ -97,7 +99,7 @@ def make_kernel(config: Config, problem: AttentionProblem, device: DeviceDescrip
         dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal,
         return_lse=problem.return_lse, gqa_pack_ratio=problem.gqa_ratio if pack_gqa else None,
         num_sms=compiled_in["num_sms"], l2_bytes_for_kv=compiled_in["l2_bytes_for_kv"],
-        **_mask_features(problem), **knobs)
+        head_dim_v=problem.head_dim_v, **_mask_features(problem), **knobs)
 
 
 def traced_smem_bytes(kernel) -> int:

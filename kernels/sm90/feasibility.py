@@ -3,8 +3,9 @@ every reason a configuration cannot run a problem within one block (shared memor
 
 The resource model mirrors the kernel's SharedStorage (kernel.py `shared_storage`) byte for byte:
 three mbarrier arrays (Q full/empty per Q stage, K and V full/empty per K/V stage), then 1024-byte
-aligned buffers sQ (q_stages x tile_m x D), sK and sV (kv_stages x tile_n x D each) and sP
-(tile_m x tile_n, only when P goes through shared memory). O is staged in the current Q buffer.
+aligned buffers sQ (q_stages x tile_m x D), sK (kv_stages x tile_n x D), sV (kv_stages x tile_n x Dv)
+and sP (tile_m x tile_n, only when P goes through shared memory). O (tile_m x Dv, Dv <= D) is staged in
+the current Q buffer.
 
 Kept out of the source fingerprint (`SOURCE_FILES`): the model judges configurations, it does not
 change what any of them compiles to, so tuned entries stay current when the model is recalibrated.
@@ -19,7 +20,7 @@ from ..knobs import Config
 from ..family import unsupported_by_family
 from ..problem import AttentionProblem
 from ..scheduling import PERSISTENT_SCHEDULERS
-from .plan import REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
+from .plan import REGISTER_SPLIT, SUPPORTED_HEAD_DIM_PAIRS, SUPPORTED_HEAD_DIMS
 
 ARCH = "sm90"
 REFERENCE_DEVICE = reference_device(ARCH)  # what a compile without a GPU is for
@@ -38,12 +39,13 @@ VARLEN_HEAD_DIMS = tuple(d for d in SUPPORTED_HEAD_DIMS if 128 % (d // 8) == 0)
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
-    reasons = unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS)
+    unknown_dims = unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS, SUPPORTED_HEAD_DIM_PAIRS)
+    reasons = list(unknown_dims)
     if problem.batch < 1 or problem.seqlen_q < 1 or problem.seqlen_k < 1 or problem.heads_q < 1:
         reasons.append("empty problem: batch, sequence lengths and heads must be >= 1")
-    if problem.varlen and problem.head_dim in SUPPORTED_HEAD_DIMS and 128 % (problem.head_dim // 8):
-        reasons.append(f"varlen at head dim {problem.head_dim}: the row-predicated O store spreads a row "
-                       f"over head_dim / 8 threads, which must divide a warpgroup (varlen head dims: "
+    if problem.varlen and not unknown_dims and 128 % (problem.value_head_dim // 8):
+        reasons.append(f"varlen at head dim {problem.value_head_dim} (of O): the row-predicated O store "
+                       f"spreads a row over head_dim / 8 threads, which must divide a warpgroup (varlen head dims: "
                        f"{', '.join(str(d) for d in VARLEN_HEAD_DIMS)})")
     return reasons
 
@@ -54,13 +56,13 @@ def _num_consumer_warpgroups(config: Config) -> int:
 
 def smem_bytes(config: Config, problem: AttentionProblem) -> int:
     """Dynamic shared memory per CTA, the same arithmetic as the kernel's SharedStorage."""
-    d = problem.head_dim
+    d, dv = problem.head_dim, problem.value_head_dim
     barriers = 8 * (2 * config.q_stages + 4 * config.kv_stages)
     offset = barriers
     buffers = [
         config.q_stages * config.tile_m * d * ELEM_BYTES,
         config.kv_stages * config.tile_n * d * ELEM_BYTES,
-        config.kv_stages * config.tile_n * d * ELEM_BYTES,
+        config.kv_stages * config.tile_n * dv * ELEM_BYTES,
         config.tile_m * config.tile_n * ELEM_BYTES if config.pv_operand == "ss" else 0,
     ]
     for size in buffers:
@@ -69,7 +71,7 @@ def smem_bytes(config: Config, problem: AttentionProblem) -> int:
 
 
 def estimated_registers(config: Config, problem: AttentionProblem) -> int:
-    """Accumulator registers per consumer thread: O (64 x D fp32 over 128 threads), S (64 x tile_n
+    """Accumulator registers per consumer thread: O (64 x Dv fp32 over 128 threads), S (64 x tile_n
     fp32) and what of P stays resident: with P in registers (rs) the 16-bit P feeds the value MMA
     while the next S arrives (half of S); through shared memory (ss) only a conversion chunk.
 
@@ -84,7 +86,7 @@ def estimated_registers(config: Config, problem: AttentionProblem) -> int:
     two consumer warpgroups shared memory, not registers, is the limit at D=192 and 256. Refused
     though clean: 192x112 (P in registers), 192x144 and 192x160 (P in shared memory) at D=96, 192x64
     (P in shared memory) at D=192."""
-    regs_o = 64 * problem.head_dim // 128
+    regs_o = 64 * problem.value_head_dim // 128
     regs_s = 64 * config.tile_n // 128
     regs_p = regs_s // 2 if config.pv_operand == "rs" else regs_s // 8
     return regs_o + regs_s + regs_p
@@ -119,7 +121,7 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if config.arch != ARCH:
         return [f"configuration is for {config.arch}, not {ARCH}"]
     reasons = []
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
+    if unsupported_by_family(problem, ARCH, SUPPORTED_HEAD_DIMS, SUPPORTED_HEAD_DIM_PAIRS):
         return reasons  # can_implement says why
     res = resources(config, problem, device)
     if res["smem_bytes"] > res["smem_limit_bytes"]:

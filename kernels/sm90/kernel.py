@@ -114,7 +114,9 @@ class SequenceTile(NamedTuple):
 class FlashAttentionSm90:
     """One compiled variant of the forward kernel.
 
-    Problem constants (change the code): dtype ("fp16"/"bf16"), head_dim (64/128), causal,
+    Problem constants (change the code): dtype ("fp16"/"bf16"), head_dim (of Q and K), head_dim_v
+    (of V and O; None: head_dim; else one of plan.py's pairs, at most head_dim: O is staged in the Q
+    buffer), causal,
     return_lse, the GQA ratio when rows are packed, which sides of a sliding window are bounded
     (bounded_left, bounded_right: the widths are runtime values) and whether scores are soft-capped
     (softcap; the cap is a runtime value).
@@ -128,7 +130,7 @@ class FlashAttentionSm90:
                   exp2_poly_columns (of every 32 exps of a row, how many by FMA polynomial)
       scheduling: scheduler ("single"/"static"/"lpt"), pack_gqa
     varlen (compile-time): flash-attn's packed layout with cu_seqlens (`call_varlen`); rows are not
-    GQA-packed, and head_dim / 8 (the threads of a row's 128-bit O copies) divides a warpgroup.
+    GQA-packed, and head_dim_v / 8 (the threads of a row's 128-bit O copies) divides a warpgroup.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, return_lse: bool,
@@ -136,9 +138,12 @@ class FlashAttentionSm90:
                  q_stages: int, rescale_threshold: float, scheduler: str, pv_operand: str,
                  softmax_overlap: bool, exp2_poly_columns: int, num_sms: int, l2_bytes_for_kv: int,
                  bounded_left: bool = False, bounded_right: bool = False, softcap: bool = False,
-                 varlen: bool = False):
+                 varlen: bool = False, head_dim_v: Optional[int] = None):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
+        # Q, K and the score MMA use head_dim; V, O, the value MMA's N and the O accumulator head_dim_v
+        self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        assert self.head_dim_v <= head_dim, "O is staged in the Q buffer: head_dim_v <= head_dim"
         self.causal = causal
         self.return_lse = return_lse
         assert not (causal and bounded_right), "under causal the right side is the causal bound"
@@ -188,8 +193,8 @@ class FlashAttentionSm90:
         d = self.head_dim
         self.sQ_layout = L.smem_layout(self.dtype, self.tile_m, d, self.q_stages)
         self.sK_layout = L.smem_layout(self.dtype, self.tile_n, d, self.kv_stages)
-        self.sV_layout = L.smem_layout(self.dtype, self.tile_n, d, self.kv_stages)
-        self.sO_layout = L.smem_layout(self.dtype, self.tile_m, d)  # aliases one Q stage
+        self.sV_layout = L.smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.kv_stages)
+        self.sO_layout = L.smem_layout(self.dtype, self.tile_m, self.head_dim_v)  # aliases one Q stage
         self.sP_layout = (L.smem_layout(self.dtype, self.tile_m, self.tile_n)
                           if self.pv_from_smem else None)
 
@@ -217,7 +222,7 @@ class FlashAttentionSm90:
             Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_n))
         pv = hopper_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.head_dim),
+            Float32, atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.head_dim_v),
             a_source=(warpgroup.OperandSource.SMEM if self.pv_from_smem
                       else warpgroup.OperandSource.RMEM))
         return qk, pv
@@ -301,14 +306,14 @@ class FlashAttentionSm90:
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_one,
                                                             (self.tile_m, self.head_dim))
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(store_op, mO, self.sO_layout,
-                                                            (self.tile_m, self.head_dim))
+                                                            (self.tile_m, self.head_dim_v))
             rows_q = seqlen_q
             heads_tile = heads_q
         else:
             tma_atom_Q, tma_Q = L.packed_tma_atom(load_op, mQ, sQ_one, self.tile_m,
                                                   self.head_dim, self.pack_ratio)
             tma_atom_O, tma_O = L.packed_tma_atom(store_op, mO, self.sO_layout, self.tile_m,
-                                                  self.head_dim, self.pack_ratio)
+                                                  self.head_dim_v, self.pack_ratio)
             if const_expr(mLSE is not None):
                 mLSE = L.pack_rows(mLSE, self.pack_ratio, 1, heads_kv)
             rows_q = seqlen_q * self.pack_ratio
@@ -316,14 +321,16 @@ class FlashAttentionSm90:
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_one,
                                                         (self.tile_n, self.head_dim))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sV_one,
-                                                        (self.tile_n, self.head_dim))
+                                                        (self.tile_n, self.head_dim_v))
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_one)
         self.kv_bytes = cute.size_in_bytes(self.dtype, sK_one)
+        self.v_bytes = cute.size_in_bytes(self.dtype, sV_one)
 
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
         kv_rows = seqlen_k
         if const_expr(self.varlen):
             kv_rows = seqlen_k // cutlass.max(batch, 1)  # the longest-first head groups: a mean sequence
+        # head groups sized by K's head dim: with a smaller Dv an over-estimate of a head's K and V bytes
         sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, kv_rows,
                                      self.head_dim, self.num_sms, self.l2_bytes_for_kv)
         scale_log2 = softmax_scale * Float32(LOG2_E)
@@ -380,7 +387,7 @@ class FlashAttentionSm90:
             defer_sync=True)
         pipe_v = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.kv_stages,
-            producer_group=one_thread, consumer_group=consumer_warps, tx_count=self.kv_bytes,
+            producer_group=one_thread, consumer_group=consumer_warps, tx_count=self.v_bytes,
             defer_sync=True)
         pipeline.pipeline_init_arrive(cluster_shape_mn=None, is_relaxed=True)
 
@@ -511,7 +518,7 @@ class FlashAttentionSm90:
                 gK = cute.local_tile(mK_seq[None, None, head_kv, seq.batch_idx],
                                      (self.tile_n, self.head_dim), (None, 0))
                 gV = cute.local_tile(mV_seq[None, None, head_kv, seq.batch_idx],
-                                     (self.tile_n, self.head_dim), (None, 0))
+                                     (self.tile_n, self.head_dim_v), (None, 0))
                 tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
                 tKs, tKg = L.tma_copier(tma_atom_K, sK, gK, smem_staged=True, gmem_tiled=True)
                 tVs, tVg = L.tma_copier(tma_atom_V, sV, gV, smem_staged=True, gmem_tiled=True)
@@ -582,7 +589,7 @@ class FlashAttentionSm90:
         sVt = L.transpose_smem_view(sV)
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
         acc_O = cute.make_rmem_tensor(
-            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
         tOrP = None
         tPsP = None
         p_store = None
@@ -1094,11 +1101,15 @@ class FlashAttentionSm90:
         # every consumer warpgroup is done reading this Q buffer (its S MMAs have completed)
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         sO = sQ[None, None, q_state.index]  # O is staged in this tile's Q buffer
+        if const_expr(self.head_dim_v != self.head_dim):
+            # the first tile_m x Dv elements of the buffer, in O's own layout (both 128-byte swizzled;
+            # built here: the host's sO_layout is no value of the kernel's region)
+            sO = cute.make_tensor(sO.iterator, L.smem_layout(self.dtype, self.tile_m, self.head_dim_v).outer)
         o_store = cute.make_tiled_copy_C(L.store_atom_16b(self.dtype), tiled_mma_pv).get_slice(tidx)
         cute.copy(o_store, o_store.retile(rO), o_store.partition_D(sO))
 
         if const_expr(self.return_lse):
-            ident_O = cute.make_identity_tensor((self.tile_m, self.head_dim))
+            ident_O = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
             tOcO = L.acc_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(ident_O))
             lse_rows = mLSE[None, head, batch_idx]
             row_limit = seqlen_q
@@ -1114,7 +1125,7 @@ class FlashAttentionSm90:
             # every row of sO written; stored by all consumer threads, rows past the sequence's end
             # left alone; the second barrier: sO is read before any thread may release the buffer
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim),
+            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim_v),
                                  (m_block, 0))
             self.store_o_rows(sO, gO, tidx, seqlen_q - m_block * self.tile_m)
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
@@ -1129,7 +1140,7 @@ class FlashAttentionSm90:
         """The first `rows` rows of the O tile from shared memory to `gO` in 128-bit copies, a row's
         head dim spread over head_dim / 8 neighbouring threads (coalesced); the other rows belong to
         the next sequence (or to no sequence) and are not written."""
-        threads_per_row = self.head_dim // 8
+        threads_per_row = self.head_dim_v // 8
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         threads = cute.make_ordered_layout(
             (self.num_consumer_threads // threads_per_row, threads_per_row), order=(1, 0))
@@ -1139,7 +1150,7 @@ class FlashAttentionSm90:
         tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
         cute.autovec_copy(tOsO, tOrO)
         tOgO = thr_copy.partition_D(gO)
-        tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
         for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
             if tOcO[0, m, 0][0] < rows:
                 cute.copy(row_copy, tOrO[None, m, None], tOgO[None, m, None])
@@ -1154,7 +1165,7 @@ class FlashAttentionSm90:
         if tidx < 32:
             cute.arch.barrier(barrier_id=BAR_STORE,
                               number_of_threads=self.num_consumer_threads + 32)
-            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim),
+            gO = cute.local_tile(mO[None, None, head, batch_idx], (self.tile_m, self.head_dim_v),
                                  (m_block, 0))
             tOs, tOg = L.tma_copier(tma_atom_O, sO, gO, smem_staged=False, gmem_tiled=False)
             cute.copy(tma_atom_O, tOs, tOg)

@@ -41,6 +41,9 @@ def can_implement(problem: AttentionProblem) -> list[str]:
     reasons = []
     if problem.head_dim not in SUPPORTED_HEAD_DIMS:
         reasons.append(f"head_dim={problem.head_dim} is not one of {SUPPORTED_HEAD_DIMS} (sm90 backward)")
+    if problem.head_dim_v is not None:
+        reasons.append(f"value head dim {problem.head_dim_v} != head dim {problem.head_dim}: the sm90 backward "
+                       f"has one head dim for Q, K, V, O and their gradients (Dv = D only)")
     if problem.dtype not in DTYPES:
         reasons.append(f"dtype {problem.dtype} is not one of {DTYPES}")
     return reasons

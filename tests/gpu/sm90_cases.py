@@ -31,7 +31,7 @@ def run_and_check(config, problem, logit_scale: float = 1.0, softmax_scale=None)
     from fa4.reference import check, random_inputs
 
     q, k, v = random_inputs(problem, logit_scale=logit_scale)
-    out = torch.full_like(q, float("nan"))  # every element must be written
+    out = q.new_full(q.shape[:3] + v.shape[3:], float("nan"))  # every element must be written (at v's head dim)
     lse = None
     if problem.return_lse:
         lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"),
