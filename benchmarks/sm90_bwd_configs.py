@@ -13,8 +13,8 @@ Each configuration runs in its own child process (a hang, a fault or a compile e
 configuration's result, with its reason; `--timeout` seconds each), several at once (`--jobs`) so
 their compiles overlap; the GPU is timed by one child at a time (a lock file). A child compiles its
 kernels, checks its gradients by flash-attn's rule (`fa4.reference.check_grads`) on a small problem of
-each kind (odd lengths, GQA 4) and times only what passed: the backward alone (preprocess, main,
-postprocess, workspaces included) on each shape, the best of 5 runs of 10 back-to-back calls after 3
+each kind (odd lengths, the shape's GQA ratio) and times only what passed: the backward alone
+(preprocess, main, postprocess, workspaces included) on each shape, the best of 5 runs of 10 back-to-back calls after 3
 warm-up calls, CUDA events, L2 warm (back-to-back calls leave it so). flash-attn-4's backward
 (`flash_attn.cute.interface._flash_attn_bwd`, what `fa4.backends` calls) is timed the same way, in a
 child of its own. Timed inputs are random (O too; LSE log Sk): neither kernel's time depends on them.
@@ -68,9 +68,12 @@ def parse_config(text: str):
 
 
 def _kind(shape):
+    """What a configuration is judged and compiled on for this shape: its head dim, mask and heads
+    (`group_split` must fit the GQA ratio); lengths and batch are symbolic in the compile."""
     from fa4.kernels import AttentionProblem
 
-    return AttentionProblem(1, 128, 128, 4, 2, shape[4], DTYPE, shape[5])
+    _, _, heads_q, heads_kv, head_dim, causal = shape
+    return AttentionProblem(1, 128, 128, heads_q, heads_kv, head_dim, DTYPE, causal)
 
 
 def admitted_configs(shapes) -> list:
@@ -118,18 +121,19 @@ def peer_with_backward(name=None):
     return peers[0] if peers else None
 
 
-def _backward_fn(kind: str, config_label: str, head_dim: int, causal: bool, compiled: dict):
+def _backward_fn(kind: str, config_label: str, shape, compiled: dict):
     """A function (q, k, v, out, lse, dout, scale) -> (dq, dk, dv) for ours or the peer named `kind`."""
     import torch
 
+    causal = shape[5]
     if kind != OURS:
         peer = peer_with_backward(kind)
         return lambda q, k, v, out, lse, dout, scale: peer.backward(dout, q, k, v, out, lse, causal, scale)
-    from fa4.kernels import AttentionProblem, sm90_bwd
+    from fa4.kernels import sm90_bwd
 
-    key = (head_dim, causal)
+    problem = _kind(shape)
+    key = (problem.head_dim, causal)   # one compile serves every batch, length and head count
     if key not in compiled:
-        problem = AttentionProblem(1, 128, 128, 4, 2, head_dim, DTYPE, causal)
         compiled[key] = sm90_bwd.compile_backward(parse_config(config_label), problem)
     kernels = compiled[key]
 
@@ -158,17 +162,19 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
             rows.append({**row, "outcome": "infeasible", "reason": "; ".join(why)})
             continue
         try:
-            fn = _backward_fn(kind, config_label, d, causal, compiled)
+            fn = _backward_fn(kind, config_label, shape, compiled)
         except Exception as exc:  # noqa: BLE001  (a failing configuration is a result)
             rows.append({**row, "outcome": "compile", "reason": f"{type(exc).__name__}: {exc}"[:500]})
             continue
-        if (d, causal) not in checked:   # flash-attn's rule on a small problem of this kind
-            q, k, v, out, lse, dout = _inputs((2, 333, 8, 2, d, causal), seq_k=461, seed=d + causal, exact=True)
+        ratio = hq // hkv
+        if (d, causal, ratio) not in checked:   # flash-attn's rule on a small problem of this kind
+            q, k, v, out, lse, dout = _inputs((2, 333, 2 * ratio, 2, d, causal), seq_k=461, seed=d + causal,
+                                              exact=True)
             grads = fn(q, k, v, out, lse, dout, softmax_scale(d))
             torch.cuda.synchronize()
-            checked[(d, causal)] = check_grads(list(grads), q, k, v, dout, causal)
-        if checked[(d, causal)]:
-            rows.append({**row, "outcome": "wrong", "reason": "; ".join(checked[(d, causal)])})
+            checked[(d, causal, ratio)] = check_grads(list(grads), q, k, v, dout, causal)
+        if checked[(d, causal, ratio)]:
+            rows.append({**row, "outcome": "wrong", "reason": "; ".join(checked[(d, causal, ratio)])})
             continue
         q, k, v, out, lse, dout = _inputs(shape)
         scale = softmax_scale(d)

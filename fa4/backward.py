@@ -15,8 +15,8 @@
   tile algorithm of `fa4.kernels.backward_emulation`), in the configuration `fa4tune search --backward`
   recorded for the shape (`tuned`: the database's entry of the knob set "sm90_bwd", exact bucket, else
   the nearest within the forward's distance rule, `fa4.database.BestConfigDB.lookup`), else
-  `sm90_bwd.default_config`. Untuned, they take 2.0-2.4x flash-attn-4's backward time on the H200
-  (`benchmarks/backward_impls.py`), so "auto" picks them over a peer's backward only where that entry
+  `sm90_bwd.default_config`. Untuned, they took 0.90-1.20x flash-attn-4's backward time on seven
+  training shapes on the H200 (docs/backward.md), so "auto" picks them over a peer's backward only where that entry
   measured ours faster than the peer (its `backend_us`, timed in one search run), else only where no
   peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any name of
   `implementations()`. A gradient through a returned LSE enters every implementation through D.
@@ -143,11 +143,11 @@ def tuned(q: torch.Tensor, k: torch.Tensor, causal: bool):
         except Exception as exc:  # a malformed entry must not break a training step
             warn_once("bwd-db-lookup", f"fa4: backward database lookup failed ({type(exc).__name__}: {exc}); "
                                        "our backward runs its default configuration")
-    result = (backward_kernel(knob_set).default_config(problem), "default", None)
+    device = state.device_description(q.device) if q.is_cuda else None   # None: the H200
+    result = (backward_kernel(knob_set).default_config(problem, device), "default", None)
     if found is not None and found.entry is not None and found.kind in ("exact", "nearest"):
         try:
             config = Config.from_dict(knob_set, found.entry.config)
-            device = state.device_description(q.device) if q.is_cuda else None   # None: the H200
             why_not = kernels.feasible(config, problem, device)
         except (ValueError, KeyError, TypeError) as exc:   # knobs renamed since the tuning
             why_not = [str(exc)]

@@ -63,6 +63,9 @@ SHARED_SOURCE_FILES = ("problem.py", "compiling.py", "scheduling.py", "exp2_fit.
 # files of other folders a backward kernel's code is built from (tests/test_backward_search.py checks
 # that every module it imports from a family folder is named here)
 BACKWARD_BORROWED_FILES = {"sm90_bwd": ("../sm90/layouts.py",)}
+# a backward kernel folder's files that pick configurations and compile nothing (its default rules):
+# left out of its fingerprint, so a rule can move without making tuned entries stale
+BACKWARD_RULE_FILES = ("defaults.py",)
 TOOLCHAIN_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
                            "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
 
@@ -157,8 +160,9 @@ def source_fingerprint(arch: str) -> str:
     """sha256 (first 16 hex digits) of our sources that decide the generated code of a family (the
     toolchain's part is `kernel_fingerprint`'s)."""
     fam_dir = _HERE / arch
-    if arch in BACKWARD_KERNELS:   # a backward kernel's folder holds only what decides its code
-        own = sorted(p.name for p in fam_dir.glob("*.py")) + list(BACKWARD_BORROWED_FILES.get(arch, ()))
+    if arch in BACKWARD_KERNELS:   # a backward kernel's folder: what decides its code, and its rules
+        own = (sorted(p.name for p in fam_dir.glob("*.py") if p.name not in BACKWARD_RULE_FILES)
+               + list(BACKWARD_BORROWED_FILES.get(arch, ())))
     else:
         own = sorted(family(arch).SOURCE_FILES)
     paths = [_HERE / p for p in SHARED_SOURCE_FILES] + [fam_dir / p for p in own]

@@ -150,6 +150,12 @@ KNOBS: tuple[Knob, ...] = (
          "P / dS shared-memory buffers: 2 lets a block write its P and dS while the previous block's "
          "are still read, one named barrier a block fewer",
          codegen=True, archs=SM90_BWD),
+    Knob("group_split", (1, 2, 4, 8), 1,
+         "CTAs that share one (key block, KV head) of the backward: 1 walks the whole GQA group in one "
+         "CTA and stores dK and dV once in 16 bits; n splits the group's query heads over n CTAs (more "
+         "CTAs for short or few-head problems), each adding its partial dK and dV to fp32 accumulators "
+         "by TMA reduce-add, which a postprocess converts",
+         codegen=True, archs=SM90_BWD),
 )
 
 

@@ -42,6 +42,41 @@ def test_tile_algorithm_gradients_match_autograd(case, dtype):
     assert not failures, failures
 
 
+SPLIT_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, tile_m, tile_n, group_split)
+    (1, 77, 77, 4, 1, 64, True, 64, 128, 4),      # MQA, one query head a CTA
+    (2, 130, 200, 4, 2, 64, True, 64, 64, 2),     # Sq < Sk, two heads a part
+    (1, 200, 130, 5, 1, 64, True, 64, 96, 2),     # GQA 5: parts of 3 and 2 heads; rows without keys
+    (1, 96, 160, 8, 1, 128, False, 64, 128, 8),   # GQA 8, full
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "b{}-sq{}-sk{}-hq{}-hkv{}-d{}-{}-{}x{}-split{}".format(
+    *c[:6], "causal" if c[6] else "full", *c[7:]))
+def test_a_split_group_sums_its_parts_to_the_same_gradients(case):
+    """group_split > 1: each part's dK and dV partial sums meet in fp32 accumulators. The gradients
+    pass flash-attn's rule, and dQ (its order unchanged) is the unsplit run's bit for bit."""
+    batch, sq, sk, hq, hkv, d, causal, tile_m, tile_n, split = case
+    gen = torch.Generator().manual_seed(sq * 7 + sk)
+    q, k, v = (torch.randn(batch, s, h, d, generator=gen).bfloat16() for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    dout = torch.randn(batch, sq, hq, d, generator=gen).bfloat16()
+    scale = softmax_scale(d)
+    out, lse = attention_fp32(q, k, v, causal, scale)
+    got = backward(q, k, v, out.bfloat16(), lse, dout, causal, scale, tile_m, tile_n, group_split=split)
+    assert not check_grads(got, q, k, v, dout, causal, scale)
+    unsplit = backward(q, k, v, out.bfloat16(), lse, dout, causal, scale, tile_m, tile_n)
+    assert torch.equal(got[0], unsplit[0])
+    for split_grad, whole in zip(got[1:], unsplit[1:]):   # only the fp32 order of the sums moved
+        torch.testing.assert_close(split_grad.float(), whole.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_split_that_leaves_a_part_empty_is_refused():
+    q = torch.randn(1, 16, 5, 64).half()
+    k = v = torch.randn(1, 16, 1, 64).half()
+    out, lse = attention_fp32(q, k, v, False)
+    with pytest.raises(ValueError, match="empty"):
+        backward(q, k, v, out.half(), lse, q, False, softmax_scale(64), 64, 64, group_split=4)
+
+
 def test_rows_that_see_no_key_get_no_gradient():
     q = torch.randn(1, 40, 2, 64).half()
     k, v = torch.randn(1, 24, 1, 64).half(), torch.randn(1, 24, 1, 64).half()

@@ -34,7 +34,9 @@ def settings(tmp_path, **kw) -> SearchSettings:
 
 def test_kernel_api_answers_for_the_backward_knob_set():
     default = kernels.default_config("sm90_bwd", PROBLEM)
-    assert default == Config.make("sm90_bwd", dq_accum="bulk", sdp_swap=True, pds_stages=2, scheduler="single_lpt")
+    # the timed choices, and the grid model's split (64 CTAs unsplit at B2 S1024 H16/4)
+    assert default == Config.make("sm90_bwd", dq_accum="bulk", sdp_swap=True, pds_stages=2, scheduler="single_lpt",
+                                  group_split=4)
     assert kernels.feasible(default, PROBLEM) == []
     assert kernels.feasible(default.replace(sdp_swap=True, tile_n=64), PROBLEM)   # the model's own rule
     assert kernels.compile_key(default, PROBLEM)[0] == "sm90_bwd"
@@ -67,9 +69,9 @@ def test_the_backward_fingerprint_covers_what_its_kernel_borrows(tmp_path, monke
 def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_path, monkeypatch):
     # one configuration faults, one hangs (killed after the trial timeout); the search goes on
     monkeypatch.setenv(INJECT_ENV, "fault@tile_m=64,tile_n=128,q_stages=2,dq_accum=bulk,sdp_swap=False,"
-                                   "scheduler=single,pds_stages=1;"
+                                   "scheduler=single,pds_stages=1,group_split=1;"
                                    "timeout@tile_m=64,tile_n=64,q_stages=2,dq_accum=atomic,sdp_swap=False,"
-                                   "scheduler=single,pds_stages=1")
+                                   "scheduler=single,pds_stages=1,group_split=1")
     [summary] = run_search("sm90_bwd", [PROBLEM], settings(tmp_path, retime_rounds=1), QUIET)
     assert summary["retime"]["winner_us"] == summary["best"]["us"]   # the finalists re-timed as backward trials
     study = optuna.load_study(study_name=summary["study"], storage=open_storage(tmp_path / "studies.journal"))
@@ -79,11 +81,11 @@ def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_pat
         if "repeat_of" not in t.user_attrs:
             config = Config.from_dict("sm90_bwd", t.params)
             outcomes[config.label()], configs[config.label()] = t.user_attrs["outcome"], config
-    assert len(outcomes) == 128   # the whole space: every configuration judged, run or refused
+    assert len(outcomes) == 512   # the whole space: every configuration judged, run or refused
     for label, outcome in outcomes.items():   # every refusal is the feasibility model's, and only those
         assert (outcome == "infeasible") == bool(kernels.feasible(configs[label], PROBLEM)), label
-    fault = "tile_m=64 tile_n=128 q_stages=2 dq_accum=bulk sdp_swap=off scheduler=single pds_stages=1"
-    hang = "tile_m=64 tile_n=64 q_stages=2 dq_accum=atomic sdp_swap=off scheduler=single pds_stages=1"
+    fault = "tile_m=64 tile_n=128 q_stages=2 dq_accum=bulk sdp_swap=off scheduler=single pds_stages=1 group_split=1"
+    hang = "tile_m=64 tile_n=64 q_stages=2 dq_accum=atomic sdp_swap=off scheduler=single pds_stages=1 group_split=1"
     assert outcomes[fault] == "fault" and outcomes[hang] == "timeout"
     assert "SIGSEGV" in next(t for t in study.trials if configs.get(Config.from_dict(
         "sm90_bwd", t.params).label()) and Config.from_dict("sm90_bwd", t.params).label() == fault).user_attrs["error"]

@@ -68,11 +68,15 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     admitted = bench.admitted_configs(bench.SHAPES)
     assert Config.make("sm90_bwd") in admitted and every in admitted
     assert all(c.tile_n == 128 for c in admitted if c.sdp_swap)
-    kinds = [AttentionProblem(1, 128, 128, 4, 2, d, "bf16", True) for d in (64, 128)]
+    kinds = [bench._kind(shape) for shape in bench.SHAPES]   # a shape's head dim, mask and heads
     assert all(any(not sm90_bwd.reasons(c, p) for p in kinds) for c in admitted)
     # flash-attn-4's head-dim-64 tile is admitted there only, and timed there only
     d64_tile = Config.make("sm90_bwd", tile_m=128, sdp_swap=True)
-    assert d64_tile in admitted and sm90_bwd.reasons(d64_tile, kinds[1])
+    assert d64_tile in admitted and sm90_bwd.reasons(d64_tile, AttentionProblem(1, 128, 128, 4, 2, 128, "bf16", True))
+    # a split group is judged at the shape's GQA ratio: 4 parts of GQA 4, none of MHA
+    split4 = Config.make("sm90_bwd", group_split=4)
+    assert split4 in admitted and not sm90_bwd.reasons(split4, bench._kind((4, 2048, 16, 4, 128, True)))
+    assert sm90_bwd.reasons(split4, bench._kind((8, 1024, 16, 16, 64, False)))
     rows = [{"shape": "s", "kernel": "some_peer", "config": "Some Peer", "outcome": "ok", "us": 100.0},
             {"shape": "s", "kernel": bench.OURS, "config": "a", "outcome": "ok", "us": 150.0},
             {"shape": "s", "kernel": bench.OURS, "config": "b", "outcome": "timeout", "reason": "hang"}]

@@ -28,8 +28,8 @@ def _case_id(problem: AttentionProblem) -> str:
     return f"d{problem.head_dim}-{problem.dtype}-{'causal' if problem.causal else 'full'}"
 
 
-def _problem(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
-    return AttentionProblem(2, 177, 301, 8, 2, head_dim, dtype, causal)
+def _problem(head_dim: int, dtype: str = "bf16", causal: bool = True, heads_kv: int = 2) -> AttentionProblem:
+    return AttentionProblem(2, 177, 301, 8, heads_kv, head_dim, dtype, causal)
 
 
 @pytest.mark.parametrize("problem", CASES, ids=_case_id)
@@ -63,7 +63,8 @@ def _compile_main(config: Config, problem: AttentionProblem) -> dict:
         markers = report["ptx_markers"]
         assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"], markers
         assert markers["dq_atomics"] == (config.dq_accum == "atomic"), markers
-        assert markers["dq_tma_reduce"] == (config.dq_accum == "bulk"), markers
+        # dQ's reduce-add per block, or dK's and dV's at the end of a split group's CTAs
+        assert markers["tma_reduce"] == (config.dq_accum == "bulk" or config.group_split > 1), markers
     return {**report, "broken": broken}
 
 
@@ -80,6 +81,13 @@ SAMPLE = [
     (dict(sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128)),
     (dict(tile_m=128, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(64, causal=False)),
     (dict(pds_stages=2, scheduler="single_lpt"), _problem(64, "fp16")),
+    # a split group: dK and dV by fp32 reduce-adds, through sQ/sdO and sK/sV (two tiles) or sK/sV
+    # alone (one Q/dO stage of 64 rows holds less than 128 keys' tile), beside each dQ path
+    (dict(sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=2), _problem(128)),
+    (dict(q_stages=1, group_split=4), _problem(128, "fp16", causal=False)),
+    (dict(tile_m=128, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=8),
+     _problem(64, causal=False, heads_kv=1)),
+    (dict(tile_n=64, q_stages=1, dq_accum="bulk", group_split=2), _problem(64, "fp16")),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
 # all four accumulators at 128 x 128 and head dim 128)
@@ -119,6 +127,18 @@ def test_what_the_register_model_refuses_spills(over, problem):
 SPACE_KINDS = [_problem(128, "bf16", causal=True), _problem(64, "fp16", causal=False)]
 
 
+def _whole_space_to_compile() -> list[Config]:
+    """The space's configurations with one CTA a group, and with two (group_split's code is the
+    epilogue and the grid: 4 and 8 compile the same code as 2 with another constant, so they are the
+    sample's), the knobs that do not meet the epilogue (grid order, P/dS buffers) at one value there."""
+    configs = []
+    for config in load_space("sm90_bwd").configs():
+        if config.group_split == 1 or (config.group_split == 2 and config.scheduler == "single"
+                                       and config.pds_stages == 1):
+            configs.append(config)
+    return configs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", SPACE_KINDS, ids=_case_id)
 def test_the_whole_space_holds_the_model_to_the_compiler(problem):
@@ -128,7 +148,7 @@ def test_the_whole_space_holds_the_model_to_the_compiler(problem):
     refuses one 128 x 128 variant through shared memory that ptxas fits). Refusals for shared memory or
     a tile the layout needs are the model's arithmetic alone."""
     admitted, refused, refused_clean = 0, 0, []
-    for config in load_space("sm90_bwd").configs():
+    for config in _whole_space_to_compile():
         if sm90_bwd.reasons(config, problem):
             if not _refused_for_registers_alone(config, problem):
                 continue
@@ -174,6 +194,16 @@ def test_what_the_kernel_cannot_run_is_refused_loudly():
     # ... and the model says so before compiling
     swapped_64 = Config.make("sm90_bwd", sdp_swap=True, tile_n=64)
     assert any("sdp_swap needs tile_n=128" in r for r in sm90_bwd.reasons(swapped_64, problem))
+    # a split group needs a query head in every part
+    with pytest.raises(ValueError, match="group_split=3 is not implemented"):
+        FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False, **{**knobs, "group_split": 3})
+    mha = AttentionProblem(1, 128, 128, 4, 4, 128, "bf16", False)
+    assert any("group_split=2 > the GQA ratio 1" in r
+               for r in sm90_bwd.reasons(Config.make("sm90_bwd", group_split=2), mha))
+    gqa5 = AttentionProblem(1, 128, 128, 5, 1, 128, "bf16", False)
+    assert any("leaves a part of the 5 query heads" in r
+               for r in sm90_bwd.reasons(Config.make("sm90_bwd", group_split=4), gqa5))
+    assert sm90_bwd.reasons(Config.make("sm90_bwd", group_split=2), gqa5) == []   # 3 + 2 heads
 
 
 def test_the_defaults_are_runnable_at_every_supported_head_dim():

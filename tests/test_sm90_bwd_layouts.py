@@ -32,7 +32,7 @@ LANES = tuple(range(32)) + tuple(range(128, 160))   # the first warp of each MMA
 def _kernel(sdp_swap: bool, tile_m: int) -> FlashAttentionBackwardSm90:
     return FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=True, tile_m=tile_m, tile_n=128,
                                       q_stages=2, dq_accum="atomic", sdp_swap=sdp_swap, scheduler="single",
-                                      pds_stages=1)
+                                      pds_stages=1, group_split=1)
 
 
 def _trace(fn) -> None:
@@ -131,3 +131,47 @@ def test_swapped_p_and_ds_registers_are_the_dv_dk_a_operand(tile_m):
     _trace(probe)
     assert len(pairs) == len(LANES) * 64 * tile_m // 128
     assert all(got == want for got, want in pairs), [p for p in pairs if p[0] != p[1]][:4]
+
+
+@pytest.mark.parametrize("tile_m, tile_n, q_stages, head_dim", [
+    (64, 128, 2, 128), (64, 128, 1, 128), (128, 128, 2, 64), (64, 64, 1, 128), (64, 64, 2, 64)])
+def test_a_split_groups_fp32_dk_dv_tiles_are_whole_and_fit_the_buffers_they_reuse(tile_m, tile_n, q_stages,
+                                                                                  head_dim):
+    """group_split > 1: the MMA threads' 64-bit stores of dK / dV (the dkv tiled MMA's C fragments)
+    cover the tile_n x D tile once each, two neighbouring fp32 values a store, at the offsets of the
+    swizzled fp32 layout the TMA reduce-add reads (a bijection onto the tile's elements), and the
+    tile is exactly sK and sV's bytes (and fits sQ and sdO's where the kernel puts dV there)."""
+    kern = FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m,
+                                      tile_n=tile_n, q_stages=q_stages, dq_accum="bulk",
+                                      sdp_swap=tile_n == 128, scheduler="single", pds_stages=1, group_split=2)
+    found = {}
+
+    def probe():
+        kern._make_layouts()
+        _, dkv, _ = kern._tiled_mmas()
+        f32 = cutlass.Float32
+        store = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), f32,
+                                                           num_bits_per_copy=64), dkv)
+        ident = cute.make_identity_tensor((kern.tile_n, kern.head_dim))
+        coords, pairs = [], []
+        for t in range(256):   # both MMA warpgroups
+            runs = store.get_slice(t).partition_D(ident)
+            values = [runs[j] for j in range(cute.size(runs))]
+            offsets = [cute.crd2idx(c, kern.sdKV32_layout) for c in values]
+            coords += values
+            pairs += [(offsets[j], offsets[j + 1]) for j in range(0, len(offsets), 2)]
+        found.update(
+            coords=coords, pairs=pairs, offsets=sorted(o for pair in pairs for o in pair),
+            tile_bytes=cute.size_in_bytes(f32, kern.sdKV32_layout),
+            kv_bytes=cute.size_in_bytes(kern.dtype, kern.sK_layout) + cute.size_in_bytes(kern.dtype, kern.sV_layout),
+            qdo_bytes=cute.size_in_bytes(kern.dtype, kern.sQ_layout) + cute.size_in_bytes(kern.dtype, kern.sdO_layout))
+
+    _trace(probe)
+    elements = tile_n * head_dim
+    assert len(found["coords"]) == elements and len(set(found["coords"])) == elements
+    assert found["offsets"] == list(range(elements))
+    assert all(a % 2 == 0 and b == a + 1 for a, b in found["pairs"])   # 8-byte aligned neighbours
+    assert found["tile_bytes"] == found["kv_bytes"] == 4 * elements
+    assert kern.dkv32_in_qdo == (q_stages * tile_m >= tile_n)
+    if kern.dkv32_in_qdo:
+        assert found["tile_bytes"] <= found["qdo_bytes"]

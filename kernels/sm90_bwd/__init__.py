@@ -13,12 +13,12 @@ Workspaces (`.run` allocates them, on torch's caching allocator, so a caller nee
 of the kernel's padding): LSE2 and D, (B, Hq, Sq rounded up to tile_m) fp32, written by the
 preprocess; dQ_accum, (B, Sq, Hq, D) fp32, zeroed by `torch.zeros` (a memset is as fast as any
 kernel of ours would be, and keeps the preprocess a pure row reduction), accumulated by the main
-kernel's atomics, converted by the postprocess.
+kernel, converted by the postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk,
+Hkv, D) fp32, zeroed, reduced into by the main kernel's CTAs and converted by the same postprocess.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tempfile
@@ -29,6 +29,7 @@ from .. import compiling
 from ..device import DeviceDescription
 from ..knobs import Config
 from ..problem import AttentionProblem
+from .defaults import default_config, group_split_for  # noqa: F401  (the rules: not in the fingerprint)
 # the resource model and the one check of a configuration
 from .feasibility import (KNOB_SET, REFERENCE_DEVICE, can_implement, reasons, resource_reasons,  # noqa: F401
                           resources, smem_bytes, validate)
@@ -41,29 +42,10 @@ PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
     "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
     "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),               # dq_accum "atomic"
-    "dq_tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk"
+    "tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk", group_split > 1
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
 }
-
-
-def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
-    """The configuration an untuned problem runs, from timing every admitted configuration beside
-    flash-attn-4's backward on the H200 (`results/h200/training/2026-12-03b/`,
-    `benchmarks/sm90_bwd_configs.py`; the declared defaults in `fa4.kernels.knobs` are the kernel's
-    plain form, 2.0-2.8x slower):
-    - S^T/dP^T swapped, dQ by TMA reduce-add, two P/dS buffers, two Q/dO stages, 128 keys a CTA: each
-      the faster value of its knob on every shape timed;
-    - 128 query rows a block at head dim 64 (64 x 128 is the fastest the register model admits at
-      128: its S^T and dP^T at 128 x 128 do not fit), 1.05-1.16x faster than 64 rows there;
-    - longest key block first (single_lpt) under causal masks, where key block 0 sees the most query
-      blocks (1.37x and 1.46x over single at B4 S2048 causal, D128 and D64; 2 % slower at B8 S1024
-      D64); the plain order without one (2 % faster at B2 S4096 D128).
-    A rule here may read only what is compiled in (dtype, head dim, causal): `fa4.backward` caches
-    the compiled default by those."""
-    return Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 64, tile_n=128, q_stages=2,
-                       dq_accum="bulk", sdp_swap=True, pds_stages=2,
-                       scheduler="single_lpt" if problem.causal else "single")
 
 
 def compile_key(config: Config, problem: AttentionProblem) -> tuple:
@@ -104,6 +86,8 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         lse2=rows(seq_q_padded, 4), delta=rows(seq_q_padded, 4),
         dq_accum=bshd(seq_q, heads_q, cutlass.Float32, divisibility=4), dq=bshd(seq_q, heads_q),
         dk=bshd(seq_k, heads_kv), dv=bshd(seq_k, heads_kv),
+        dk_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
+        dv_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
 
@@ -131,10 +115,12 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
     out = {}
     with compiling.target_arch(ARCH):
         a = _fake_arguments(problem, tvm_ffi)
+        # a split group's CTAs add dK and dV into fp32 accumulators; one CTA a group stores them
+        dk, dv = (a["dk"], a["dv"]) if config.group_split == 1 else (a["dk_accum"], a["dv_accum"])
         arguments = dict(
             preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], a["stream"]),
-            main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], a["dq_accum"], a["dk"],
-                  a["dv"], cutlass.Float32(1.0), a["stream"]),
+            main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], a["dq_accum"], dk, dv,
+                  cutlass.Float32(1.0), a["stream"]),
             postprocess=(a["dq_accum"], a["dq"], cutlass.Float32(1.0), a["stream"]))
         for name in only or KERNELS:
             kernel = _make_kernel(name, config, problem)
@@ -163,7 +149,7 @@ class CompiledBackward:
         if q.shape[-1] != self.problem.head_dim:
             raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
         batch, seqlen_q, heads_q, head_dim = q.shape
-        scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+        scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
         padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
@@ -174,7 +160,15 @@ class CompiledBackward:
             # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
             # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
             delta[:, :, :seqlen_q].sub_(dlse.float())
-        self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale)
+        if self.config.group_split == 1:
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale)
+        else:
+            dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+            dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale)
+            # the postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
+            self.compiled["postprocess"](dk_accum, dk, scale)
+            self.compiled["postprocess"](dv_accum, dv, 1.0)
         self.compiled["postprocess"](dq_accum, dq, scale)
 
 

@@ -11,6 +11,9 @@ sQ and sdO (q_stages x tile_m x D each), sK and sV (tile_n x D each), sP (unless
 
 Registers: the fp32 accumulators one MMA thread holds (`accumulator_registers`), against limits
 calibrated on ptxas (the tests compile what the limits admit clean and what they refuse with spills).
+
+`group_split` needs no shared memory of its own (its fp32 dK/dV tiles reuse the K/V and Q/dO
+buffers at the end); it must leave every part of a GQA group at least one query head (`split_reasons`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,29 @@ def resources(config: Config, problem: AttentionProblem, device: Optional[Device
     }
 
 
+def heads_per_part(config: Config, problem: AttentionProblem) -> int:
+    """Query heads per CTA: ceil(ratio / group_split), the kernel's `query_heads` (the last part of a
+    group may hold fewer)."""
+    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
+    return -(-ratio // config.group_split)
+
+
+def split_reasons(config: Config, problem: AttentionProblem) -> list[str]:
+    """Why `group_split` cannot divide this problem's GQA groups: a part would hold no query head."""
+    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
+    split = config.group_split
+    if split == 1:
+        return []
+    if split > ratio:
+        return [f"group_split={split} > the GQA ratio {ratio} (query heads per KV head): a part of a "
+                f"group would hold no query head"]
+    per_part = heads_per_part(config, problem)
+    if (split - 1) * per_part >= ratio:
+        return [f"group_split={split} leaves a part of the {ratio} query heads of a group empty "
+                f"(ceil({ratio} / {split}) = {per_part} a part)"]
+    return []
+
+
 def resource_reasons(config: Config, problem: AttentionProblem,
                      device: Optional[DeviceDescription] = None) -> list[str]:
     """Every reason `config` cannot run `problem` in one block of `device` (default: the H200)."""
@@ -112,16 +138,17 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if res["smem_bytes"] > res["smem_limit_bytes"]:
         reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "
                        f"({(device or REFERENCE_DEVICE).name})")
-    return reasons
+    return reasons + split_reasons(config, problem)
 
 
 def launch_grid(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
-    """The main kernel's grid (kernel.py `__call__`): one CTA per (key block, KV head, batch), key
-    blocks fastest ("single") or outermost ("single_lpt")."""
+    """The main kernel's grid (kernel.py `__call__`): one CTA per (key block, part of a KV head's
+    group, batch), key blocks fastest ("single") or outermost ("single_lpt")."""
     n_blocks = -(-max(problem.seqlen_k, 1) // config.tile_n)
+    head_slots = problem.heads_kv * config.group_split
     if config.scheduler == "single_lpt":
-        return (problem.heads_kv, max(problem.batch, 1), n_blocks)
-    return (n_blocks, problem.heads_kv, max(problem.batch, 1))
+        return (head_slots, max(problem.batch, 1), n_blocks)
+    return (n_blocks, head_slots, max(problem.batch, 1))
 
 
 def launch_reasons(config: Config, problem: AttentionProblem,

@@ -1,10 +1,13 @@
 """Attention backward for Hopper (sm_90a) in CuTe DSL: the main kernel (FA2/FA3 structure).
 
 The tile algorithm is `fa4.kernels.backward_emulation`'s. One CTA per (key block of `tile_n` rows,
-KV head, batch): it loads its K and V block once, then walks the query heads of the KV head's group
-and, for each, the query blocks of `tile_m` rows that see a key of the block (causal: bottom-right
-aligned; blocks left of the first visible row are skipped). dK and dV accumulate in registers over the
-whole group (GQA is reduced inside the CTA), and are written once at the end.
+KV head, batch) and part of the KV head's group of query heads (`group_split` parts): it loads its K
+and V block once, then walks its query heads and, for each, the query blocks of `tile_m` rows that see
+a key of the block (causal: bottom-right aligned; blocks left of the first visible row are skipped).
+dK and dV accumulate in registers over the CTA's query heads. With one part (the whole group reduced
+inside the CTA) they are written once at the end in 16 bits; with several, each CTA adds its partial
+sums to (B, Sk, Hkv, D) fp32 accumulators by TMA reduce-add (through shared memory the K/V and Q/dO
+buffers no longer need) and a postprocess converts them.
 
 Warp roles (384 threads): warpgroup 0 is the producer (warp 0 issues the TMA loads: K and V once, then
 Q and dO of each (head, query block) into a `q_stages` ring, with their rows' LSE2 and D when
@@ -35,7 +38,8 @@ dQ reaches the accumulator (`dq_accum`) by one red.global.add.f32 per element ("
 (cp.reduce.async.bulk.tensor .add) per block; the scale is applied by the postprocess.
 `pds_stages` = 2 double-buffers P and dS, so the barrier that waits for the previous block's readers
 before they are overwritten goes.
-At the end: dK * scale and dV -> 16-bit -> shared memory (the K and V buffers) -> TMA store.
+At the end: dK * scale and dV -> 16-bit -> shared memory (the K and V buffers) -> TMA store, or
+(`group_split` > 1) dK and dV in fp32 -> shared memory -> TMA reduce-add into the accumulators.
 
 Masks are applied only on boundary blocks: the query blocks that cross the causal diagonal, and every
 block when the key block is the last, partial one (keys >= Sk).
@@ -69,7 +73,8 @@ BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
 IMPLEMENTED = {"tile_m": (64, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
-               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt"), "pds_stages": (1, 2)}
+               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt"), "pds_stages": (1, 2),
+               "group_split": (1, 2, 4, 8)}
 
 
 def smem_layout(dtype, rows: int, cols: int, major_mode_size: int, stages=None):
@@ -90,16 +95,18 @@ class FlashAttentionBackwardSm90:
     Knobs (declared in `fa4.kernels.knobs`, knob set "sm90_bwd"): tile_m (query rows per inner block),
     tile_n (key rows per CTA), q_stages (Q/dO ring depth), dq_accum (how dQ reaches global memory:
     "atomic" or "bulk"), sdp_swap (S^T = K Q^T, P^T and dS^T as register operands), pds_stages (P/dS
-    buffers). A value this code does not implement (`IMPLEMENTED`) or a combination it cannot build
+    buffers), group_split (CTAs per key block and KV head; > 1: dK and dV by fp32 reduce-adds). A value this code does not implement (`IMPLEMENTED`) or a combination it cannot build
     raises; nothing is changed into something else.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
-                 q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int):
+                 q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
+                 group_split: int):
         from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
-                ("sdp_swap", sdp_swap), ("scheduler", scheduler), ("pds_stages", pds_stages))] + [
+                ("sdp_swap", sdp_swap), ("scheduler", scheduler), ("pds_stages", pds_stages),
+                ("group_split", group_split))] + [
                 ("head_dim", head_dim, SUPPORTED_HEAD_DIMS)]:
             if value not in implemented:
                 raise ValueError(f"sm90 backward: {name}={value!r} is not implemented (one of {implemented})")
@@ -120,6 +127,7 @@ class FlashAttentionBackwardSm90:
         # serialised wgmma at head dim 64), so dV waits until dS^T is computed there
         self.early_dv = tile_m == 64
         self.pds_stages = pds_stages
+        self.group_split = group_split
         self.num_mma_threads = 128 * MMA_WARPGROUPS
         self.num_threads = 128 + self.num_mma_threads
         self.producer_regs, self.mma_regs = REGISTER_SPLIT
@@ -154,10 +162,19 @@ class FlashAttentionBackwardSm90:
         self.sdQ_layout = smem_layout(Float32, self.tile_m, d, d)
         # the rows' LSE2 and D, one tile_m vector per Q stage (sdp_swap)
         self.sRow_layout = cute.make_layout((self.tile_m, self.q_stages))
+        # group_split > 1: an fp32 dK or dV tile of the epilogue's reduce-add, in the bytes of sK and sV
+        # (one such tile exactly) and, where they hold one too, of sQ and sdO
+        self.sdKV32_layout = smem_layout(Float32, self.tile_n, d, d)
+        self.dkv32_in_qdo = self.q_stages * self.tile_m >= self.tile_n
 
     def shared_storage(self):
         self._make_layouts()
         align = 1024
+        # the epilogue's fp32 tiles span two neighbouring buffers (sK then sV, sQ then sdO): the struct
+        # places each buffer at the next multiple of `align`, so a pair is contiguous when the first
+        # one's bytes are a multiple of it
+        for layout in (self.sK_layout, self.sQ_layout):
+            assert cute.size_in_bytes(self.dtype, layout) % align == 0, "fp32 tiles would straddle a gap"
 
         def buffer(layout, dtype=self.dtype, used=True):
             return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout) if used else 0], align]
@@ -221,9 +238,14 @@ class FlashAttentionBackwardSm90:
                  stream: cuda.CUstream):
         """Q, dO: (B, Sq, Hq, D); K, V, dK, dV: (B, Sk, Hkv, D); LSE2, D: (B, Hq, Sq padded to
         tile_m) fp32 (the preprocess's); dQ_accum: (B, Sq, Hq, D) fp32, zeroed."""
-        for t in (mQ, mK, mV, mdO, mdK, mdV):
+        for t in (mQ, mK, mV, mdO):
             if const_expr(t.element_type != self.dtype):
-                raise TypeError("Q, K, V, dO, dK and dV must all have the kernel's dtype")
+                raise TypeError("Q, K, V and dO must all have the kernel's dtype")
+        dkv_type = self.dtype if const_expr(self.group_split == 1) else Float32
+        for t in (mdK, mdV):
+            if const_expr(t.element_type != dkv_type):
+                raise TypeError(f"dK and dV must be {dkv_type} (group_split={self.group_split}: "
+                                f"{'the gradients' if self.group_split == 1 else 'their fp32 accumulators'})")
         # (B, S, H, D) -> (S, D, H, B); (B, H, S) -> (S, H, B)
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [L.permute_modes(t, [1, 3, 2, 0])
                                                for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)]
@@ -246,10 +268,17 @@ class FlashAttentionBackwardSm90:
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load_op, mdO, sdO_one, (self.tile_m, d))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, self.sK_layout, (self.tile_n, d))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, self.sV_layout, (self.tile_n, d))
-        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, self.sK_layout,
-                                                          (self.tile_n, d))
-        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, self.sV_layout,
-                                                          (self.tile_n, d))
+        if const_expr(self.group_split == 1):
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, self.sK_layout,
+                                                              (self.tile_n, d))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, self.sV_layout,
+                                                              (self.tile_n, d))
+        else:
+            reduce_op = cpasync.CopyReduceBulkTensorTileS2GOp()
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(reduce_op, mdK, self.sdKV32_layout,
+                                                              (self.tile_n, d))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(reduce_op, mdV, self.sdKV32_layout,
+                                                              (self.tile_n, d))
         self.qdo_bytes = cute.size_in_bytes(self.dtype, sQ_one) + cute.size_in_bytes(self.dtype, sdO_one)
         self.kv_bytes = (cute.size_in_bytes(self.dtype, self.sK_layout)
                          + cute.size_in_bytes(self.dtype, self.sV_layout))
@@ -267,10 +296,12 @@ class FlashAttentionBackwardSm90:
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
         scale_log2 = softmax_scale * Float32(LOG2_E)
         # the hardware hands CTAs out in grid order, x fastest: longest first puts the key blocks
-        # outermost, block 0 (the most query blocks under causal) first for every head and batch
-        grid = (num_n_blocks, heads_kv, batch)
+        # outermost, block 0 (the most query blocks under causal) first for every head and batch;
+        # the parts of a KV head's group are neighbours on the head axis
+        head_slots = heads_kv * self.group_split
+        grid = (num_n_blocks, head_slots, batch)
         if const_expr(self.longest_first):
-            grid = (heads_kv, batch, num_n_blocks)
+            grid = (head_slots, batch, num_n_blocks)
         self.kernel(
             tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, tma_LSE2, tma_Delta, tma_dQ,
             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
@@ -278,7 +309,7 @@ class FlashAttentionBackwardSm90:
             softmax_scale, scale_log2, seqlen_q, seqlen_k, ratio,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
-            self.sdQ_layout, self.sRow_layout, SharedStorage,
+            self.sdQ_layout, self.sRow_layout, self.sdKV32_layout, SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
@@ -298,7 +329,7 @@ class FlashAttentionBackwardSm90:
                sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout,
                sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
-               SharedStorage: cutlass.Constexpr):
+               sdKV32_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
@@ -337,9 +368,9 @@ class FlashAttentionBackwardSm90:
             sDelta = storage.sDelta.get_tensor(sRow_layout)
         pipeline.pipeline_init_wait(cluster_shape_mn=None)
 
-        n_block, head_kv, batch_idx = cute.arch.block_idx()
+        n_block, head_slot, batch_idx = cute.arch.block_idx()
         if const_expr(self.longest_first):
-            head_kv, batch_idx, n_block = cute.arch.block_idx()
+            head_slot, batch_idx, n_block = cute.arch.block_idx()
         m_min, m_max, m_mask_end = self.query_block_range(n_block, seqlen_q, seqlen_k)
 
         if warp_idx < 4:
@@ -347,19 +378,52 @@ class FlashAttentionBackwardSm90:
             if warp_idx == 0:
                 self.produce(mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta,
                              tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2,
-                             tma_atom_Delta, pipe_qdo, pipe_kv, n_block, head_kv, batch_idx, ratio,
+                             tma_atom_Delta, pipe_qdo, pipe_kv, n_block, head_slot, batch_idx, ratio,
                              m_min, m_max)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_kv, batch_idx, ratio, m_min, m_max)
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_slot, batch_idx, ratio, m_min, m_max)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
+            sdK32, sdV32 = None, None
+            if const_expr(self.group_split > 1):
+                sdK32 = storage.sK.get_tensor(sdKV32_layout.outer, swizzle=sdKV32_layout.inner, dtype=Float32)
+                sdV32 = sdK32
+                if const_expr(self.dkv32_in_qdo):
+                    sdV32 = storage.sQ.get_tensor(sdKV32_layout.outer, swizzle=sdKV32_layout.inner,
+                                                  dtype=Float32)
             self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2,
-                         sDelta, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
-                         tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2, seqlen_q, seqlen_k,
-                         ratio, n_block, head_kv, batch_idx, m_min, m_max, m_mask_end)
+                         sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
+                         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
+                         seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
+                         m_mask_end)
 
     # ---- block ranges --------------------------------------------------------------------------
+    @cute.jit
+    def query_heads(self, head_slot: Int32, ratio: Int32):
+        """(head_kv, query head count) of the CTA on `head_slot` of the grid's head axis: part
+        `head_slot % group_split` of KV head `head_slot // group_split`'s group of `ratio` query
+        heads, ceil(ratio / group_split) heads a part (the last may hold fewer; the model refuses a
+        split that leaves a part empty)."""
+        head_kv = head_slot
+        head_count = ratio
+        if const_expr(self.group_split > 1):
+            head_kv = head_slot // self.group_split
+            per_part = (ratio + self.group_split - 1) // self.group_split
+            head_count = cutlass.min(per_part, ratio - head_slot % self.group_split * per_part)
+        return head_kv, head_count
+
+    @cute.jit
+    def query_head(self, index: Int32, head_slot: Int32, ratio: Int32):
+        """The query head of the CTA's `index`-th head (`query_heads`). Unsplit, the expression the
+        block loops always had (their code stays as it was)."""
+        head = head_slot * ratio + index
+        if const_expr(self.group_split > 1):
+            per_part = (ratio + self.group_split - 1) // self.group_split
+            head = (head_slot // self.group_split * ratio + head_slot % self.group_split * per_part
+                    + index)
+        return head
+
     @cute.jit
     def query_block_range(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """(m_min, m_max, m_mask_end): the query blocks [m_min, m_max) that see a key of this block,
@@ -382,9 +446,10 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def produce(self, mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta, tma_atom_Q,
                 tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2, tma_atom_Delta, pipe_qdo,
-                pipe_kv, n_block: Int32, head_kv: Int32, batch_idx: Int32, ratio: Int32,
+                pipe_kv, n_block: Int32, head_slot: Int32, batch_idx: Int32, ratio: Int32,
                 m_min: Int32, m_max: Int32):
         d = self.head_dim
+        head_kv, head_count = self.query_heads(head_slot, ratio)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         gK = cute.local_tile(mK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
@@ -396,8 +461,8 @@ class FlashAttentionBackwardSm90:
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         m_count = cutlass.max(m_max - m_min, 0)
-        for t in cutlass.range(ratio * m_count, unroll=1):
-            head = head_kv * ratio + t // m_count
+        for t in cutlass.range(head_count * m_count, unroll=1):
+            head = self.query_head(t // m_count, head_slot, ratio)
             m_block = m_min + t % m_count
             gQ = cute.local_tile(mQ[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
@@ -418,16 +483,17 @@ class FlashAttentionBackwardSm90:
 
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
-    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, head_kv: Int32, batch_idx: Int32, ratio: Int32,
+    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, head_slot: Int32, batch_idx: Int32, ratio: Int32,
                  m_min: Int32, m_max: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
         accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
         release the tile once the reduce has read it."""
         d = self.head_dim
         both = self.num_mma_threads + 32
+        _, head_count = self.query_heads(head_slot, ratio)
         m_count = cutlass.max(m_max - m_min, 0)
-        for t in cutlass.range(ratio * m_count, unroll=1):
-            head = head_kv * ratio + t // m_count
+        for t in cutlass.range(head_count * m_count, unroll=1):
+            head = self.query_head(t // m_count, head_slot, ratio)
             m_block = m_min + t % m_count
             gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
             tdQs, tdQg = L.tma_copier(tma_atom_dQ, sdQ, gdQ, smem_staged=False, gmem_tiled=False)
@@ -441,10 +507,11 @@ class FlashAttentionBackwardSm90:
     # ---- MMA warpgroups ------------------------------------------------------------------------
     @cute.jit
     def consume(self, mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2, sDelta,
-                tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-                softmax_scale: Float32, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32,
-                ratio: Int32, n_block: Int32, head_kv: Int32, batch_idx: Int32, m_min: Int32,
-                m_max: Int32, m_mask_end: Int32):
+                sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
+                tiled_mma_dkv, tiled_mma_dq, softmax_scale: Float32, scale_log2: Float32,
+                seqlen_q: Int32, seqlen_k: Int32, ratio: Int32, n_block: Int32, head_slot: Int32,
+                batch_idx: Int32, m_min: Int32, m_max: Int32, m_mask_end: Int32):
+        head_kv, head_count = self.query_heads(head_slot, ratio)
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -507,8 +574,8 @@ class FlashAttentionBackwardSm90:
         pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         m_count = cutlass.max(m_max - m_min, 0)
-        for t in cutlass.range(ratio * m_count, unroll=1):
-            head = head_kv * ratio + t // m_count
+        for t in cutlass.range(head_count * m_count, unroll=1):
+            head = self.query_head(t // m_count, head_slot, ratio)
             m_block = m_min + t % m_count
             pds = 0 if const_expr(self.pds_stages == 1) else t % self.pds_stages
             step = (tSrQ[None, None, None, q_state.index], tSrK,
@@ -528,8 +595,12 @@ class FlashAttentionBackwardSm90:
                                 q_state, scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
                                 batch_idx, masked=False)
             q_state.advance()
-        self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                      tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
+        if const_expr(self.group_split == 1):
+            self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                          tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
+        else:
+            self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                                 tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
 
     @cute.jit
     def block_step(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
@@ -775,6 +846,44 @@ class FlashAttentionBackwardSm90:
             tdKs, tdKg = L.tma_copier(tma_atom_dK, sK, gdK, smem_staged=False, gmem_tiled=False)
             tdVs, tdVg = L.tma_copier(tma_atom_dV, sV, gdV, smem_staged=False, gmem_tiled=False)
             cute.copy(tma_atom_dK, tdKs, tdKg)
+            cute.copy(tma_atom_dV, tdVs, tdVg)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def epilogue_reduce(self, acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                        tiled_mma_dkv, tidx: Int32, n_block: Int32, head_kv: Int32, batch_idx: Int32):
+        """group_split > 1: this CTA's partial dK (unscaled: the postprocess scales the sum) and dV in
+        fp32 -> shared memory -> one TMA reduce-add each into the (B, Sk, Hkv, D) accumulators (rows
+        >= Sk fall outside the tensor and are not added). dK's tile is sK and sV's bytes; dV's is sQ
+        and sdO's where they hold one (`dkv32_in_qdo`), else dK's again once its reduce has read it."""
+        d = self.head_dim
+        store = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+            tiled_mma_dkv).get_slice(tidx)
+        gdK = cute.local_tile(mdK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
+        gdV = cute.local_tile(mdV[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
+        # every warpgroup's last products have read Q, dO, K and V (the producer loads nothing more)
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
+        cute.copy(store, store.retile(acc_dK), store.partition_D(sdK32))
+        if const_expr(not self.dkv32_in_qdo):
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
+            if tidx < 32:
+                tdKs, tdKg = L.tma_copier(tma_atom_dK, sdK32, gdK, smem_staged=False, gmem_tiled=False)
+                cute.copy(tma_atom_dK, tdKs, tdKg)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # the reduce has read dK's tile: dV may overwrite it
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
+        cute.copy(store, store.retile(acc_dV), store.partition_D(sdV32))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
+        if tidx < 32:
+            if const_expr(self.dkv32_in_qdo):
+                tdKs, tdKg = L.tma_copier(tma_atom_dK, sdK32, gdK, smem_staged=False, gmem_tiled=False)
+                cute.copy(tma_atom_dK, tdKs, tdKg)
+            tdVs, tdVg = L.tma_copier(tma_atom_dV, sdV32, gdV, smem_staged=False, gmem_tiled=False)
             cute.copy(tma_atom_dV, tdVs, tdVg)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)

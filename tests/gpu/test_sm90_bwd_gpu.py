@@ -3,8 +3,10 @@ H200: dQ, dK, dV from O and LSE of the fp32 reference, held to flash-attn's grad
 (`fa4.reference.check_grads`) over odd lengths, Sq < Sk, Sq > Sk (rows that see no key), GQA 4/5/8,
 MQA, head dims 64/128, fp16/bf16, causal and full; and on strided (packed QKV) views. The default
 configuration runs every case in both dtypes; every other value of every backward knob
-(`fa4.kernels.knobs`, knob set "sm90_bwd") runs every case of a head dim it can run, in bf16, in the
-configuration nearest the default that admits it (`_variants`), and so do a few combinations.
+(`fa4.kernels.knobs`, knob set "sm90_bwd") runs every case of a head dim (and GQA ratio, for
+`group_split`) it can run, in bf16, in the configuration nearest the default that admits it
+(`_variants`), and so do a few combinations. A split group (`group_split` > 1) meets its parts' dK and
+dV in fp32 accumulators: GQA 4, 5 (parts of 3 and 2 heads) and 8 and MQA run it.
 
     python -m pytest -m gpu -q tests/gpu/test_sm90_bwd_gpu.py
 """
@@ -38,19 +40,31 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
 
 # the structural combinations the knobs were made for, beside one knob at a time
 COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accum="bulk"),
-                dict(sdp_swap=True, dq_accum="bulk", pds_stages=2)]
+                dict(sdp_swap=True, dq_accum="bulk", pds_stages=2),
+                # a split group's dV tile through sK/sV after dK's (one 64-row Q/dO stage is too small),
+                # and beside 64-key CTAs and dQ atomics
+                dict(q_stages=1, group_split=2), dict(tile_n=64, sdp_swap=False, group_split=4),
+                dict(dq_accum="atomic", group_split=2)]
 
 
 def _kind(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
-    return AttentionProblem(1, 128, 128, 4, 2, head_dim, dtype, causal)
+    """A compile's problem: what is compiled in (head dim, dtype, causal); GQA 8, where every
+    `group_split` fits (lengths, batch and heads are runtime values)."""
+    return AttentionProblem(1, 128, 128, 8, 1, head_dim, dtype, causal)
+
+
+def _problem(case, dtype: str = "bf16") -> AttentionProblem:
+    batch, sq, sk, hq, hkv, d, causal = case
+    return AttentionProblem(batch, sq, sk, hq, hkv, d, dtype, causal)
 
 
 def _variants(head_dim: int) -> list[Config]:
     """For every value of every backward knob other than the default's, the configuration of the
-    search space nearest the default (fewest knobs changed) that the model admits at this head dim;
-    then the combinations. Feasibility depends on the head dim alone, not on dtype or mask."""
+    search space nearest the default (fewest knobs changed; the default unsplit) that the model admits
+    at this head dim; then the combinations. Feasibility depends on the head dim and (group_split)
+    the GQA ratio, not on dtype or mask."""
     problem = _kind(head_dim)
-    default = sm90_bwd.default_config(problem)
+    default = sm90_bwd.default_config(problem).replace(group_split=1)
     space = [c for c in load_space("sm90_bwd").configs() if not sm90_bwd.reasons(c, problem)]
     out = []
     for knob in knobs_for("sm90_bwd"):
@@ -67,10 +81,9 @@ VARIANTS = [(d, config) for d in sm90_bwd.SUPPORTED_HEAD_DIMS for config in _var
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(head_dim: int, dtype: str, causal: bool, config: Config = None):
+def _compiled(head_dim: int, dtype: str, causal: bool, config: Config):
     # one compile per (configuration, head dim, dtype, causal): batch, lengths and heads are runtime values
-    problem = _kind(head_dim, dtype, causal)
-    return sm90_bwd.compile_backward(config or sm90_bwd.default_config(problem), problem)
+    return sm90_bwd.compile_backward(config, _kind(head_dim, dtype, causal))
 
 
 def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0):
@@ -80,6 +93,11 @@ def _inputs(batch, sq, sk, hq, hkv, d, dtype, seed=0):
 
 
 def _run(q, k, v, dout, causal, dtype_name, config=None):
+    """The backward of `config`, else of the default for these inputs' problem (the model admits it)."""
+    problem = AttentionProblem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[-1],
+                               dtype_name, causal)
+    config = config or sm90_bwd.default_config(problem)
+    assert sm90_bwd.reasons(config, problem) == [], config.label()
     scale = softmax_scale(q.shape[-1])
     out, lse = attention_fp32(q, k, v, causal, scale)
     out = out.to(q.dtype)
@@ -98,7 +116,8 @@ def test_a_gradient_through_the_lse(causal):
     scale = softmax_scale(128)
     out, lse = attention_fp32(q, k, v, causal, scale)
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
-    _compiled(128, "bf16", causal).run(q, k, v, out.to(q.dtype), dout, lse, *grads, scale, dlse)
+    config = sm90_bwd.default_config(AttentionProblem(1, 700, 500, 8, 2, 128, "bf16", causal))
+    _compiled(128, "bf16", causal, config).run(q, k, v, out.to(q.dtype), dout, lse, *grads, scale, dlse)
     torch.cuda.synchronize()
     failures = check_grads(grads, q, k, v, dout, causal, dlse=dlse)
     assert not failures, failures
@@ -129,7 +148,8 @@ def _case_id(case) -> str:
     return "b{}-sq{}-sk{}-hq{}-hkv{}-d{}-{}".format(*case[:6], "causal" if case[6] else "full")
 
 
-VARIANT_CASES = [(config, case) for d, config in VARIANTS for case in CASES if case[5] == d]
+VARIANT_CASES = [(config, case) for d, config in VARIANTS for case in CASES
+                 if case[5] == d and not sm90_bwd.reasons(config, _problem(case))]
 
 
 @pytest.mark.parametrize("config, case", VARIANT_CASES,

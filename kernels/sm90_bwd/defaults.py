@@ -1,0 +1,128 @@
+"""The sm90 backward's default configuration: what an untuned problem runs.
+
+Kept out of the backward's source fingerprint (as the forward's rules are out of theirs): a rule picks
+among configurations, it does not change what any configuration compiles to.
+
+Every knob but `group_split` comes from timing every admitted configuration beside flash-attn-4's
+backward on the H200 (`results/h200/training/2026-12-03b/`, `benchmarks/sm90_bwd_configs.py`; the
+declared defaults in `fa4.kernels.knobs` are the kernel's plain form, 2.0-2.8x slower):
+- S^T/dP^T swapped, dQ by TMA reduce-add, two P/dS buffers, two Q/dO stages, 128 keys a CTA: each
+  the faster value of its knob on every shape timed;
+- 128 query rows a block at head dim 64 (64 x 128 is the fastest the register model admits at 128:
+  its S^T and dP^T at 128 x 128 do not fit), 1.05-1.16x faster than 64 rows there;
+- longest key block first (single_lpt) under causal masks, where key block 0 sees the most query
+  blocks (1.37x and 1.46x over single at B4 S2048 causal, D128 and D64; 2 % slower at B8 S1024 D64);
+  the plain order without one (2 % faster at B2 S4096 D128).
+
+`group_split` (how many CTAs share a key block's GQA group) comes from a model of the grid, not yet
+from a timing: `split_makespan` below. It splits only where one CTA per group leaves SMs idle or one
+long CTA ends last: B1 S1024 H32/8 runs 64 CTAs on 132 SMs unsplit.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Optional
+
+from ..device import DeviceDescription
+from ..knobs import Config, knob
+from ..problem import AttentionProblem
+from .feasibility import KNOB_SET, REFERENCE_DEVICE, heads_per_part, launch_grid, split_reasons
+
+# The grid model's costs, in units of one (query block, key block) step of the main loop. A CTA's
+# fixed part (K/V load, pipeline fill, epilogue) is about one step; a split CTA's fp32 reduce-add of
+# dK and dV (2 x tile_n x D x 4 bytes into L2) about one more. Whole-problem costs of a split (zeroing
+# the fp32 accumulators, the postprocess that converts them) are HBM traffic, priced through
+# STEP_FLOP_RATE: one SM ran 3.2 us a step (10.5 MFLOP, 64 x 128 at head dim 128) in our default at
+# B4 S2048 H16/4 causal on the H200 (425.7 us for 17,408 steps on 132 SMs), 3.3 TFLOP/s a SM.
+CTA_FIXED_STEPS = 1.0
+SPLIT_REDUCE_STEPS = 1.0
+STEP_FLOP_RATE = 3.3e12       # FLOP/s of one SM in the block loop
+HBM_BYTES_PER_SECOND = 4.0e12  # the H200's 4.8 TB/s, at the rate large copies reach
+# a larger split must beat the smaller by this much in the model (its costs the model leaves out:
+# more K/V loads, more reduce traffic in L2)
+SPLIT_MARGIN = 0.03
+# at or above this many CTAs per SM unsplit, the tail the model could shorten is at most a step or so
+# of many: no split (and no simulation of a large grid)
+WIDE_GRID_CTAS_PER_SM = 4
+
+
+def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
+    """The configuration an untuned problem runs on `device` (default: the H200): the module
+    docstring's choices, then `group_split` by `split_makespan`."""
+    config = Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 64, tile_n=128, q_stages=2,
+                         dq_accum="bulk", sdp_swap=True, pds_stages=2,
+                         scheduler="single_lpt" if problem.causal else "single")
+    return config.replace(group_split=group_split_for(config, problem, device))
+
+
+def group_split_for(config: Config, problem: AttentionProblem,
+                    device: Optional[DeviceDescription] = None) -> int:
+    """The `group_split` whose modelled backward time (`split_makespan`) is least, a larger split
+    taken only when it beats every smaller one by `SPLIT_MARGIN`."""
+    sm_count = (device or REFERENCE_DEVICE).sm_count
+    unsplit = config.replace(group_split=1)
+    grid = launch_grid(unsplit, problem)
+    if grid[0] * grid[1] * grid[2] >= WIDE_GRID_CTAS_PER_SM * sm_count:
+        return 1
+    best_split, best_seconds = 1, split_makespan(unsplit, problem, sm_count)
+    for split in knob(KNOB_SET, "group_split").choices:
+        candidate = config.replace(group_split=split)
+        if split == 1 or split_reasons(candidate, problem):
+            continue
+        seconds = split_makespan(candidate, problem, sm_count)
+        if seconds < best_seconds * (1 - SPLIT_MARGIN):
+            best_split, best_seconds = split, seconds
+    return best_split
+
+
+def key_block_steps(config: Config, problem: AttentionProblem) -> list[int]:
+    """Query blocks each key block visits for one query head (the kernel's `query_block_range`)."""
+    tm, tn = config.tile_m, config.tile_n
+    m_max = -(-max(problem.seqlen_q, 1) // tm)
+    n_blocks = -(-max(problem.seqlen_k, 1) // tn)
+    offset = problem.seqlen_k - problem.seqlen_q
+    steps = []
+    for n_block in range(n_blocks):
+        m_min = max(n_block * tn - offset, 0) // tm if problem.causal else 0
+        steps.append(max(m_max - m_min, 0))
+    return steps
+
+
+def split_makespan(config: Config, problem: AttentionProblem, sm_count: int) -> float:
+    """Modelled seconds of the main kernel and, when split, of the work a split adds: the grid's CTAs
+    in launch order, each given to the SM that frees first (one CTA an SM: the kernel takes all of
+    one's registers), a CTA costing its steps (query heads x query blocks) plus `CTA_FIXED_STEPS`
+    (+ `SPLIT_REDUCE_STEPS` when split); plus, when split, zeroing, reducing into and converting the
+    fp32 dK/dV accumulators at HBM speed."""
+    steps = key_block_steps(config, problem)
+    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
+    split = config.group_split
+    per_part = heads_per_part(config, problem)
+    part_heads = [min(per_part, ratio - part * per_part) for part in range(split)]
+    fixed = CTA_FIXED_STEPS + (SPLIT_REDUCE_STEPS if split > 1 else 0.0)
+
+    def costs():   # in launch order: x fastest (kernel.py `__call__`)
+        n_blocks, slots, batch = len(steps), problem.heads_kv * split, max(problem.batch, 1)
+        if config.scheduler == "single_lpt":
+            for n_block in range(n_blocks):
+                for _ in range(batch):
+                    for slot in range(slots):
+                        yield part_heads[slot % split] * steps[n_block] + fixed
+        else:
+            for _ in range(batch):
+                for slot in range(slots):
+                    for n_block in range(n_blocks):
+                        yield part_heads[slot % split] * steps[n_block] + fixed
+
+    free_at = [0.0] * sm_count
+    for cost in costs():
+        heapq.heapreplace(free_at, free_at[0] + cost)
+    step_seconds = 2 * 5 * config.tile_m * config.tile_n * problem.head_dim / STEP_FLOP_RATE
+    seconds = max(free_at) * step_seconds
+    if split > 1:
+        accumulator_bytes = 2 * max(problem.batch, 1) * problem.seqlen_k * problem.heads_kv * problem.head_dim * 4
+        # zeroed (write), converted (read fp32, write 16 bits): 2.5x their bytes; the reduce-adds
+        # land in L2 with the steps
+        seconds += accumulator_bytes * 2.5 / HBM_BYTES_PER_SECOND
+    return seconds

@@ -1,0 +1,71 @@
+"""The sm90 backward's default configuration (`fa4.kernels.sm90_bwd.defaults`): runnable wherever the
+backward runs, and its `group_split` rule splits a KV head's group only where one CTA a group leaves
+the GPU idle or one long CTA ends last (its grid model, `split_makespan`, is a model: the H200 times
+it, `benchmarks/h200_training.sh bwd-split`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from fa4.kernels import AttentionProblem, sm90_bwd
+from fa4.kernels.device import H200
+from fa4.kernels.sm90_bwd.defaults import group_split_for, key_block_steps, split_makespan
+
+
+def _problem(batch, seqlen, heads_q, heads_kv, head_dim=128, causal=True):
+    return AttentionProblem(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, "bf16", causal)
+
+
+@pytest.mark.parametrize("batch, seqlen, heads_q, heads_kv, head_dim, causal", [
+    (b, s, hq, hkv, d, c) for (b, s), (hq, hkv), d, c in itertools.product(
+        [(1, 128), (1, 1000), (2, 4096), (16, 1024)], [(32, 8), (8, 1), (5, 1), (6, 2), (7, 7), (24, 8)],
+        (64, 128), (True, False))])
+def test_the_default_is_runnable(batch, seqlen, heads_q, heads_kv, head_dim, causal):
+    problem = _problem(batch, seqlen, heads_q, heads_kv, head_dim, causal)
+    config = sm90_bwd.default_config(problem)
+    assert sm90_bwd.reasons(config, problem) == []
+
+
+def test_a_grid_that_leaves_sms_idle_is_split():
+    # B1 S1024 H32/8: 8 key blocks x 8 KV heads = 64 CTAs on 132 SMs, each walking 4 query heads
+    for causal in (True, False):
+        problem = _problem(1, 1024, 32, 8, causal=causal)
+        assert sm90_bwd.default_config(problem).group_split > 1
+    # one CTA a group at B1 S128 H8/1: eight query heads in one CTA, 131 SMs idle
+    assert sm90_bwd.default_config(_problem(1, 128, 8, 1)).group_split == 8
+
+
+def test_a_wide_grid_and_mha_are_not_split():
+    assert sm90_bwd.default_config(_problem(16, 1024, 32, 8)).group_split == 1   # 1,024 CTAs
+    assert sm90_bwd.default_config(_problem(4, 2048, 16, 4)).group_split == 1    # 256 CTAs, balanced
+    assert sm90_bwd.default_config(_problem(1, 1024, 16, 16)).group_split == 1   # nothing to split
+
+
+def test_the_model_counts_the_blocks_the_kernel_visits():
+    # causal, Sq = Sk = 1024, 64-row query blocks: key block j (128 keys) starts at row 128 j
+    problem = _problem(1, 1024, 32, 8)
+    config = sm90_bwd.default_config(problem).replace(group_split=1)
+    assert key_block_steps(config, problem) == [16 - 2 * j for j in range(8)]
+    # Sq < Sk: rows 84-99 alone see the last key block; Sq > Sk: rows 0-199 see no key, so the three
+    # query blocks before row 192 are skipped
+    assert key_block_steps(config, AttentionProblem(1, 100, 400, 4, 1, 128, "bf16", True)) == [2, 2, 2, 1]
+    assert key_block_steps(config, AttentionProblem(1, 300, 100, 4, 1, 128, "bf16", True)) == [2]
+
+
+def test_more_sms_take_a_larger_split_never_a_smaller_one():
+    problem = _problem(1, 2048, 32, 8, head_dim=64)
+    wide = dataclasses.replace(H200, sm_count=4 * H200.sm_count)
+    assert group_split_for(sm90_bwd.default_config(problem), problem, wide) >= \
+        group_split_for(sm90_bwd.default_config(problem), problem, H200)
+
+
+def test_a_split_costs_its_reduce_where_it_buys_nothing():
+    # one CTA per SM already and every CTA alike: a split only adds the reduce and the accumulators
+    problem = _problem(1, 2048, 32, 8, head_dim=64, causal=False)   # 16 x 8 = 128 CTAs of 16 steps x 4
+    config = sm90_bwd.default_config(problem)
+    assert split_makespan(config.replace(group_split=2), problem, 132) > \
+        split_makespan(config.replace(group_split=1), problem, 132)
+    assert config.group_split == 1
