@@ -12,7 +12,10 @@
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
-#   bash benchmarks/h200_training.sh bwd-search 1|2  # fa4tune search --backward over half the grid (ours
+#   bash benchmarks/h200_training.sh bwd-split    # the default rule (its group_split model) and each
+#                                                 # group_split forced, on the 14 grid shapes, beside
+#                                                 # flash-attn-4; then the split's GPU tests
+#   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
 #   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
@@ -20,7 +23,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -82,14 +85,31 @@ case "$STEP" in
         | quiet > "$OUT/tests_sm90_bwd.txt"
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
+  bwd-split)
+    # benchmarks/h200_grid.toml's 14 problems (B,S,HQ,HKV,D,mask); timed in bf16 (the fp16 ones too)
+    grid_shapes=""
+    for s in 1,1024,32,8,128 16,1024,32,8,128 1,4096,32,8,128 1,8192,32,8,128 1,2048,32,8,64 8,512,16,16,64; do
+      grid_shapes="$grid_shapes --shape $s,full --shape $s,causal"
+    done
+    grid_shapes="$grid_shapes --shape 2,16384,8,1,128,causal --shape 4,2048,64,8,128,causal"
+    # shellcheck disable=SC2086
+    timeout 330 python3 benchmarks/sm90_bwd_configs.py --jobs 6 --timeout 300 $grid_shapes --config rule \
+        --config "rule group_split=1" --config "rule group_split=2" --config "rule group_split=4" \
+        --config "rule group_split=8" --json "$OUT/bwd_split.json" 2> >(quiet > "$OUT/bwd_split.log") \
+        | tee "$OUT/bwd_split.txt"
+    timeout 230 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider \
+        -k "group_split or gradients_follow or lse" 2>&1 | quiet > "$OUT/tests_bwd_split.txt"
+    tail -n 8 "$OUT/tests_bwd_split.txt"
+    ;;
   bwd-search)
-    # the 14 grid shapes in two halves (PART 1 or 2: every other shape), each configuration of the fast
-    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 8, 4 of them at head dim 128) per shape,
-    # ours and the peers' backward alone timed in one run; entries in $OUT/bwd_best.json
+    # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
+    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 8 x the group_split values the GQA ratio
+    # admits, half of them at head dim 128) per shape, ours and the peers' backward alone timed in one
+    # run; entries in $OUT/bwd_best.json
     part=${2:-1}
-    python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 2
+    python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 4
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_grid_part.toml \
-        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 8 --timeout 70 \
+        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 32 --timeout 70 \
         --storage "$OUT/bwd_studies_$part.journal" --db "$OUT/bwd_best.json" --format json \
         > "$OUT/bwd_search_$part.json" 2> >(quiet > "$OUT/bwd_search_$part.log")
     tail -n 6 "$OUT/bwd_search_$part.log"
@@ -112,7 +132,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,8 @@ On the H200, with the project and its `peer` extra installed (one 10-minute devi
     python benchmarks/sm90_bwd_configs.py --config default --config "sdp_swap=on dq_accum=bulk pds_stages=2"
 
 Which configurations: `--config` labels (knob=value pairs over the default of the knob set "sm90_bwd";
-"default" alone is the default), else every configuration of search_spaces/sm90_bwd.toml the model
+"default" alone is the default; "rule", alone or followed by pairs, is `sm90_bwd.default_config` of each
+shape on this GPU, what an untuned call runs, with those pairs over it), else every configuration of search_spaces/sm90_bwd.toml the model
 admits at one of the shapes' head dims (`fa4.kernels.sm90_bwd.reasons`; a shape whose head dim it is
 not admitted at is that configuration's "infeasible" row).
 
@@ -47,15 +48,17 @@ def shape_label(shape) -> str:
     return f"b{b}-s{s}-{hq}/{hkv}-d{d}-{'causal' if causal else 'full'}"
 
 
-def parse_config(text: str):
-    """A configuration from its label: "default", or knob=value pairs (as `Config.label` writes
-    them) over the default."""
-    from fa4.kernels import Config
+RULE = "rule"   # a label's first word: the default rule's configuration of each shape
+
+
+def parse_pairs(text: str) -> dict:
+    """{knob: value} of a label's knob=value pairs (as `Config.label` writes them; "default" and
+    "rule" name no knob)."""
     from fa4.kernels.knobs import knob
 
     values = {}
     for pair in text.split():
-        if pair == "default":
+        if pair in ("default", RULE):
             continue
         name, _, raw = pair.partition("=")
         k = knob("sm90_bwd", name)
@@ -64,7 +67,35 @@ def parse_config(text: str):
         if not match:
             raise ValueError(f"{pair}: {name} takes one of {list(k.choices)}")
         values[name] = match[0]
-    return Config.make("sm90_bwd", **values)
+    return values
+
+
+def parse_config(text: str):
+    """A configuration from its label: "default", or knob=value pairs over the default."""
+    from fa4.kernels import Config
+
+    return Config.make("sm90_bwd", **parse_pairs(text))
+
+
+def config_for(text: str, shape):
+    """The configuration a label names at `shape`: "rule ..." is the shape's `default_config` (on
+    this process's GPU, if it has one) with the label's pairs over it; anything else `parse_config`."""
+    from fa4.kernels import AttentionProblem, sm90_bwd
+
+    if text.split()[:1] != [RULE]:
+        return parse_config(text)
+    device = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from fa4.kernels import device_from_torch
+            device = device_from_torch(torch.cuda.current_device())
+    except ImportError:
+        pass
+    b, s, hq, hkv, d, causal = shape
+    base = sm90_bwd.default_config(AttentionProblem(b, s, s, hq, hkv, d, DTYPE, causal), device)
+    return base.replace(**parse_pairs(text))
 
 
 def _kind(shape):
@@ -132,9 +163,10 @@ def _backward_fn(kind: str, config_label: str, shape, compiled: dict):
     from fa4.kernels import sm90_bwd
 
     problem = _kind(shape)
-    key = (problem.head_dim, causal)   # one compile serves every batch, length and head count
+    config = config_for(config_label, shape)
+    key = (problem.head_dim, causal, config)   # one compile serves every batch, length and head count
     if key not in compiled:
-        compiled[key] = sm90_bwd.compile_backward(parse_config(config_label), problem)
+        compiled[key] = sm90_bwd.compile_backward(config, problem)
     kernels = compiled[key]
 
     def run(q, k, v, out, lse, dout, scale):
@@ -157,7 +189,10 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
     for shape in shapes:
         b, s, hq, hkv, d, causal = shape
         row = {"shape": shape_label(shape), "kernel": kind, "config": config_label}
-        why = [] if kind != OURS else sm90_bwd.reasons(parse_config(config_label), _kind(shape))
+        why = []
+        if kind == OURS:   # what ran: a rule label's configuration is the shape's
+            row["ran"] = config_for(config_label, shape).label()
+            why = sm90_bwd.reasons(config_for(config_label, shape), _kind(shape))
         if why:
             rows.append({**row, "outcome": "infeasible", "reason": "; ".join(why)})
             continue
@@ -272,8 +307,9 @@ def main(argv=None):
         with open(args.config_file) as handle:
             args.config = (args.config or []) + [line.strip() for line in handle
                                                  if line.strip() and not line.startswith("#")]
-    labels = [parse_config(c).label() for c in args.config] if args.config else \
-        [c.label() for c in admitted_configs(shapes)]
+    # a rule label stays a label (its configuration is each shape's); any other is normalised
+    labels = [c if c.split()[:1] == [RULE] else parse_config(c).label() for c in args.config] if args.config \
+        else [c.label() for c in admitted_configs(shapes)]
     lock_path = os.path.join(tempfile.gettempdir(), "fa4-sm90-bwd-configs.lock")
     start = time.time()
     peer = None if args.no_peer else peer_with_backward(args.peer)

@@ -102,9 +102,10 @@ class _Launch:
         self.kernel_masks = kernel_masks
 
 
-def _compiled_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
+def compiled_kernel(config: Config, problem: AttentionProblem, device: DeviceDescription):
     """Our kernel for `device`, from the one cache of compiled kernels (`fa4.compile_cache`), compiled
-    (or loaded from disk) on a miss, which cannot happen inside a CUDA-graph capture."""
+    (or loaded from disk) on a miss, which cannot happen inside a CUDA-graph capture. The seam every
+    runtime path that launches our forward kernel goes through (`fa4.attention`, `fa4.attention_varlen`)."""
     launcher = compile_cache.cached(config, problem, device)
     if launcher is None:
         with STATE.lock:
@@ -151,7 +152,7 @@ def _launch_of(plan: planning.Plan, backend: str, fallback: str) -> _Launch:
             kind, backend = _KERNEL, dispatch.OURS
     if kind == _KERNEL:
         try:
-            compiled = _compiled_kernel(expl.config, plan.problem, plan.device)
+            compiled = compiled_kernel(expl.config, plan.problem, plan.device)
             run = compiled.run
             masks = compiling.mask_values(plan.problem)
             if masks is not None:   # the window's widths and the cap: runtime values of its kernel

@@ -306,7 +306,7 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
     (`varlen_problem`; None: nothing to launch)."""
     from fa4 import kernels
     from fa4.kernels.compiling import mask_values
-    from fa4.runtime import _compiled_kernel
+    from fa4.runtime import compiled_kernel
     from fa4.state import device_description
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -319,7 +319,7 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
     if reasons:
         raise UnsupportedInputError(f"fa4.attention_varlen (ours): {config.label()} cannot run "
                                     f"{problem.label()}: {'; '.join(reasons)}")
-    kernel = _compiled_kernel(config, problem, device)
+    kernel = compiled_kernel(config, problem, device)
     cu_q, cu_k = (cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k))
     q, k, v = (_tma_ready(t) for t in (q, k, v))
     kernel.run_varlen(q, k, v, out, lse, softmax_scale, mask_values(problem), cu_q, cu_k, max_seqlen_q,

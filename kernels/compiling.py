@@ -160,20 +160,25 @@ class CompiledAttention:
         problem; the widths and the cap are the call's)."""
         if self.problem.varlen:
             raise ValueError("a varlen kernel is launched with run_varlen")
+        scale = self._checked_scale(q, v, out, lse, softmax_scale, masks)
+        if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
+            raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
+                             f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
+        if masks is None:
+            self.compiled(q, k, v, out, lse, scale)
+        else:
+            self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
+
+    def _checked_scale(self, q, v, out, lse, softmax_scale: Optional[float], masks: Optional[tuple]) -> float:
+        """The checks `run` and `run_varlen` share (mask kinds, LSE presence, head dims); the call's
+        softmax scale."""
         if _kinds(masks) != self._mask_kinds:
             raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
                              f"{self.problem.mask_label()})")
         if (lse is None) == self.problem.return_lse:
             raise ValueError("lse must be given exactly when the problem returns LSE")
         self._check_head_dims(q, v, out)
-        if self.config.pack_gqa and q.shape[2] != k.shape[2] * self.problem.gqa_ratio:
-            raise ValueError(f"this kernel packs GQA ratio {self.problem.gqa_ratio}; got "
-                             f"Hq={q.shape[2]}, Hkv={k.shape[2]}")
-        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
-        if masks is None:
-            self.compiled(q, k, v, out, lse, scale)
-        else:
-            self.compiled(q, k, v, out, lse, scale, *kernel_mask_values(masks, q.shape[1], k.shape[1]))
+        return self._default_scale if softmax_scale is None else float(softmax_scale)
 
     def _check_head_dims(self, q, v, out) -> None:
         if q.shape[-1] != self.problem.head_dim:
@@ -190,13 +195,7 @@ class CompiledAttention:
         covers are left as they are."""
         if not self.problem.varlen:
             raise ValueError("run_varlen needs a kernel compiled for a varlen problem")
-        if _kinds(masks) != self._mask_kinds:
-            raise ValueError(f"mask values {masks} do not fit this kernel (compiled for "
-                             f"{self.problem.mask_label()})")
-        if (lse is None) == self.problem.return_lse:
-            raise ValueError("lse must be given exactly when the problem returns LSE")
-        self._check_head_dims(q, v, out)
-        scale = self._default_scale if softmax_scale is None else float(softmax_scale)
+        scale = self._checked_scale(q, v, out, lse, softmax_scale, masks)
         self.compiled(q[None], k[None], v[None], out[None], None if lse is None else lse[None], scale,
                       *kernel_mask_values(masks, max_seqlen_q, max_seqlen_k), cu_seqlens_q, cu_seqlens_k,
                       int(max_seqlen_q))

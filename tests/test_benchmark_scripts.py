@@ -77,6 +77,13 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     split4 = Config.make("sm90_bwd", group_split=4)
     assert split4 in admitted and not sm90_bwd.reasons(split4, bench._kind((4, 2048, 16, 4, 128, True)))
     assert sm90_bwd.reasons(split4, bench._kind((8, 1024, 16, 16, 64, False)))
+    # "rule" is each shape's default configuration (what an untuned call runs), pairs over it
+    small, wide = (1, 1024, 32, 8, 128, True), (16, 1024, 32, 8, 128, True)
+    assert bench.config_for("rule", small) == sm90_bwd.default_config(
+        AttentionProblem(1, 1024, 1024, 32, 8, 128, "bf16", True))
+    assert bench.config_for("rule", small).group_split > 1 and bench.config_for("rule", wide).group_split == 1
+    assert bench.config_for("rule group_split=1", small) == bench.config_for("rule", small).replace(group_split=1)
+    assert bench.config_for(every.label(), small) == every
     rows = [{"shape": "s", "kernel": "some_peer", "config": "Some Peer", "outcome": "ok", "us": 100.0},
             {"shape": "s", "kernel": bench.OURS, "config": "a", "outcome": "ok", "us": 150.0},
             {"shape": "s", "kernel": bench.OURS, "config": "b", "outcome": "timeout", "reason": "hang"}]
