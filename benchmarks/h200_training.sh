@@ -75,6 +75,8 @@ case "$STEP" in
         --db fa4/data/best_configs.json --out "$OUT/bench_features.json" --jobs 12 2>&1 \
         | quiet > "$OUT/bench_features.log"
     tail -n 40 "$OUT/bench_features.log"
+    # a window's time against the same shape without one, per visible (query, key) pair
+    python3 benchmarks/window_cost.py "$OUT/bench_features.json" | tee "$OUT/window_cost.txt"
     ;;
   bwd-configs)
     timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \

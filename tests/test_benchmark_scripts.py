@@ -98,3 +98,31 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     # the peer timed beside ours comes from the registry of backends
     from fa4.backward import peers_with_backward
     assert bench.peer_with_backward() in (peers_with_backward() or (None,))
+
+
+def test_the_window_cost_summary_puts_each_window_beside_its_unwindowed_shape():
+    """benchmarks/window_cost.py: a windowed row's visible pairs and its time per pair against the
+    same shape without a window, per implementation (a kernel that skips the blocks outside the window
+    sits near 1.0; one that only masks them grows as the window narrows)."""
+    bench = _load("window_cost")
+    base = dict(batch=1, seqlen_q=16384, seqlen_k=16384, heads_q=32, heads_kv=8, head_dim=128, dtype="bf16",
+                causal=True, return_lse=False)
+
+    def row(variant, us, window=None):
+        problem = {**base, **({"window": list(window)} if window else {})}
+        return {"variant": variant, "outcome": "ok", "us": us, "problem": problem}
+
+    # a 1024-key causal window over 16384 rows: rows 0-1023 see i + 1 keys, the rest 1024
+    share = (1024 * 1025 // 2 + 15360 * 1024) / (16384 * 16384 // 2)
+    rows = [row("tuned", 1000.0), row("tuned", 1000.0 * share * 1.05, (1023, 0)),
+            row("flash_attn_4", 1100.0), row("flash_attn_4", 1100.0, (1023, 0)),   # masks, skips nothing
+            row("default", 5.0, (1023, 0)),                                        # not the variant asked
+            {"variant": "tuned", "outcome": "wrong", "us": None, "problem": base}]
+    entries = {e["implementation"]: e for e in bench.window_rows({"rows": rows}, "tuned")}
+    assert set(entries) == {"tuned", "flash_attn_4"}
+    ours, peer = entries["tuned"], entries["flash_attn_4"]
+    assert ours["pairs_vs_plain"] == pytest.approx(share)
+    assert ours["per_pair_vs_plain"] == pytest.approx(1.05)
+    assert peer["per_pair_vs_plain"] == pytest.approx(1 / share)
+    table = bench.format_table(list(entries.values()))
+    assert "| tuned | " in table and "1.05 |" in table
