@@ -74,7 +74,7 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     d64_tile = Config.make("sm90_bwd", tile_m=128, sdp_swap=True)
     assert d64_tile in admitted and sm90_bwd.reasons(d64_tile, AttentionProblem(1, 128, 128, 4, 2, 128, "bf16", True))
     # a split group is judged at the shape's GQA ratio: 4 parts of GQA 4, none of MHA
-    split4 = Config.make("sm90_bwd", group_split=4)
+    split4 = Config.make("sm90_bwd", group_split=4, sdp_swap=True)
     assert split4 in admitted and not sm90_bwd.reasons(split4, bench._kind((4, 2048, 16, 4, 128, True)))
     assert sm90_bwd.reasons(split4, bench._kind((8, 1024, 16, 16, 64, False)))
     # "rule" is each shape's default configuration (what an untuned call runs), pairs over it

@@ -135,6 +135,14 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if res["accumulator_registers"] > ACCUMULATOR_REGISTER_LIMIT:
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers "
                        f"per MMA thread > {ACCUMULATOR_REGISTER_LIMIT}")
+    elif (config.group_split > 1 and not config.sdp_swap
+          and res["accumulator_registers"] == ACCUMULATOR_REGISTER_LIMIT):
+        # S and dP through shared memory at the limit leave no register for what a split group's
+        # CTA keeps besides (ptxas spilled 8 bytes a block at 64 x 128, head dim 128, group_split 2;
+        # with sdp_swap the same accumulators compile clean split)
+        reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers per "
+                       f"MMA thread, the limit, and a split group (group_split={config.group_split}) needs "
+                       f"more with sdp_swap off")
     if res["smem_bytes"] > res["smem_limit_bytes"]:
         reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "
                        f"({(device or REFERENCE_DEVICE).name})")
