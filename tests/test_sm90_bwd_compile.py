@@ -10,7 +10,11 @@ compiles the defaults and a sample that takes every knob value once."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -51,11 +55,15 @@ def test_the_default_backward_compiles_clean(problem):
     assert not any(reports["preprocess"]["ptx_markers"].values())
 
 
-def _compile_main(config: Config, problem: AttentionProblem) -> dict:
-    """Compile the main kernel (whatever the model says) and hold the model to what came out: shared
-    memory byte for byte; what it admits compiles clean, with the PTX of its dQ path. Returns the
-    report with `broken` (spills or serialised wgmma)."""
-    report = sm90_bwd.compile_report(config, problem, only=("main",), check=False)["main"]
+# the main kernel alone, whatever the model says (picklable: the whole-space test compiles in processes)
+_MAIN_REPORT = functools.partial(sm90_bwd.compile_report, only=("main",), check=False)
+
+
+def _compile_main(config: Config, problem: AttentionProblem, reports: dict = None) -> dict:
+    """Compile the main kernel (whatever the model says; or take its `reports`, compiled elsewhere)
+    and hold the model to what came out: shared memory byte for byte; what it admits compiles clean,
+    with the PTX of its dQ path. Returns the report with `broken` (spills or serialised wgmma)."""
+    report = (reports or _MAIN_REPORT(config, problem))["main"]
     broken = bool(report["spill_stores"] or report["spill_loads"] or report["wgmma_serialized"])
     assert report["smem_bytes"] == sm90_bwd.smem_bytes(config, problem), config.label()
     if not sm90_bwd.reasons(config, problem):
@@ -149,16 +157,19 @@ def test_the_whole_space_holds_the_model_to_the_compiler(problem):
     refuses one 128 x 128 variant through shared memory that ptxas fits). Refusals for shared memory or
     a tile the layout needs are the model's arithmetic alone."""
     admitted, refused, refused_clean = 0, 0, []
-    for config in _whole_space_to_compile():
+    configs = [c for c in _whole_space_to_compile()
+               if not sm90_bwd.reasons(c, problem) or _refused_for_registers_alone(c, problem)]
+    # on every core: a compile is one process's work for a second or two, and there are ~300
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        reports = list(pool.map(_MAIN_REPORT, configs, [problem] * len(configs)))
+    for config, report in zip(configs, reports):
         if sm90_bwd.reasons(config, problem):
-            if not _refused_for_registers_alone(config, problem):
-                continue
             refused += 1
-            if not _compile_main(config, problem)["broken"]:
+            if not _compile_main(config, problem, report)["broken"]:
                 refused_clean.append(config.label())
         else:
             admitted += 1
-            _compile_main(config, problem)
+            _compile_main(config, problem, report)
     assert admitted > 0 and refused > 0
     assert admitted >= 0.9 * (admitted + len(refused_clean)), refused_clean
 
