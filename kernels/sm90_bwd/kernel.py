@@ -95,8 +95,9 @@ class FlashAttentionBackwardSm90:
     Knobs (declared in `fa4.kernels.knobs`, knob set "sm90_bwd"): tile_m (query rows per inner block),
     tile_n (key rows per CTA), q_stages (Q/dO ring depth), dq_accum (how dQ reaches global memory:
     "atomic" or "bulk"), sdp_swap (S^T = K Q^T, P^T and dS^T as register operands), pds_stages (P/dS
-    buffers), group_split (CTAs per key block and KV head; > 1: dK and dV by fp32 reduce-adds). A value this code does not implement (`IMPLEMENTED`) or a combination it cannot build
-    raises; nothing is changed into something else.
+    buffers), group_split (CTAs per key block and KV head; > 1: dK and dV by fp32 reduce-adds). A
+    value this code does not implement (`IMPLEMENTED`) or a combination it cannot build raises;
+    nothing is changed into something else.
     """
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
@@ -236,8 +237,9 @@ class FlashAttentionBackwardSm90:
                  mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQaccum: cute.Tensor,
                  mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32,
                  stream: cuda.CUstream):
-        """Q, dO: (B, Sq, Hq, D); K, V, dK, dV: (B, Sk, Hkv, D); LSE2, D: (B, Hq, Sq padded to
-        tile_m) fp32 (the preprocess's); dQ_accum: (B, Sq, Hq, D) fp32, zeroed."""
+        """Q, dO: (B, Sq, Hq, D); K, V, dK, dV: (B, Sk, Hkv, D) (dK, dV: fp32 accumulators, zeroed,
+        when `group_split` > 1); LSE2, D: (B, Hq, Sq padded to tile_m) fp32 (the preprocess's);
+        dQ_accum: (B, Sq, Hq, D) fp32, zeroed."""
         for t in (mQ, mK, mV, mdO):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("Q, K, V and dO must all have the kernel's dtype")
