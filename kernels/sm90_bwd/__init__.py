@@ -19,6 +19,7 @@ Hkv, D) fp32, zeroed, reduced into by the main kernel's CTAs and converted by th
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -149,7 +150,7 @@ class CompiledBackward:
         if q.shape[-1] != self.problem.head_dim:
             raise ValueError(f"head dim {q.shape[-1]} != compiled {self.problem.head_dim}")
         batch, seqlen_q, heads_q, head_dim = q.shape
-        scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+        scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
