@@ -150,8 +150,7 @@ def test_a_split_groups_fp32_dk_dv_tiles_are_whole_and_fit_the_buffers_they_reus
         kern._make_layouts()
         _, dkv, _ = kern._tiled_mmas()
         f32 = cutlass.Float32
-        store = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), f32,
-                                                           num_bits_per_copy=64), dkv)
+        store = kern.fp32_tile_store(dkv)
         ident = cute.make_identity_tensor((kern.tile_n, kern.head_dim))
         coords, pairs = [], []
         for t in range(256):   # both MMA warpgroups

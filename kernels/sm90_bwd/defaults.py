@@ -96,7 +96,7 @@ def split_makespan(config: Config, problem: AttentionProblem, sm_count: int) -> 
     (+ `SPLIT_REDUCE_STEPS` when split); plus, when split, zeroing, reducing into and converting the
     fp32 dK/dV accumulators at HBM speed."""
     steps = key_block_steps(config, problem)
-    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
+    ratio = problem.gqa_ratio
     split = config.group_split
     per_part = heads_per_part(config, problem)
     part_heads = [min(per_part, ratio - part * per_part) for part in range(split)]

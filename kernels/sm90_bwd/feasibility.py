@@ -96,13 +96,12 @@ def resources(config: Config, problem: AttentionProblem, device: Optional[Device
 def heads_per_part(config: Config, problem: AttentionProblem) -> int:
     """Query heads per CTA: ceil(ratio / group_split), the kernel's `query_heads` (the last part of a
     group may hold fewer)."""
-    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
-    return -(-ratio // config.group_split)
+    return -(-problem.gqa_ratio // config.group_split)
 
 
 def split_reasons(config: Config, problem: AttentionProblem) -> list[str]:
     """Why `group_split` cannot divide this problem's GQA groups: a part would hold no query head."""
-    ratio = max(problem.heads_q // max(problem.heads_kv, 1), 1)
+    ratio = problem.gqa_ratio
     split = config.group_split
     if split == 1:
         return []

@@ -225,6 +225,13 @@ class FlashAttentionBackwardSm90:
         return cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.sdp_swap, num_matrices=4), self.dtype)
 
+    def fp32_tile_store(self, tiled_mma):
+        """The tiled copy of an fp32 accumulator of `tiled_mma` into an fp32 shared-memory tile that a
+        TMA reduce-add reads (dQ's per block, a split group's dK and dV at the end): 64-bit stores, two
+        neighbouring columns of a fragment each (tests/test_sm90_bwd_layouts.py replays them)."""
+        return cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma)
+
     def pds_store_view(self, buffer):
         """The P / dS buffer (tile_m x tile_n) as the S fragments index it: transposed with sdp_swap."""
         return L.transpose_smem_view(buffer) if self.sdp_swap else buffer
@@ -567,9 +574,7 @@ class FlashAttentionBackwardSm90:
         tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, d)))
         dq_store, tdQsdQ = None, None
         if const_expr(self.dq_bulk):
-            dq_store = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
-                tiled_mma_dq).get_slice(tidx)
+            dq_store = self.fp32_tile_store(tiled_mma_dq).get_slice(tidx)
             tdQsdQ = dq_store.partition_D(sdQ)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -860,9 +865,7 @@ class FlashAttentionBackwardSm90:
         >= Sk fall outside the tensor and are not added). dK's tile is sK and sV's bytes; dV's is sQ
         and sdO's where they hold one (`dkv32_in_qdo`), else dK's again once its reduce has read it."""
         d = self.head_dim
-        store = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
-            tiled_mma_dkv).get_slice(tidx)
+        store = self.fp32_tile_store(tiled_mma_dkv).get_slice(tidx)
         gdK = cute.local_tile(mdK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
         gdV = cute.local_tile(mdV[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
         # every warpgroup's last products have read Q, dO, K and V (the producer loads nothing more)
@@ -872,8 +875,7 @@ class FlashAttentionBackwardSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
             if tidx < 32:
-                tdKs, tdKg = L.tma_copier(tma_atom_dK, sdK32, gdK, smem_staged=False, gmem_tiled=False)
-                cute.copy(tma_atom_dK, tdKs, tdKg)
+                self.reduce_tile(tma_atom_dK, sdK32, gdK)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             # the reduce has read dK's tile: dV may overwrite it
@@ -883,9 +885,14 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
         if tidx < 32:
             if const_expr(self.dkv32_in_qdo):
-                tdKs, tdKg = L.tma_copier(tma_atom_dK, sdK32, gdK, smem_staged=False, gmem_tiled=False)
-                cute.copy(tma_atom_dK, tdKs, tdKg)
-            tdVs, tdVg = L.tma_copier(tma_atom_dV, sdV32, gdV, smem_staged=False, gmem_tiled=False)
-            cute.copy(tma_atom_dV, tdVs, tdVg)
+                self.reduce_tile(tma_atom_dK, sdK32, gdK)
+            self.reduce_tile(tma_atom_dV, sdV32, gdV)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def reduce_tile(self, tma_atom, smem_tile, gmem_tile):
+        """One TMA reduce-add of an fp32 shared-memory tile into its global tile (the caller commits
+        and waits)."""
+        tile_s, tile_g = L.tma_copier(tma_atom, smem_tile, gmem_tile, smem_staged=False, gmem_tiled=False)
+        cute.copy(tma_atom, tile_s, tile_g)
