@@ -153,8 +153,9 @@ def peer_with_backward(name=None):
     return peers[0] if peers else None
 
 
-def _backward_fn(kind: str, config_label: str, shape, compiled: dict):
-    """A function (q, k, v, out, lse, dout, scale) -> (dq, dk, dv) for ours or the peer named `kind`."""
+def _backward_fn(kind: str, config, shape, compiled: dict):
+    """A function (q, k, v, out, lse, dout, scale) -> (dq, dk, dv) for ours in `config` or the peer
+    named `kind`."""
     import torch
 
     causal = shape[5]
@@ -164,7 +165,6 @@ def _backward_fn(kind: str, config_label: str, shape, compiled: dict):
     from fa4.kernels import sm90_bwd
 
     problem = _kind(shape)
-    config = config_for(config_label, shape)
     key = (problem.head_dim, causal, config)   # one compile serves every batch, length and head count
     if key not in compiled:
         compiled[key] = sm90_bwd.compile_backward(config, problem)
@@ -190,27 +190,31 @@ def child(kind: str, config_label: str, shapes: list, lock_path: str) -> list[di
     for shape in shapes:
         b, s, hq, hkv, d, causal = shape
         row = {"shape": shape_label(shape), "kernel": kind, "config": config_label}
-        why = []
+        config, why = None, []
         if kind == OURS:   # what ran: a rule label's configuration is the shape's
-            row["ran"] = config_for(config_label, shape).label()
-            why = sm90_bwd.reasons(config_for(config_label, shape), _kind(shape))
+            config = config_for(config_label, shape)
+            row["ran"] = config.label()
+            why = sm90_bwd.reasons(config, _kind(shape))
         if why:
             rows.append({**row, "outcome": "infeasible", "reason": "; ".join(why)})
             continue
         try:
-            fn = _backward_fn(kind, config_label, shape, compiled)
+            fn = _backward_fn(kind, config, shape, compiled)
         except Exception as exc:  # noqa: BLE001  (a failing configuration is a result)
             rows.append({**row, "outcome": "compile", "reason": f"{type(exc).__name__}: {exc}"[:500]})
             continue
+        # flash-attn's rule on a small problem of this kind, once per configuration (a rule label's
+        # may differ between shapes of one kind)
         ratio = hq // hkv
-        if (d, causal, ratio) not in checked:   # flash-attn's rule on a small problem of this kind
+        check = (config, d, causal, ratio)
+        if check not in checked:
             q, k, v, out, lse, dout = _inputs((2, 333, 2 * ratio, 2, d, causal), seq_k=461, seed=d + causal,
                                               exact=True)
             grads = fn(q, k, v, out, lse, dout, softmax_scale(d))
             torch.cuda.synchronize()
-            checked[(d, causal, ratio)] = check_grads(list(grads), q, k, v, dout, causal)
-        if checked[(d, causal, ratio)]:
-            rows.append({**row, "outcome": "wrong", "reason": "; ".join(checked[(d, causal, ratio)])})
+            checked[check] = check_grads(list(grads), q, k, v, dout, causal)
+        if checked[check]:
+            rows.append({**row, "outcome": "wrong", "reason": "; ".join(checked[check])})
             continue
         q, k, v, out, lse, dout = _inputs(shape)
         scale = softmax_scale(d)
