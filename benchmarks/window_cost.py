@@ -23,8 +23,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+OURS = ("tuned", "default", "dispatched")   # our rows' variants; any other variant is a peer's
 # the problem fields a windowed row and its unwindowed reference share
-OURS = ("tuned", "default", "dispatched")
 _SAME = ("batch", "heads_q", "heads_kv", "head_dim", "dtype", "causal", "softcap", "seqlen_q", "seqlen_k")
 
 
