@@ -15,6 +15,9 @@
 #   bash benchmarks/h200_training.sh bwd-split    # the default rule (its group_split model) and each
 #                                                 # group_split forced, on the 14 grid shapes, beside
 #                                                 # flash-attn-4; then the default's GPU tests (split)
+#   bash benchmarks/h200_training.sh bwd-tiles    # the default rule against it with 80 query rows a block
+#                                                 # (dQ^T swapped) on the 14 grid shapes, beside
+#                                                 # flash-attn-4; then the GPU tests of tile_m=80
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
@@ -23,7 +26,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-tiles|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -106,15 +109,31 @@ case "$STEP" in
         -k "gradients_follow or lse" 2>&1 | quiet > "$OUT/tests_bwd_split.txt"
     tail -n 8 "$OUT/tests_bwd_split.txt"
     ;;
+  bwd-tiles)
+    # flash-attn-4 takes 80 x 128 tiles at head dim 128 without a mask (64 x 128 under one); ours at 80
+    # has 10 % fewer instructions per query row than at 64 (benchmarks/sm90_bwd_sass.py --set tile_m=80)
+    grid_shapes=""
+    for s in 1,1024,32,8,128 16,1024,32,8,128 1,4096,32,8,128 1,8192,32,8,128 1,2048,32,8,64 8,512,16,16,64; do
+      grid_shapes="$grid_shapes --shape $s,full --shape $s,causal"
+    done
+    grid_shapes="$grid_shapes --shape 2,16384,8,1,128,causal --shape 4,2048,64,8,128,causal"
+    # shellcheck disable=SC2086
+    timeout 300 python3 benchmarks/sm90_bwd_configs.py --jobs 6 --timeout 280 $grid_shapes --config rule \
+        --config "rule tile_m=80" --config "rule tile_m=80 pds_stages=1" --json "$OUT/bwd_tiles.json" \
+        2> >(quiet > "$OUT/bwd_tiles.log") | tee "$OUT/bwd_tiles.txt"
+    timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider -k "tile_m=80" \
+        2>&1 | quiet > "$OUT/tests_bwd_tiles.txt"
+    tail -n 8 "$OUT/tests_bwd_tiles.txt"
+    ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
-    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 8 x the group_split values the GQA ratio
-    # admits, half of them at head dim 128) per shape, ours and the peers' backward alone timed in one
+    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 12 x the group_split values the GQA ratio
+    # admits, two thirds of them at head dim 128: 48 at most) per shape, ours and the peers' backward alone timed in one
     # run; entries in $OUT/bwd_best.json
     part=${2:-1}
     python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 4
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_grid_part.toml \
-        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 32 --timeout 70 \
+        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 48 --timeout 70 \
         --storage "$OUT/bwd_studies_$part.journal" --db "$OUT/bwd_best.json" --format json \
         > "$OUT/bwd_search_$part.json" 2> >(quiet > "$OUT/bwd_search_$part.log")
     tail -n 6 "$OUT/bwd_search_$part.log"
@@ -137,7 +156,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-tiles|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

@@ -121,8 +121,9 @@ KNOBS: tuple[Knob, ...] = (
          "setmaxnreg for the softmax warpgroups; correction and the load/MMA/store warps get the rest",
          codegen=True, archs=SM100),
     # --- the sm90 backward (fa4.kernels.sm90_bwd) -------------------------------------------------
-    Knob("tile_m", (64, 128), 64,
-         "query rows per block of the backward's inner loop (the M of S = Q K^T, the K of dV and dK)",
+    Knob("tile_m", (64, 80, 128), 64,
+         "query rows per block of the backward's inner loop (the M of S = Q K^T, the K of dV and dK; "
+         "80, not a multiple of a wgmma's 64-row M, only as an N: with sdp_swap, and dQ^T = K^T dS^T)",
          codegen=True, archs=SM90_BWD),
     Knob("tile_n", (64, 128), 128,
          "key rows per backward CTA: the K and V block it loads once and whose dK and dV it "

@@ -20,6 +20,7 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, tile_m, tile_n)
     (1, 200, 130, 5, 1, 64, True, 64, 96),      # Sq > Sk: rows that see no key; GQA 5
     (1, 96, 160, 8, 1, 128, False, 80, 128),    # full mask, GQA 8, a tile that does not divide
     (1, 129, 129, 4, 4, 128, False, 128, 128),  # MHA, a one-row tail block
+    (2, 170, 300, 8, 2, 128, True, 80, 128),    # causal on 80-row blocks (the kernel's tile_m 80), Sq < Sk
 ]
 
 

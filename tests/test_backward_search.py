@@ -5,6 +5,7 @@ the database's backward entries beside forward ones."""
 from __future__ import annotations
 
 import json
+import math
 
 import optuna
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import test_search_fakes as fakes
 from fa4 import kernels
 from fa4.database import BestConfigDB, Entry, entry_key, record
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, knobs_for
 from fa4tune.progress import Progress
 from fa4tune.searches.runner import SearchSettings, run_search
 from fa4tune.searches.storage import open_storage
@@ -81,7 +82,8 @@ def test_backward_search_records_failures_and_the_best_under_its_own_key(tmp_pat
         if "repeat_of" not in t.user_attrs:
             config = Config.from_dict("sm90_bwd", t.params)
             outcomes[config.label()], configs[config.label()] = t.user_attrs["outcome"], config
-    assert len(outcomes) == 512   # the whole space: every configuration judged, run or refused
+    # the whole space (every declared value of every knob): every configuration judged, run or refused
+    assert len(outcomes) == math.prod(len(k.choices) for k in knobs_for("sm90_bwd"))
     for label, outcome in outcomes.items():   # every refusal is the feasibility model's, and only those
         assert (outcome == "infeasible") == bool(kernels.feasible(configs[label], PROBLEM)), label
     fault = "tile_m=64 tile_n=128 q_stages=2 dq_accum=bulk sdp_swap=off scheduler=single pds_stages=1 group_split=1"

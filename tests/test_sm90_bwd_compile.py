@@ -96,6 +96,11 @@ SAMPLE = [
     (dict(tile_m=128, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=8),
      _problem(64, causal=False, heads_kv=1)),
     (dict(tile_n=64, q_stages=1, dq_accum="bulk", group_split=2), _problem(64, "fp16")),
+    # 80 query rows a block: S^T's N, and dQ^T = K^T dS^T through the transposed fp32 tile (the
+    # accumulators at 208 registers, shared memory at the H200's 227 KB)
+    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128, causal=False)),
+    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", q_stages=1, group_split=2, scheduler="single_lpt"),
+     _problem(64, "fp16")),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
 # all four accumulators at 128 x 128 and head dim 128)
@@ -216,6 +221,12 @@ def test_what_the_kernel_cannot_run_is_refused_loudly():
     assert any("leaves a part of the 5 query heads" in r
                for r in sm90_bwd.reasons(Config.make("sm90_bwd", group_split=4), gqa5))
     assert sm90_bwd.reasons(Config.make("sm90_bwd", group_split=2, sdp_swap=True), gqa5) == []   # 3 + 2 heads
+    # 80 query rows are only ever a wgmma's N: S^T swapped, dQ^T by the bulk path
+    for over, why in ((dict(tile_m=80, dq_accum="bulk"), "tile_m=80 (not a multiple of 64) needs sdp_swap"),
+                      (dict(tile_m=80, sdp_swap=True), "by the bulk path only")):
+        assert any(why in r for r in sm90_bwd.reasons(Config.make("sm90_bwd", **over), problem))
+        with pytest.raises(ValueError, match=why.replace("(", r"\(").replace(")", r"\)")):
+            FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False, **{**knobs, **over})
     # S and dP through shared memory at the register limit leave none for a split (ptxas spills)
     assert any("group_split=2) needs more" in r
                for r in sm90_bwd.reasons(Config.make("sm90_bwd", group_split=2, dq_accum="bulk"), _problem(128)))

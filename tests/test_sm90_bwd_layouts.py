@@ -11,6 +11,9 @@ replayed by the PTX semantics, without a GPU.
 - P^T and dS^T as the A operand of dV and dK (sdp_swap): the register view `acc_as_operand_a` of an
   S^T accumulator holds, element for element, the coordinates the register-sourced wgmma's A
   fragment expects.
+- fp32 tiles a TMA reduce-add reads (`fp32_tile_store`): a block's dQ (dQ^T at tile_m 80, one 32-bit
+  store an element into the transposed view) and a split group's dK / dV: every element once, at the
+  swizzled offset of its (row, column), and each store instruction of a warp on distinct banks.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ LANES = tuple(range(32)) + tuple(range(128, 160))   # the first warp of each MMA
 
 def _kernel(sdp_swap: bool, tile_m: int) -> FlashAttentionBackwardSm90:
     return FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=True, tile_m=tile_m, tile_n=128,
-                                      q_stages=2, dq_accum="atomic", sdp_swap=sdp_swap, scheduler="single",
+                                      q_stages=2, dq_accum="bulk", sdp_swap=sdp_swap, scheduler="single",
                                       pds_stages=1, group_split=1)
 
 
@@ -99,8 +102,8 @@ def _misplaced(lanes: dict, transposed: bool) -> int:
     return wrong
 
 
-@pytest.mark.parametrize("sdp_swap", [False, True], ids=["direct", "swapped"])
-@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("sdp_swap, tile_m", [(False, 64), (False, 128), (True, 64), (True, 80), (True, 128)],
+                         ids=["direct-64", "direct-128", "swapped-64", "swapped-80", "swapped-128"])
 def test_p_and_ds_land_where_their_coordinates_say(sdp_swap, tile_m):
     kern = _kernel(sdp_swap, tile_m)
     lanes = _store_lanes(kern)
@@ -112,7 +115,7 @@ def test_p_and_ds_land_where_their_coordinates_say(sdp_swap, tile_m):
     assert _misplaced(other, transposed=not sdp_swap) == 0 and _broken_runs(other) > 0
 
 
-@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("tile_m", [64, 80, 128])
 def test_swapped_p_and_ds_registers_are_the_dv_dk_a_operand(tile_m):
     kern = _kernel(True, tile_m)
     pairs = []
@@ -174,3 +177,69 @@ def test_a_split_groups_fp32_dk_dv_tiles_are_whole_and_fit_the_buffers_they_reus
     assert kern.dkv32_in_qdo == (q_stages * tile_m >= tile_n)
     if kern.dkv32_in_qdo:
         assert found["tile_bytes"] <= found["qdo_bytes"]
+
+
+def _swizzled_byte(coord, layout, element_bytes: int) -> int:
+    """The byte a coordinate of a swizzled shared-memory layout lands on: the swizzle of a shared-memory
+    tensor acts on byte addresses (its pointer's), so it is applied to the unswizzled offset in bytes
+    (the layout's own crd2idx applies it to element offsets, which is the same map only for bytes)."""
+    byte = cute.crd2idx(coord, layout.outer) * element_bytes
+    sw = layout.inner
+    mask = ((1 << sw.num_bits) - 1) << (sw.num_base + sw.num_shift)
+    return byte ^ ((byte & mask) >> sw.num_shift)
+
+
+def _bank_wavefronts(offsets_per_lane: list[list[int]], words: int) -> int:
+    """Shared-memory wavefronts of the worst store instruction of one warp: each lane's j-th store
+    writes `words` 32-bit words from its offsets; a bank hit by n distinct words takes n wavefronts."""
+    worst = 0
+    for j in range(0, len(offsets_per_lane[0]), words):
+        banks = {}
+        for offsets in offsets_per_lane:
+            for word in offsets[j:j + words]:
+                banks.setdefault(word % 32, set()).add(word)
+        worst = max(worst, max(len(v) for v in banks.values()))
+    return worst
+
+
+@pytest.mark.parametrize("tile_m, head_dim", [(64, 128), (128, 64), (80, 128), (80, 64)])
+def test_the_dq_tile_stores_cover_the_tile_once_on_distinct_banks(tile_m, head_dim):
+    """dq_accum="bulk": the MMA threads' stores of a block's dQ (dQ^T = K^T dS^T at tile_m 80) put every
+    element of the tile_m x D fp32 tile once, at the swizzled offset of its (query, head-dim column) that
+    the TMA reduce-add reads; one store instruction of a warp needs the fewest wavefronts its width
+    allows (64-bit: two, 32-bit: one): no bank conflicts."""
+    kern = FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m,
+                                      tile_n=128, q_stages=2, dq_accum="bulk", sdp_swap=True,
+                                      scheduler="single", pds_stages=2, group_split=1)
+    found = {}
+
+    def probe():
+        kern._make_layouts()
+        _, _, dq = kern._tiled_mmas()
+        store = kern.fp32_tile_store(dq, transposed=kern.dq_swap)
+        shape = (kern.head_dim, kern.tile_m) if kern.dq_swap else (kern.tile_m, kern.head_dim)
+        ident = cute.make_identity_tensor(shape)
+        lanes = {}
+        for t in range(256):   # both MMA warpgroups
+            runs = store.get_slice(t).partition_D(ident)
+            coords = [runs[j] for j in range(cute.size(runs))]
+            tile_coords = [tuple(reversed(c)) if kern.dq_swap else c for c in coords]   # (query, column)
+            lanes[t] = (tile_coords, [cute.crd2idx(c, kern.sdQ_layout) for c in tile_coords],
+                        [_swizzled_byte(c, kern.sdQ_layout, 4) // 4 for c in tile_coords])
+        found.update(lanes=lanes, dq_swap=kern.dq_swap)
+
+    _trace(probe)
+    lanes = found["lanes"]
+    assert found["dq_swap"] == (tile_m % 64 != 0)
+    elements = tile_m * head_dim
+    coords = [c for tile_coords, _, _ in lanes.values() for c in tile_coords]
+    assert len(coords) == elements and len(set(coords)) == elements
+    assert sorted(o for _, offsets, _ in lanes.values() for o in offsets) == list(range(elements))
+    assert sorted(w for _, _, words in lanes.values() for w in words) == list(range(elements))
+    width = 1 if found["dq_swap"] else 2
+    if width == 2:   # a 64-bit store: two neighbouring, 8-byte aligned words
+        assert all(words[j] % 2 == 0 and words[j + 1] == words[j] + 1
+                   for _, _, words in lanes.values() for j in range(0, len(words), 2))
+    for warp in range(8):
+        warp_words = [lanes[t][2] for t in range(32 * warp, 32 * warp + 32)]
+        assert _bank_wavefronts(warp_words, width) == width, f"warp {warp}"

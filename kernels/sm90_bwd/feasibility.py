@@ -34,9 +34,15 @@ BUFFER_ALIGN = 1024
 # whole space (tests/test_sm90_bwd_compile.py): S and dP together, by whether P and dS go through
 # shared memory (sdp_swap off: 128 x 128 tiles, 128 of them, spill 16-360 bytes at head dim 64) or
 # feed dV and dK from registers (on: 128 x 128 compiles clean at head dim 64); and all four (S, dP,
-# dK, dV: 256 at 128 x 128 and head dim 128 spill kilobytes either way)
+# dK, dV: 208 at 80 x 128 and head dim 128, sdp_swap, compile clean; 256 at 128 x 128 and head dim
+# 128 spill kilobytes either way)
 SCORE_REGISTER_LIMIT = {False: 64, True: 128}
-ACCUMULATOR_REGISTER_LIMIT = 192
+ACCUMULATOR_REGISTER_LIMIT = 208
+# with S and dP through shared memory (sdp_swap off), a split group's CTA spills from this many on
+# (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean)
+DIRECT_SPLIT_REGISTER_LIMIT = 192
+# a wgmma's M is 64 rows a warpgroup: a tile_m that is no multiple of it is only ever an N
+WGMMA_M = 64
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
@@ -127,6 +133,13 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if config.sdp_swap and config.tile_n != 64 * MMA_WARPGROUPS:
         reasons.append(f"sdp_swap needs tile_n={64 * MMA_WARPGROUPS} (each MMA warpgroup owns 64 key "
                        f"rows of S^T); tile_n={config.tile_n}")
+    if config.tile_m % WGMMA_M:
+        if not config.sdp_swap:
+            reasons.append(f"tile_m={config.tile_m} (not a multiple of {WGMMA_M}) needs sdp_swap: query "
+                           f"rows can only be a wgmma's N (S^T = K Q^T)")
+        if config.dq_accum != "bulk":
+            reasons.append(f"tile_m={config.tile_m} computes dQ^T = K^T dS^T, which reaches the "
+                           f"accumulator by the bulk path only (dq_accum='bulk'); dq_accum={config.dq_accum!r}")
     score_limit = SCORE_REGISTER_LIMIT[config.sdp_swap]
     if res["score_registers"] > score_limit:
         reasons.append(f"registers: S and dP hold {res['score_registers']} fp32 registers per MMA "
@@ -135,13 +148,12 @@ def resource_reasons(config: Config, problem: AttentionProblem,
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers "
                        f"per MMA thread > {ACCUMULATOR_REGISTER_LIMIT}")
     elif (config.group_split > 1 and not config.sdp_swap
-          and res["accumulator_registers"] == ACCUMULATOR_REGISTER_LIMIT):
-        # S and dP through shared memory at the limit leave no register for what a split group's
-        # CTA keeps besides (ptxas spilled 8 bytes a block at 64 x 128, head dim 128, group_split 2;
-        # with sdp_swap the same accumulators compile clean split)
+          and res["accumulator_registers"] >= DIRECT_SPLIT_REGISTER_LIMIT):
+        # S and dP through shared memory leave no register for what a split group's CTA keeps
+        # besides (DIRECT_SPLIT_REGISTER_LIMIT)
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers per "
-                       f"MMA thread, the limit, and a split group (group_split={config.group_split}) needs "
-                       f"more with sdp_swap off")
+                       f"MMA thread, and a split group (group_split={config.group_split}) needs more with "
+                       f"sdp_swap off (at most {DIRECT_SPLIT_REGISTER_LIMIT - 1})")
     if res["smem_bytes"] > res["smem_limit_bytes"]:
         reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "
                        f"({(device or REFERENCE_DEVICE).name})")

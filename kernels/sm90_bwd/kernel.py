@@ -33,6 +33,10 @@ With `sdp_swap` on (tile_n = 128: each warpgroup owns 64 key rows throughout):
                                            after it at 128, where registers are short)
   dS^T = P^T * (dP^T - D); dS -> shared memory (transposed stmatrix), one named barrier
   dQ = dS K, then dK += dS^T Q            (dS^T from registers; dQ is added while dK's wgmma runs)
+At tile_m = 80 (no multiple of a wgmma's 64-row M: query rows are only ever an N) dQ is swapped too:
+  dQ^T = K^T dS^T                         (the head dim as M; its fp32 fragment goes to the tile_m x D
+                                           dQ tile one 32-bit store an element, its neighbours being
+                                           the tile's rows; "bulk" only)
 dQ reaches the accumulator (`dq_accum`) by one red.global.add.f32 per element ("atomic"), or
 ("bulk") through an fp32 shared-memory tile that warp 1 adds with one TMA reduce-add
 (cp.reduce.async.bulk.tensor .add) per block; the scale is applied by the postprocess.
@@ -72,7 +76,7 @@ BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA war
 BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
-IMPLEMENTED = {"tile_m": (64, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
+IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
                "sdp_swap": (False, True), "scheduler": ("single", "single_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
@@ -114,6 +118,15 @@ class FlashAttentionBackwardSm90:
         if sdp_swap and tile_n != 64 * MMA_WARPGROUPS:
             raise ValueError(f"sm90 backward: sdp_swap needs tile_n={64 * MMA_WARPGROUPS} (each MMA "
                              f"warpgroup owns 64 key rows); got tile_n={tile_n}")
+        # a wgmma's M is 64 rows a warpgroup: a block of tile_m = 80 query rows is only ever an N,
+        # so S and dP must be swapped (keys as M) and dQ too (dQ^T = K^T dS^T, the head dim as M)
+        self.dq_swap = tile_m % 64 != 0
+        if self.dq_swap and not sdp_swap:
+            raise ValueError(f"sm90 backward: tile_m={tile_m} (not a multiple of 64) needs sdp_swap: "
+                             f"query rows can only be the N of a wgmma")
+        if self.dq_swap and dq_accum != "bulk":
+            raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the "
+                             f"accumulator by the bulk path only (dq_accum='bulk'); got {dq_accum!r}")
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -140,6 +153,8 @@ class FlashAttentionBackwardSm90:
             self.sdp_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)   # S, dP: tile_m x tile_n
         self.dkv_atoms = (2, 1, 1) if tile_n == 128 else (1, 2, 1)   # dK, dV: tile_n x D
         self.dq_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)    # dQ: tile_m x D
+        if self.dq_swap:                                             # dQ^T: D x tile_m
+            self.dq_atoms = (2, 1, 1) if head_dim == 128 else (1, 2, 1)
 
     # ------------------------------------------------------------------------------------------
     # shared memory and MMAs
@@ -147,7 +162,8 @@ class FlashAttentionBackwardSm90:
     def _make_layouts(self) -> None:
         d = self.head_dim
         dkv_n = d // self.dkv_atoms[1]      # head-dim columns of one warpgroup's dK / dV
-        dq_n = d // self.dq_atoms[1]        # head-dim columns of one warpgroup's dQ
+        # head-dim columns of one warpgroup's dQ (dQ^T: its head-dim rows, the M of K^T)
+        dq_n = d // (self.dq_atoms[0] if self.dq_swap else self.dq_atoms[1])
         sdp_n = self.tile_n // self.sdp_atoms[1]
         dkv_m = self.tile_n // self.dkv_atoms[0]
         # Q and dO are read transposed by dK / dV (N = head dim), K transposed by dQ, P and dS
@@ -213,9 +229,15 @@ class FlashAttentionBackwardSm90:
             dkv = hopper_helpers.make_trivial_tiled_mma(
                 self.dtype, self.dtype, MN, MN, Float32, atom_layout_mnk=self.dkv_atoms,
                 tiler_mn=(64, self.head_dim // self.dkv_atoms[1]))
-        dq = hopper_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K, MN, Float32, atom_layout_mnk=self.dq_atoms,
-            tiler_mn=(64, self.head_dim // self.dq_atoms[1]))
+        if const_expr(self.dq_swap):
+            # dQ^T = K^T dS^T: A = K^T (head dim contiguous: MN-major), B = dS^T (keys contiguous)
+            dq = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN, K, Float32, atom_layout_mnk=self.dq_atoms,
+                tiler_mn=(64, self.tile_m // self.dq_atoms[1]))
+        else:
+            dq = hopper_helpers.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K, MN, Float32, atom_layout_mnk=self.dq_atoms,
+                tiler_mn=(64, self.head_dim // self.dq_atoms[1]))
         return sdp, dkv, dq
 
     def pds_store_atom(self):
@@ -225,12 +247,15 @@ class FlashAttentionBackwardSm90:
         return cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.sdp_swap, num_matrices=4), self.dtype)
 
-    def fp32_tile_store(self, tiled_mma):
+    def fp32_tile_store(self, tiled_mma, transposed: bool = False):
         """The tiled copy of an fp32 accumulator of `tiled_mma` into an fp32 shared-memory tile that a
         TMA reduce-add reads (dQ's per block, a split group's dK and dV at the end): 64-bit stores, two
-        neighbouring columns of a fragment each (tests/test_sm90_bwd_layouts.py replays them)."""
+        neighbouring columns of a fragment each; `transposed` (dQ^T into the tile_m x D dQ tile): a
+        fragment's neighbouring columns are neighbouring rows of the tile, so one 32-bit store an
+        element (tests/test_sm90_bwd_layouts.py replays them)."""
+        bits = 32 if transposed else 64
         return cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma)
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=bits), tiled_mma)
 
     def pds_store_view(self, buffer):
         """The P / dS buffer (tile_m x tile_n) as the S fragments index it: transposed with sdp_swap."""
@@ -559,10 +584,16 @@ class FlashAttentionBackwardSm90:
             tdSsdS = pds_store.partition_D(self.pds_store_view(sdS))
         tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sdO)))
         tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_smem_view(sQ)))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_smem_view(sK)))
-
-        dq_shape = wg_dq.partition_shape_C((self.tile_m, d))
+        if const_expr(self.dq_swap):
+            # dQ^T = K^T dS^T: dS is the B operand, K^T the A (the block step swaps them back)
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+            tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_smem_view(sK)))
+            dq_tile = (d, self.tile_m)
+        else:
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_smem_view(sK)))
+            dq_tile = (self.tile_m, d)
+        dq_shape = wg_dq.partition_shape_C(dq_tile)
         acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((self.tile_n, d)), Float32)
         acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((self.tile_n, d)), Float32)
         acc_dK.fill(0.0)
@@ -571,11 +602,11 @@ class FlashAttentionBackwardSm90:
         # (row, col) of this thread's S (S^T) and dQ fragment elements
         tScS = L.acc_rows_cols(thr_sdp.partition_C(ident_S))
         t0ScS = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(ident_S))  # compile-time
-        tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, d)))
+        tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor(dq_tile))
         dq_store, tdQsdQ = None, None
         if const_expr(self.dq_bulk):
-            dq_store = self.fp32_tile_store(tiled_mma_dq).get_slice(tidx)
-            tdQsdQ = dq_store.partition_D(sdQ)
+            dq_store = self.fp32_tile_store(tiled_mma_dq, transposed=self.dq_swap).get_slice(tidx)
+            tdQsdQ = dq_store.partition_D(L.transpose_smem_view(sdQ) if self.dq_swap else sdQ)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -752,7 +783,10 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier(barrier_id=BAR_PDS_READY, number_of_threads=self.num_mma_threads)
         # dQ, then dK: dQ is added while dK's wgmma runs
         acc_dQ = cute.make_rmem_tensor(dq_shape, Float32)
-        L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
+        if const_expr(self.dq_swap):
+            L.wgmma(tiled_mma_dq, acc_dQ, tdQrKt, tdQrdS_cur, zero_init=True, wait_pending=-1)
+        else:
+            L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
         L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, zero_init=False, wait_pending=1)
         if const_expr(self.dq_bulk):
             self.stage_dq(acc_dQ, dq_store, tdQsdQ)
