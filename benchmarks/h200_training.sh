@@ -12,12 +12,10 @@
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
-#   bash benchmarks/h200_training.sh bwd-split    # the default rule (its group_split model) and each
-#                                                 # group_split forced, on the 14 grid shapes, beside
-#                                                 # flash-attn-4; then the default's GPU tests (split)
-#   bash benchmarks/h200_training.sh bwd-tiles    # the default rule against it with 80 query rows a block
-#                                                 # (dQ^T swapped) on the 14 grid shapes, beside
-#                                                 # flash-attn-4; then the GPU tests of tile_m=80
+#   bash benchmarks/h200_training.sh bwd-split    # the default rule (its group_split model), each
+#                                                 # group_split forced and tile_m 80, on the 14 grid
+#                                                 # shapes beside flash-attn-4; then the GPU tests of
+#                                                 # the default (split) and of tile_m 80
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
@@ -26,7 +24,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-tiles|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -100,30 +98,24 @@ case "$STEP" in
     # shellcheck disable=SC2086
     timeout 330 python3 benchmarks/sm90_bwd_configs.py --jobs 6 --timeout 300 $grid_shapes --config rule \
         --config "rule group_split=1" --config "rule group_split=2" --config "rule group_split=4" \
-        --config "rule group_split=8" --json "$OUT/bwd_split.json" 2> >(quiet > "$OUT/bwd_split.log") \
+        --config "rule group_split=8" --config "rule tile_m=80" --config "rule tile_m=80 pds_stages=1" \
+        --json "$OUT/bwd_split.json" 2> >(quiet > "$OUT/bwd_split.log") \
         | tee "$OUT/bwd_split.txt"
-    # the default configuration's cases (split at 6 of the 8, both dtypes) and the LSE gradient; every
+    # tile_m 80: flash-attn-4's tile at head dim 128 without a mask; ours has 10 % fewer instructions a
+    # query row there than at 64 (benchmarks/sm90_bwd_sass.py --set tile_m=80)
+    # the default configuration's cases (split at 6 of the 8, both dtypes) and the LSE gradient, then
+    # tile_m 80's variants (both head dims, every case); every
     # split value in every variant is `bwd-tests`' (a test id names group_split=1 too, so -k cannot
     # pick the split variants alone)
-    timeout 230 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider \
+    timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider \
         -k "gradients_follow or lse" 2>&1 | quiet > "$OUT/tests_bwd_split.txt"
     tail -n 8 "$OUT/tests_bwd_split.txt"
-    ;;
-  bwd-tiles)
-    # flash-attn-4 takes 80 x 128 tiles at head dim 128 without a mask (64 x 128 under one); ours at 80
-    # has 10 % fewer instructions per query row than at 64 (benchmarks/sm90_bwd_sass.py --set tile_m=80)
-    grid_shapes=""
-    for s in 1,1024,32,8,128 16,1024,32,8,128 1,4096,32,8,128 1,8192,32,8,128 1,2048,32,8,64 8,512,16,16,64; do
-      grid_shapes="$grid_shapes --shape $s,full --shape $s,causal"
-    done
-    grid_shapes="$grid_shapes --shape 2,16384,8,1,128,causal --shape 4,2048,64,8,128,causal"
+    # by node id: -k cannot name "tile_m=80" ('=' is not in its grammar)
+    tile80=$(python3 -m pytest --collect-only -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider \
+        | grep "tile_m=80")
     # shellcheck disable=SC2086
-    timeout 300 python3 benchmarks/sm90_bwd_configs.py --jobs 6 --timeout 280 $grid_shapes --config rule \
-        --config "rule tile_m=80" --config "rule tile_m=80 pds_stages=1" --json "$OUT/bwd_tiles.json" \
-        2> >(quiet > "$OUT/bwd_tiles.log") | tee "$OUT/bwd_tiles.txt"
-    timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider -k "tile_m=80" \
-        2>&1 | quiet > "$OUT/tests_bwd_tiles.txt"
-    tail -n 8 "$OUT/tests_bwd_tiles.txt"
+    timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider $tile80 2>&1 | quiet > "$OUT/tests_bwd_tile80.txt"
+    tail -n 8 "$OUT/tests_bwd_tile80.txt"
     ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
@@ -156,7 +148,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-tiles|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac
