@@ -205,7 +205,7 @@ def test_ours_takes_a_gradient_through_the_lse_in_d():
     config = sm90_bwd.default_config(problem)
     seen = {}
 
-    def preprocess(out, dout, lse, lse2, delta):
+    def preprocess(out, dout, lse, lse2, delta, dq_accum):
         delta.fill_(1.0)
 
     def main(q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale):

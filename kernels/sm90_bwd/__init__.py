@@ -11,9 +11,9 @@ compiling does.
 
 Workspaces (`.run` allocates them, on torch's caching allocator, so a caller needs to know nothing
 of the kernel's padding): LSE2 and D, (B, Hq, Sq rounded up to tile_m) fp32, written by the
-preprocess; dQ_accum, (B, Sq, Hq, D) fp32, zeroed by `torch.zeros` (a memset is as fast as any
-kernel of ours would be, and keeps the preprocess a pure row reduction), accumulated by the main
-kernel, converted by the postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk,
+preprocess; dQ_accum, (B, Sq, Hq, D) fp32, zeroed by the preprocess (as flash-attn-4's does: the
+bytes of a memset without a kernel of its own), accumulated by the main kernel, converted by the
+postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk,
 Hkv, D) fp32, zeroed, reduced into by the main kernel's CTAs and converted by the same postprocess.
 """
 
@@ -119,7 +119,7 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
         # a split group's CTAs add dK and dV into fp32 accumulators; one CTA a group stores them
         dk, dv = (a["dk"], a["dv"]) if config.group_split == 1 else (a["dk_accum"], a["dv_accum"])
         arguments = dict(
-            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], a["stream"]),
+            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], a["dq_accum"], a["stream"]),
             main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], a["dq_accum"], dk, dv,
                   cutlass.Float32(1.0), a["stream"]),
             postprocess=(a["dq_accum"], a["dq"], cutlass.Float32(1.0), a["stream"]))
@@ -154,8 +154,8 @@ class CompiledBackward:
         padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
-        dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        self.compiled["preprocess"](out, dout, lse, lse2, delta)
+        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)   # the preprocess zeroes it
+        self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
         if dlse is not None:
             # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
             # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's

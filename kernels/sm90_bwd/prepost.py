@@ -4,7 +4,9 @@
   main kernel's exp2. Both go to (B, Hq, Sq_padded) fp32 workspaces whose rows are padded to a
   multiple of the main kernel's tile_m, so the main kernel reads them without bounds checks: a padding
   row, and a row that sees no key (LSE = -inf), gets LSE2 = +inf (so P = exp2(S * scale_log2 -
-  LSE2) = 0 without a branch) and D = 0.
+  LSE2) = 0 without a branch) and D = 0. It also zeroes the row's fp32 dQ accumulator, which the main
+  kernel adds into (as flash-attn-4's preprocess does): the same bytes a memset would write, without
+  a kernel of its own between this one and the main one.
 - `Postprocess`: dQ = dQ_accum * softmax_scale in the inputs' dtype. The scale is applied here, once
   per element, rather than to every key block's dS K product before its atomics (the same value up to
   fp32 rounding of the sum).
@@ -50,20 +52,23 @@ class Preprocess(_RowKernel):
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mDelta: cute.Tensor, stream: cuda.CUstream):
-        """O, dO (B, Sq, Hq, D); LSE (B, Hq, Sq) fp32; LSE2, Delta (B, Hq, Sq_padded) fp32 (written)."""
+                 mDelta: cute.Tensor, mdQaccum: cute.Tensor, stream: cuda.CUstream):
+        """O, dO (B, Sq, Hq, D); LSE (B, Hq, Sq) fp32; LSE2, Delta (B, Hq, Sq_padded) fp32 (written);
+        dQ_accum (B, Sq, Hq, D) fp32 (zeroed)."""
         if const_expr(mO.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError("O and dO must have the kernel's dtype")
-        mO, mdO = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mO, mdO)]  # (Sq, D, Hq, B)
+        if const_expr(mdQaccum.element_type != Float32):
+            raise TypeError("dQ_accum must be fp32")
+        mO, mdO, mdQaccum = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mO, mdO, mdQaccum)]  # (Sq, D, Hq, B)
         mLSE, mLSE2, mDelta = [L.permute_modes(t, [2, 1, 0]) for t in (mLSE, mLSE2, mDelta)]
         padded_rows = mLSE2.shape[0]
         grid = ((padded_rows + self.rows - 1) // self.rows, mO.shape[2], mO.shape[3])
-        self.kernel(mO, mdO, mLSE, mLSE2, mDelta).launch(grid=grid, block=[THREADS, 1, 1],
-                                                         stream=stream)
+        self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mdQaccum).launch(grid=grid, block=[THREADS, 1, 1],
+                                                                   stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mDelta: cute.Tensor):
+               mDelta: cute.Tensor, mdQaccum: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.rows + tidx // self.threads_per_row
@@ -75,6 +80,10 @@ class Preprocess(_RowKernel):
             do = cute.local_tile(mdO[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
             prod = o.load().to(Float32) * do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            acc = cute.local_tile(mdQaccum[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
+            zero = cute.make_rmem_tensor(acc.layout, Float32)   # this thread's 8 columns of the row
+            zero.fill(0.0)
+            acc.store(zero.load())
         for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
             dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=1 << i)
         if chunk == 0 and row < mLSE2.shape[0]:

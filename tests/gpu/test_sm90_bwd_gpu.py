@@ -135,6 +135,29 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
     assert not failures, failures
 
 
+@pytest.mark.parametrize("tile_m", [64, 80, 128])
+def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m):
+    """dQ's fp32 accumulator comes from torch.empty and is zeroed by the preprocess: run on memory the
+    caching allocator hands back full of NaN (a block of the accumulator's size, freed just before),
+    the gradients are still finite and pass the rule (they are NaN if any row is not zeroed)."""
+    q, k, v, dout = _inputs(2, 333, 333, 8, 2, 128 if tile_m != 128 else 64, torch.bfloat16, seed=11)
+    d = q.shape[-1]
+    config = sm90_bwd.default_config(AttentionProblem(2, 333, 333, 8, 2, d, "bf16", False)).replace(tile_m=tile_m)
+    scale = softmax_scale(d)
+    out, lse = attention_fp32(q, k, v, False, scale)
+    out = out.to(q.dtype)
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    for _ in range(2):
+        # freed just before .run allocates its workspaces: the next block of this size is this one
+        poison = torch.full(q.shape, float("nan"), dtype=torch.float32, device="cuda")
+        del poison
+        _compiled(d, "bf16", False, config).run(q, k, v, out, dout, lse, *grads, scale)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(g).all() for g in grads)
+    failures = check_grads(grads, q, k, v, dout, False)
+    assert not failures, failures
+
+
 def test_the_variants_cover_every_knob_value():
     seen = {k.name: set() for k in knobs_for("sm90_bwd")}
     for _, config in VARIANTS:
