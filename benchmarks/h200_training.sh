@@ -101,12 +101,11 @@ case "$STEP" in
         --config "rule group_split=8" --config "rule tile_m=80" --config "rule tile_m=80 pds_stages=1" \
         --json "$OUT/bwd_split.json" 2> >(quiet > "$OUT/bwd_split.log") \
         | tee "$OUT/bwd_split.txt"
-    # tile_m 80: flash-attn-4's tile at head dim 128 without a mask; ours has 10 % fewer instructions a
-    # query row there than at 64 (benchmarks/sm90_bwd_sass.py --set tile_m=80)
-    # the default configuration's cases (split at 6 of the 8, both dtypes) and the LSE gradient, then
-    # tile_m 80's variants (both head dims, every case); every
-    # split value in every variant is `bwd-tests`' (a test id names group_split=1 too, so -k cannot
-    # pick the split variants alone)
+    # (tile_m 80 is flash-attn-4's tile at head dim 128 without a mask; ours has 10 % fewer instructions
+    # a query row there than at 64: benchmarks/sm90_bwd_sass.py --set tile_m=80)
+    # GPU tests: the default configuration's cases (split at 6 of the 8, both dtypes), the LSE gradient
+    # and the reused workspace, then tile_m 80's variants (both head dims, every case); every split value
+    # in every variant is `bwd-tests`' (a test id names group_split=1 too, so -k cannot pick them alone)
     timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider \
         -k "gradients_follow or lse" 2>&1 | quiet > "$OUT/tests_bwd_split.txt"
     tail -n 8 "$OUT/tests_bwd_split.txt"
@@ -120,8 +119,8 @@ case "$STEP" in
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
     # part of the space (benchmarks/sm90_bwd_fast_space.toml: 12 x the group_split values the GQA ratio
-    # admits, two thirds of them at head dim 128: 48 at most) per shape, ours and the peers' backward alone timed in one
-    # run; entries in $OUT/bwd_best.json
+    # admits, two thirds of them at head dim 128: 48 at most) per shape, ours and the peers' backward
+    # alone timed in one run; entries in $OUT/bwd_best.json
     part=${2:-1}
     python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 4
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_grid_part.toml \

@@ -23,7 +23,7 @@ from typing import Optional
 from ..device import DeviceDescription, reference_device
 from ..knobs import Config
 from ..problem import AttentionProblem
-from .plan import DTYPES, MMA_WARPGROUPS, SUPPORTED_HEAD_DIMS, THREADS
+from .plan import DTYPES, MMA_WARPGROUPS, SUPPORTED_HEAD_DIMS, THREADS, WGMMA_M
 
 KNOB_SET = "sm90_bwd"
 REFERENCE_DEVICE = reference_device("sm90")
@@ -41,8 +41,6 @@ ACCUMULATOR_REGISTER_LIMIT = 208
 # with S and dP through shared memory (sdp_swap off), a split group's CTA spills from this many on
 # (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean)
 DIRECT_SPLIT_REGISTER_LIMIT = 192
-# a wgmma's M is 64 rows a warpgroup: a tile_m that is no multiple of it is only ever an N
-WGMMA_M = 64
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:

@@ -107,7 +107,7 @@ class FlashAttentionBackwardSm90:
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
                  q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
                  group_split: int):
-        from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS
+        from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
                 ("sdp_swap", sdp_swap), ("scheduler", scheduler), ("pds_stages", pds_stages),
@@ -118,11 +118,11 @@ class FlashAttentionBackwardSm90:
         if sdp_swap and tile_n != 64 * MMA_WARPGROUPS:
             raise ValueError(f"sm90 backward: sdp_swap needs tile_n={64 * MMA_WARPGROUPS} (each MMA "
                              f"warpgroup owns 64 key rows); got tile_n={tile_n}")
-        # a wgmma's M is 64 rows a warpgroup: a block of tile_m = 80 query rows is only ever an N,
-        # so S and dP must be swapped (keys as M) and dQ too (dQ^T = K^T dS^T, the head dim as M)
-        self.dq_swap = tile_m % 64 != 0
+        # a block of tile_m = 80 query rows (no multiple of a wgmma's M) is only ever an N, so S and
+        # dP must be swapped (keys as M) and dQ too (dQ^T = K^T dS^T, the head dim as M)
+        self.dq_swap = tile_m % WGMMA_M != 0
         if self.dq_swap and not sdp_swap:
-            raise ValueError(f"sm90 backward: tile_m={tile_m} (not a multiple of 64) needs sdp_swap: "
+            raise ValueError(f"sm90 backward: tile_m={tile_m} (not a multiple of {WGMMA_M}) needs sdp_swap: "
                              f"query rows can only be the N of a wgmma")
         if self.dq_swap and dq_accum != "bulk":
             raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the "
@@ -152,9 +152,9 @@ class FlashAttentionBackwardSm90:
         else:
             self.sdp_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)   # S, dP: tile_m x tile_n
         self.dkv_atoms = (2, 1, 1) if tile_n == 128 else (1, 2, 1)   # dK, dV: tile_n x D
-        self.dq_atoms = (2, 1, 1) if tile_m == 128 else (1, 2, 1)    # dQ: tile_m x D
-        if self.dq_swap:                                             # dQ^T: D x tile_m
-            self.dq_atoms = (2, 1, 1) if head_dim == 128 else (1, 2, 1)
+        # dQ: tile_m x D; dQ^T: D x tile_m (its M the head dim)
+        dq_m = head_dim if self.dq_swap else tile_m
+        self.dq_atoms = (2, 1, 1) if dq_m == 128 else (1, 2, 1)
 
     # ------------------------------------------------------------------------------------------
     # shared memory and MMAs

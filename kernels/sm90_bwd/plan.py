@@ -7,3 +7,5 @@ MMA_WARPGROUPS = 2
 # setmaxnreg split (producer warpgroup, each MMA warpgroup): 128 * (24 + 2 * 240) <= 64K
 REGISTER_SPLIT = (24, 240)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
+# a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
+WGMMA_M = 64

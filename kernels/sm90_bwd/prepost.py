@@ -80,10 +80,8 @@ class Preprocess(_RowKernel):
             do = cute.local_tile(mdO[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
             prod = o.load().to(Float32) * do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            acc = cute.local_tile(mdQaccum[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,))
-            zero = cute.make_rmem_tensor(acc.layout, Float32)   # this thread's 8 columns of the row
-            zero.fill(0.0)
-            acc.store(zero.load())
+            # this thread's 8 columns of the row's dQ accumulator
+            cute.local_tile(mdQaccum[row, None, head, batch], (ELEMS_PER_THREAD,), (chunk,)).fill(0.0)
         for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
             dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=1 << i)
         if chunk == 0 and row < mLSE2.shape[0]:
