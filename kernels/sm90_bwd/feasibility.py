@@ -23,7 +23,7 @@ from typing import Optional
 from ..device import DeviceDescription, reference_device
 from ..knobs import Config
 from ..problem import AttentionProblem
-from .plan import DTYPES, MMA_WARPGROUPS, SUPPORTED_HEAD_DIMS, THREADS, WGMMA_M
+from .plan import DTYPES, MMA_WARPGROUPS, SUPPORTED_HEAD_DIMS, THREADS, WGMMA_M, row_stage_floats
 
 KNOB_SET = "sm90_bwd"
 REFERENCE_DEVICE = reference_device("sm90")
@@ -78,8 +78,8 @@ def smem_bytes(config: Config, problem: AttentionProblem) -> int:
         0 if config.sdp_swap else pds * tm * tn * ELEM_BYTES,         # sP (none: P^T stays in registers)
         pds * tm * tn * ELEM_BYTES,                                   # sdS
         tm * d * FP32_BYTES if config.dq_accum == "bulk" else 0,      # sdQ, the bulk reduce's tile
-        q * tm * FP32_BYTES if config.sdp_swap else 0,                # sLSE2
-        q * tm * FP32_BYTES if config.sdp_swap else 0,                # sDelta
+        q * row_stage_floats(tm) * FP32_BYTES if config.sdp_swap else 0,   # sLSE2
+        q * row_stage_floats(tm) * FP32_BYTES if config.sdp_swap else 0,   # sDelta
     ]
     for size in buffers:
         offset = -(-offset // BUFFER_ALIGN) * BUFFER_ALIGN + size

@@ -65,6 +65,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from cutlass.tensor_utils import LayoutEnum
 
 from ..sm90 import layouts as L
+from .plan import row_stage_floats
 
 LOG2_E = math.log2(math.e)
 
@@ -177,8 +178,8 @@ class FlashAttentionBackwardSm90:
         self.sPdS_layout = smem_layout(self.dtype, self.tile_m, self.tile_n, pds_major, stages)
         # fp32 dQ tile of the bulk reduce: rows of 128-byte swizzled 32-column atoms (TMA's widest)
         self.sdQ_layout = smem_layout(Float32, self.tile_m, d, d)
-        # the rows' LSE2 and D, one tile_m vector per Q stage (sdp_swap)
-        self.sRow_layout = cute.make_layout((self.tile_m, self.q_stages))
+        # the rows' LSE2 and D, one tile_m vector per Q stage (sdp_swap), each stage TMA-aligned
+        self.sRow_layout = cute.make_layout((self.tile_m, self.q_stages), stride=(1, row_stage_floats(self.tile_m)))
         # group_split > 1: an fp32 dK or dV tile of the epilogue's reduce-add, in the bytes of sK and sV
         # (one such tile exactly) and, where they hold one too, of sQ and sdO
         self.sdKV32_layout = smem_layout(Float32, self.tile_n, d, d)

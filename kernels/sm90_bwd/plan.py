@@ -9,3 +9,12 @@ REGISTER_SPLIT = (24, 240)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
+# a TMA load's shared-memory destination must be 128-byte aligned: each Q/dO stage's LSE2 and D rows
+# start at a multiple of 32 floats (at tile_m 80 a compact ring would put stage 1 at byte 320)
+TMA_SMEM_ALIGN_BYTES = 128
+
+
+def row_stage_floats(tile_m: int) -> int:
+    """Floats from one stage's LSE2 (or D) rows to the next: tile_m rounded up to the TMA alignment."""
+    align = TMA_SMEM_ALIGN_BYTES // 4
+    return -(-tile_m // align) * align
