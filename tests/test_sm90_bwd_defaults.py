@@ -47,12 +47,43 @@ def test_a_wide_grid_and_mha_are_not_split():
 def test_the_model_counts_the_blocks_the_kernel_visits():
     # causal, Sq = Sk = 1024, 64-row query blocks: key block j (128 keys) starts at row 128 j
     problem = _problem(1, 1024, 32, 8)
-    config = sm90_bwd.default_config(problem).replace(group_split=1)
+    config = sm90_bwd.default_config(problem).replace(group_split=1, tile_m=64)
     assert key_block_steps(config, problem) == [16 - 2 * j for j in range(8)]
     # Sq < Sk: rows 84-99 alone see the last key block; Sq > Sk: rows 0-199 see no key, so the three
     # query blocks before row 192 are skipped
     assert key_block_steps(config, AttentionProblem(1, 100, 400, 4, 1, 128, "bf16", True)) == [2, 2, 2, 1]
     assert key_block_steps(config, AttentionProblem(1, 300, 100, 4, 1, 128, "bf16", True)) == [2]
+
+
+def test_80_row_blocks_start_where_their_first_visible_row_is():
+    # 80-row blocks (13 cover 1024 rows): key block j's first row 128 j lies in block 128 j // 80
+    problem = _problem(1, 1024, 32, 8)
+    config = sm90_bwd.default_config(problem).replace(group_split=1)
+    assert config.tile_m == 80
+    assert key_block_steps(config, problem) == [13 - 128 * j // 80 for j in range(8)]
+
+
+@pytest.mark.parametrize("batch, seqlen, heads_q, heads_kv, head_dim, longest_first", [
+    (1, 4096, 32, 8, 128, True),      # Q, dO and dQ's accumulator: 128 MiB
+    (4, 2048, 16, 4, 128, True),      # 128 MiB
+    (1, 8192, 32, 8, 128, False),     # 256 MiB
+    (16, 1024, 32, 8, 128, False),    # 512 MiB
+    (16, 2048, 16, 16, 64, False),    # 256 MiB at head dim 64
+    (8, 512, 16, 16, 64, True),       # 32 MiB
+])
+def test_longest_first_only_while_the_streamed_rows_are_small(batch, seqlen, heads_q, heads_kv, head_dim,
+                                                              longest_first):
+    causal = sm90_bwd.default_config(_problem(batch, seqlen, heads_q, heads_kv, head_dim))
+    assert (causal.scheduler == "single_lpt") == longest_first
+    # without a mask every key block is as long as the next: nothing to put first
+    full = sm90_bwd.default_config(_problem(batch, seqlen, heads_q, heads_kv, head_dim, causal=False))
+    assert full.scheduler == "single"
+
+
+def test_the_query_tile_is_80_rows_at_head_dim_128_and_128_at_64():
+    for causal in (True, False):
+        assert sm90_bwd.default_config(_problem(2, 4096, 32, 8, 128, causal)).tile_m == 80
+        assert sm90_bwd.default_config(_problem(2, 4096, 32, 8, 64, causal)).tile_m == 128
 
 
 def test_more_sms_take_a_larger_split_never_a_smaller_one():

@@ -3,16 +3,20 @@
 Kept out of the backward's source fingerprint (as the forward's rules are out of theirs): a rule picks
 among configurations, it does not change what any configuration compiles to.
 
-Every knob but `group_split` comes from timing every admitted configuration beside flash-attn-4's
-backward on the H200 (`results/h200/training/2026-12-03b/`, `benchmarks/sm90_bwd_configs.py`; the
-declared defaults in `fa4.kernels.knobs` are the kernel's plain form, 2.0-2.8x slower):
+Every knob but `group_split` comes from timings beside flash-attn-4's backward (the declared defaults
+in `fa4.kernels.knobs` are the kernel's plain form, 2.0-2.8x slower):
 - S^T/dP^T swapped, dQ by TMA reduce-add, two P/dS buffers, two Q/dO stages, 128 keys a CTA: each
-  the faster value of its knob on every shape timed;
-- 128 query rows a block at head dim 64 (64 x 128 is the fastest the register model admits at 128:
-  its S^T and dP^T at 128 x 128 do not fit), 1.05-1.16x faster than 64 rows there;
-- longest key block first (single_lpt) under causal masks, where key block 0 sees the most query
-  blocks (1.37x and 1.46x over single at B4 S2048 causal, D128 and D64; 2 % slower at B8 S1024 D64);
-  the plain order without one (2 % faster at B2 S4096 D128).
+  the faster value of its knob on every shape timed (H200, `results/h200/training/2026-12-03b/`,
+  `benchmarks/sm90_bwd_configs.py` over every admitted configuration);
+- 80 query rows a block at head dim 128, with either mask (flash-attn-4 takes 80 without a mask,
+  64 with one): faster than 64 rows on 19 of 22 shapes at head dim 128 on the H100 (by 2-18 %;
+  3-4 % slower at B16 S1024 H32/8 and B1 S16384 H16/2 causal longest first and B3 S3000 H24/8
+  causal), `results/h100/training/2026-12-06/`; 128 rows at head dim 64
+  (1.05-1.16x faster than 64 there, H200; 80 was slower at head dim 64 on the H100);
+- under a causal mask, the longest key block first (single_lpt) while Q, dO and dQ's accumulator
+  stream at most `LONGEST_FIRST_STREAMED_BYTES`, else the plain order (its L2 reuse: B16 S1024
+  H32/8, 512 MiB, 1212 us against 1900 longest first); the plain order without a mask (every key
+  block equally long; longest first took 2x at B16 S1024 full, H100).
 
 `group_split` (how many CTAs share a key block's GQA group) comes from a model of the grid, not yet
 from a timing: `split_makespan` below. It splits only where one CTA per group leaves SMs idle or one
@@ -42,6 +46,12 @@ HBM_BYTES_PER_SECOND = 4.0e12  # the H200's 4.8 TB/s, at the rate large copies r
 # a larger split must beat the smaller by this much in the model (its costs the model leaves out:
 # more K/V loads, more reduce traffic in L2)
 SPLIT_MARGIN = 0.03
+# longest first (single_lpt) under a causal mask only while Q, dO and dQ's accumulator stream at most
+# this many bytes (`streamed_bytes`): past it, the plain order's L2 reuse is worth more than the
+# balanced tail. H100, tile_m 80, 26 shapes (`results/h100/training/2026-12-06/`): longest first was
+# faster on every shape of 128 MiB or less (B1 S4096 H32/8: 817 us against 1003), the plain order on
+# 6 of 8 of 211-512 MiB (B16 S2048 H16/16 D64: 976 against 1620), within 2 % on the other two
+LONGEST_FIRST_STREAMED_BYTES = 128 * 2**20
 # at or above this many CTAs per SM unsplit, the tail the model could shorten is at most a step or so
 # of many: no split (and no simulation of a large grid)
 WIDE_GRID_CTAS_PER_SM = 4
@@ -50,10 +60,18 @@ WIDE_GRID_CTAS_PER_SM = 4
 def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
     """The configuration an untuned problem runs on `device` (default: the H200): the module
     docstring's choices, then `group_split` by `split_makespan`."""
-    config = Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 64, tile_n=128, q_stages=2,
+    longest_first = problem.causal and streamed_bytes(problem) <= LONGEST_FIRST_STREAMED_BYTES
+    config = Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 80, tile_n=128, q_stages=2,
                          dq_accum="bulk", sdp_swap=True, pds_stages=2,
-                         scheduler="single_lpt" if problem.causal else "single")
+                         scheduler="single_lpt" if longest_first else "single")
     return config.replace(group_split=group_split_for(config, problem, device))
+
+
+def streamed_bytes(problem: AttentionProblem) -> int:
+    """Bytes every key block's CTA streams through: Q and dO (16-bit) and dQ's fp32 accumulator, over
+    all query rows and heads. Longest first runs the key blocks of many groups at once, each reading
+    its group's share; the plain order runs one group's key blocks side by side over the same rows."""
+    return max(problem.batch, 1) * problem.heads_q * problem.seqlen_q * problem.head_dim * (2 * 2 + 4)
 
 
 def group_split_for(config: Config, problem: AttentionProblem,
