@@ -16,6 +16,9 @@
 #                                                 # group_split forced and tile_m 80, on the 14 grid
 #                                                 # shapes beside flash-attn-4; then the GPU tests of
 #                                                 # the default (split) and of tile_m 80
+#   bash benchmarks/h200_training.sh training-pass  # our default backward (FA4_BACKWARD=ours) beside
+#                                                 # flash-attn-4's and cuDNN's on the 14 grid shapes,
+#                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
@@ -24,10 +27,12 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|training-pass|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the device bundle has no platformdirs (fa4.places' default folders): name the folders instead
+export FA4TUNE_HOME=${FA4TUNE_HOME:-/tmp/fa4tune-home} FA4TUNE_CACHE_DIR=${FA4TUNE_CACHE_DIR:-/tmp/fa4tune-cache}
 quiet() { grep -v -i "userwarning\|exe_args"; }
 case "$STEP" in
   tests)
@@ -116,6 +121,11 @@ case "$STEP" in
     timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider $tile80 2>&1 | quiet > "$OUT/tests_bwd_tile80.txt"
     tail -n 8 "$OUT/tests_bwd_tile80.txt"
     ;;
+  training-pass)
+    FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/training_pass.json" \
+        2> >(quiet > "$OUT/training_pass.log") | cut -c1-300
+    python3 benchmarks/training_pass.py --summary "$OUT/training_pass.json" | tee "$OUT/training_pass_summary.txt"
+    ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
     # part of the space (benchmarks/sm90_bwd_fast_space.toml: 12 x the group_split values the GQA ratio
@@ -147,7 +157,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|training-pass|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

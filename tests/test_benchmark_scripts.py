@@ -126,3 +126,19 @@ def test_the_window_cost_summary_puts_each_window_beside_its_unwindowed_shape():
     assert peer["per_pair_vs_plain"] == pytest.approx(1 / share)
     table = bench.format_table(list(entries.values()))
     assert "| tuned | " in table and "1.05 |" in table
+
+
+def test_the_training_pass_summary_divides_by_the_fastest_peer_per_shape():
+    """benchmarks/training_pass.py --summary: fa4's time over the fastest peer's of each shape, a peer
+    with an error left out, a shape where fa4 has no time left out of the geomean."""
+    bench = _load("training_pass")
+    rows = [{"shape": "a", "fa4": {"bwd_us": 90.0, "fwdbwd_us": 120.0},
+             "flash_attn_4": {"bwd_us": 100.0, "fwdbwd_us": 100.0}, "sdpa_cudnn": {"bwd_us": 150.0, "fwdbwd_us": 150.0}},
+            {"shape": "b", "fa4": {"bwd_us": 110.0}, "flash_attn_4": {"error": "refused"},
+             "sdpa_cudnn": {"bwd_us": 100.0}},
+            {"shape": "c", "fa4": {"error": "compile"}, "flash_attn_4": {"bwd_us": 100.0}}]
+    assert bench.ratios(rows, "bwd_us") == pytest.approx({"a": 0.9, "b": 1.1})
+    assert bench.ratios(rows, "fwdbwd_us") == pytest.approx({"a": 1.2})
+    text = bench.summary(rows)
+    assert "backward alone: fa4 / fastest peer geomean 0.995, worst 1.100 (b), at most 1.00 on 1 of 2" in text
+    assert "forward + backward: fa4 / fastest peer geomean 1.200, worst 1.200 (a), at most 1.00 on 0 of 1" in text
