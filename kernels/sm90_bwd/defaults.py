@@ -48,9 +48,9 @@ HBM_BYTES_PER_SECOND = 4.0e12  # the H200's 4.8 TB/s, at the rate large copies r
 SPLIT_MARGIN = 0.03
 # longest first (single_lpt) under a causal mask only while Q, dO and dQ's accumulator stream at most
 # this many bytes (`streamed_bytes`): past it, the plain order's L2 reuse is worth more than the
-# balanced tail. H100, tile_m 80, 26 shapes (`results/h100/training/2026-12-06/`): longest first was
-# faster on every shape of 128 MiB or less (B1 S4096 H32/8: 817 us against 1003), the plain order on
-# 6 of 8 of 211-512 MiB (B16 S2048 H16/16 D64: 976 against 1620), within 2 % on the other two
+# balanced tail. H100, tile_m 80, the causal shapes of `results/h100/training/2026-12-06/`: longest
+# first was faster on all 6 of 128 MiB or less (B1 S4096 H32/8: 817 us against 1003), the plain order
+# on 10 of 12 of 211-512 MiB (B16 S2048 H16/16 D64: 976 against 1620), 2 % slower on the other two
 LONGEST_FIRST_STREAMED_BYTES = 128 * 2**20
 # at or above this many CTAs per SM unsplit, the tail the model could shorten is at most a step or so
 # of many: no split (and no simulation of a large grid)
