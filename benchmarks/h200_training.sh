@@ -16,8 +16,10 @@
 #                                                 # group_split forced and tile_m 80, on the 14 grid
 #                                                 # shapes beside flash-attn-4; then the GPU tests of
 #                                                 # the default (split) and of tile_m 80
+#   bash benchmarks/h200_training.sh bwd-space    # every fast-space configuration on the grid and 12
+#                                                 # other shapes beside flash-attn-4 (rule refits)
 #   bash benchmarks/h200_training.sh training-pass  # our default backward (FA4_BACKWARD=ours) beside
-#                                                 # flash-attn-4's and cuDNN's on the 14 grid shapes,
+#                                                 # every peer's on the 14 grid shapes,
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
@@ -27,13 +29,26 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|training-pass|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # the device bundle has no platformdirs (fa4.places' default folders): name the folders instead
 export FA4TUNE_HOME=${FA4TUNE_HOME:-/tmp/fa4tune-home} FA4TUNE_CACHE_DIR=${FA4TUNE_CACHE_DIR:-/tmp/fa4tune-cache}
 quiet() { grep -v -i "userwarning\|exe_args"; }
+# benchmarks/h200_grid.toml's 14 problems (B,S,HQ,HKV,D,mask) for sm90_bwd_configs.py, timed in bf16 (the
+# fp16 ones too); and 12 training shapes outside it (results/h100/training/2026-12-06/bwd_heldout.txt)
+grid_shapes=""
+for s in 1,1024,32,8,128 16,1024,32,8,128 1,4096,32,8,128 1,8192,32,8,128 1,2048,32,8,64 8,512,16,16,64; do
+  grid_shapes="$grid_shapes --shape $s,full --shape $s,causal"
+done
+grid_shapes="$grid_shapes --shape 2,16384,8,1,128,causal --shape 4,2048,64,8,128,causal"
+other_shapes=""
+for s in 2,8192,32,8,128,causal 1,16384,16,2,128,causal 4,4096,16,4,128,causal 8,2048,32,8,128,causal \
+         2,2048,32,4,128,causal 3,3000,24,8,128,causal 6,1536,32,8,128,causal 4,4096,32,8,64,causal \
+         16,2048,16,16,64,causal 2,8192,32,8,128,full 3,3000,24,8,128,full 4,2048,16,4,128,full; do
+  other_shapes="$other_shapes --shape $s"
+done
 case "$STEP" in
   tests)
     # -v: a run cut by the call's limit still shows each test's outcome
@@ -94,12 +109,6 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
   bwd-split)
-    # benchmarks/h200_grid.toml's 14 problems (B,S,HQ,HKV,D,mask); timed in bf16 (the fp16 ones too)
-    grid_shapes=""
-    for s in 1,1024,32,8,128 16,1024,32,8,128 1,4096,32,8,128 1,8192,32,8,128 1,2048,32,8,64 8,512,16,16,64; do
-      grid_shapes="$grid_shapes --shape $s,full --shape $s,causal"
-    done
-    grid_shapes="$grid_shapes --shape 2,16384,8,1,128,causal --shape 4,2048,64,8,128,causal"
     # shellcheck disable=SC2086
     timeout 330 python3 benchmarks/sm90_bwd_configs.py --jobs 6 --timeout 300 $grid_shapes --config rule \
         --config "rule group_split=1" --config "rule group_split=2" --config "rule group_split=4" \
@@ -125,6 +134,15 @@ case "$STEP" in
     FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/training_pass.json" \
         2> >(quiet > "$OUT/training_pass.log") | cut -c1-300
     python3 benchmarks/training_pass.py --summary "$OUT/training_pass.json" | tee "$OUT/training_pass_summary.txt"
+    ;;
+  bwd-space)
+    # every configuration of the fast space (benchmarks/sm90_bwd_fast_space.toml) on the grid's 14 shapes
+    # and the 12 others beside flash-attn-4: the data to refit the default's group_split and order rules
+    # (judge a refit on the shapes it was not fitted on); about 7 minutes
+    # shellcheck disable=SC2086
+    timeout 560 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 500 $grid_shapes $other_shapes \
+        --space benchmarks/sm90_bwd_fast_space.toml --json "$OUT/bwd_space.json" \
+        2> >(quiet > "$OUT/bwd_space.log") | tee "$OUT/bwd_space.txt" | tail -n 5
     ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
@@ -157,7 +175,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|training-pass|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

@@ -7,7 +7,7 @@ On the H200, with the project and its `peer` extra installed (one 10-minute devi
 Which configurations: `--config` labels (knob=value pairs over the default of the knob set "sm90_bwd";
 "default" alone is the default; "rule", alone or followed by pairs, is `sm90_bwd.default_config` of each
 shape on this GPU, what an untuned call runs, with those pairs over it), else every configuration of
-search_spaces/sm90_bwd.toml the model admits at one of the shapes (`fa4.kernels.sm90_bwd.reasons`, at a
+search_spaces/sm90_bwd.toml (or of `--space FILE`) the model admits at one of the shapes (`fa4.kernels.sm90_bwd.reasons`, at a
 shape's head dim, mask and GQA ratio; a shape it is not admitted at is that configuration's
 "infeasible" row).
 
@@ -108,13 +108,15 @@ def _kind(shape):
     return AttentionProblem(1, 128, 128, heads_q, heads_kv, head_dim, DTYPE, causal)
 
 
-def admitted_configs(shapes) -> list:
-    """Every configuration of the packaged space the model admits at the head dim of some shape."""
+def admitted_configs(shapes, space_path=None) -> list:
+    """Every configuration of a space file (default: the packaged space) the model admits at the head
+    dim of some shape."""
     from fa4.kernels import sm90_bwd
     from fa4tune.inputs.space import load_space
 
     kinds = {_kind(s) for s in shapes}
-    return [c for c in load_space("sm90_bwd").configs() if any(not sm90_bwd.reasons(c, p) for p in kinds)]
+    return [c for c in load_space("sm90_bwd", space_path).configs()
+            if any(not sm90_bwd.reasons(c, p) for p in kinds)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,6 +289,9 @@ def main(argv=None):
                     help='a configuration: "default" or knob=value pairs over it (repeatable)')
     ap.add_argument("--config-file", default=None,
                     help="configurations one per line (as --config takes them), run in that order")
+    ap.add_argument("--space", default=None, metavar="TOML",
+                    help="without --config: every admitted configuration of this space file (default: "
+                         "search_spaces/sm90_bwd.toml)")
     ap.add_argument("--shape", action="append", default=None, metavar="B,S,HQ,HKV,D,causal|full",
                     help="a shape to time (repeatable; default: benchmarks/backward_impls.py's four)")
     ap.add_argument("--jobs", type=int, default=6, help="configurations compiled at once")
@@ -314,7 +319,7 @@ def main(argv=None):
                                                  if line.strip() and not line.startswith("#")]
     # a rule label stays a label (its configuration is each shape's); any other is normalised
     labels = [c if c.split()[:1] == [RULE] else parse_config(c).label() for c in args.config] if args.config \
-        else [c.label() for c in admitted_configs(shapes)]
+        else [c.label() for c in admitted_configs(shapes, args.space)]
     lock_path = os.path.join(tempfile.gettempdir(), "fa4-sm90-bwd-configs.lock")
     start = time.time()
     peer = None if args.no_peer else peer_with_backward(args.peer)

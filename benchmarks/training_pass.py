@@ -25,7 +25,6 @@ from pathlib import Path
 from fa4tune.workers.training import FA4   # the row of fa4.attention itself
 
 GRID = Path(__file__).with_name("h200_grid.toml")
-PEERS = ("flash_attn_4", "sdpa_cudnn")
 
 
 def shape_label(problem) -> str:
@@ -81,7 +80,8 @@ def summary(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes-file", default=str(GRID))
-    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated peer names (fa4.backends)")
+    ap.add_argument("--peers", default=None, help="comma-separated peer names (default: every registered peer, "
+                    "fa4.backends)")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--summary", default=None, metavar="JSON", help="summarise rows written before; time nothing")
     args = ap.parse_args(argv)
@@ -90,7 +90,10 @@ def main(argv=None) -> None:
         return
     from fa4tune.inputs.shape_sets import load_shapes_file
 
-    rows = measure(load_shapes_file(args.shapes_file), [FA4] + [p for p in args.peers.split(",") if p])
+    from fa4 import backends
+
+    peers = args.peers.split(",") if args.peers else [peer.name for peer in backends.peers()]
+    rows = measure(load_shapes_file(args.shapes_file), [FA4] + [p for p in peers if p])
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     print(summary(rows), file=sys.stderr)

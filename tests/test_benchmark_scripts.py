@@ -77,6 +77,10 @@ def test_the_backward_configuration_bench_names_and_tabulates_configurations():
     split4 = Config.make("sm90_bwd", group_split=4, sdp_swap=True)
     assert split4 in admitted and not sm90_bwd.reasons(split4, bench._kind((4, 2048, 16, 4, 128, True)))
     assert sm90_bwd.reasons(split4, bench._kind((8, 1024, 16, 16, 64, False)))
+    # --space: a space file's configurations instead (the fast space holds one P/dS depth, S^T swapped)
+    fast = bench.admitted_configs(bench.SHAPES, Path(__file__).resolve().parents[1] / "benchmarks"
+                                  / "sm90_bwd_fast_space.toml")
+    assert fast and set(fast) < set(admitted) and all(c.sdp_swap and c.pds_stages == 2 for c in fast)
     # "rule" is each shape's default configuration (what an untuned call runs), pairs over it
     small, wide = (1, 1024, 32, 8, 128, True), (16, 1024, 32, 8, 128, True)
     assert bench.config_for("rule", small) == sm90_bwd.default_config(
