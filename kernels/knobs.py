@@ -142,10 +142,12 @@ KNOBS: tuple[Knob, ...] = (
          "feed dV and dK from registers (no P in shared memory), exp2 runs under dP's wgmma, dQ is "
          "added under dK's",
          codegen=True, archs=SM90_BWD),
-    Knob("scheduler", ("single", "single_lpt"), "single",
+    Knob("scheduler", ("single", "single_lpt", "sectioned_lpt"), "single",
          "order of the backward's CTAs (one per key block, KV head, batch) on the grid the hardware "
          "hands out greedily: key blocks fastest (single), or key block outermost, the longest first "
-         "(single_lpt: under causal, key block 0 sees the most query blocks)",
+         "(single_lpt: under causal, key block 0 sees the most query blocks), or that within "
+         "sections of GQA groups whose Q, dO and dQ rows fit a byte budget (sectioned_lpt: "
+         "longest first's balance, the plain order's L2 reuse across sections)",
          codegen=True, archs=SM90_BWD),
     Knob("pds_stages", (1, 2), 1,
          "P / dS shared-memory buffers: 2 lets a block write its P and dS while the previous block's "

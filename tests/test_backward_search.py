@@ -25,7 +25,7 @@ QUIET = Progress(quiet=True)
 
 
 def settings(tmp_path, **kw) -> SearchSettings:
-    base = dict(trials=200, sampler="grid", processes=2, storage=str(tmp_path / "studies.journal"),
+    base = dict(trials=300, sampler="grid", processes=2, storage=str(tmp_path / "studies.journal"),
                 db_path=str(tmp_path / "db.json"), evaluator="test_search_fakes:FakeBackwardEvaluator",
                 kernel_api="fa4.kernels", trial_timeout_s=3, seed=1, peers=("sdpa_cudnn", "flash_attn_4"),
                 retime_rounds=0)

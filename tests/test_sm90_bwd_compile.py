@@ -101,6 +101,9 @@ SAMPLE = [
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128, causal=False)),
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", q_stages=1, group_split=2, scheduler="single_lpt"),
      _problem(64, "fp16")),
+    # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
+    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=2, scheduler="sectioned_lpt"),
+     _problem(128)),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
 # all four accumulators at 128 x 128 and head dim 128)

@@ -13,6 +13,7 @@ import pytest
 from fa4.kernels import AttentionProblem, sm90_bwd
 from fa4.kernels.device import H200
 from fa4.kernels.sm90_bwd.defaults import group_split_for, key_block_steps, split_makespan
+from fa4.kernels.sm90_bwd.feasibility import launch_grid
 
 
 def _problem(batch, seqlen, heads_q, heads_kv, head_dim=128, causal=True):
@@ -100,3 +101,36 @@ def test_a_split_costs_its_reduce_where_it_buys_nothing():
     assert split_makespan(config.replace(group_split=2), problem, 132) > \
         split_makespan(config.replace(group_split=1), problem, 132)
     assert config.group_split == 1
+
+
+@pytest.mark.parametrize("n_blocks, groups, section", [(8, 10, 3), (5, 7, 7), (4, 6, 1), (3, 5, 2), (1, 1, 1),
+                                                       (16, 4, 9)])
+def test_a_sectioned_grid_visits_every_tile_once_longest_first_in_each_section(n_blocks, groups, section):
+    from fa4.kernels.sm90_bwd.plan import sectioned_tile
+
+    order = [sectioned_tile(i, section, n_blocks, groups) for i in range(n_blocks * groups)]
+    assert sorted(order) == [(n, g) for n in range(n_blocks) for g in range(groups)]
+    for start in range(0, groups, section):   # a section: its groups' key block 0 first, groups fastest
+        size = min(section, groups - start)
+        block = order[start * n_blocks:(start + size) * n_blocks]
+        assert block == [(n, g) for n in range(n_blocks) for g in range(start, start + size)]
+    # one group a section is the plain order; every group in one section is single_lpt's
+    if section == 1:
+        assert order == [(n, g) for g in range(groups) for n in range(n_blocks)]
+    if section >= groups:
+        assert order == [(n, g) for n in range(n_blocks) for g in range(groups)]
+
+
+def test_a_section_holds_the_groups_whose_rows_fit_the_budget():
+    from fa4.kernels.sm90_bwd.plan import SECTION_BYTES, section_groups
+
+    # head dim 128: 1 KiB of Q, dO and dQ a row; 4 heads x 1024 rows = 4 MiB a group
+    assert section_groups(4 * 1024, 128) == SECTION_BYTES // (4 * 2**20)
+    assert section_groups(8 * 16384, 128) == 1 and section_groups(8 * 65536, 128) == 1   # never none
+    problem = _problem(16, 1024, 32, 8)
+    config = sm90_bwd.default_config(problem).replace(scheduler="sectioned_lpt")
+    n_blocks = -(-1024 // config.tile_n)
+    assert launch_grid(config, problem) == (n_blocks * 8 * config.group_split * 16, 1, 1)
+    # the grid model orders it as the kernel does: as balanced as longest first, here within 2 %
+    lpt = split_makespan(config.replace(scheduler="single_lpt"), problem, 132)
+    assert split_makespan(config, problem, 132) <= 1.02 * lpt

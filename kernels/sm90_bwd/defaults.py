@@ -32,6 +32,7 @@ from ..device import DeviceDescription
 from ..knobs import Config, knob
 from ..problem import AttentionProblem
 from .feasibility import KNOB_SET, REFERENCE_DEVICE, heads_per_part, launch_grid, split_reasons
+from .plan import section_groups, sectioned_tile
 
 # The grid model's costs, in units of one (query block, key block) step of the main loop. A CTA's
 # fixed part (K/V load, pipeline fill, epilogue) is about one step; a split CTA's fp32 reduce-add of
@@ -122,7 +123,12 @@ def split_makespan(config: Config, problem: AttentionProblem, sm_count: int) -> 
 
     def costs():   # in launch order: x fastest (kernel.py `__call__`)
         n_blocks, slots, batch = len(steps), problem.heads_kv * split, max(problem.batch, 1)
-        if config.scheduler == "single_lpt":
+        if config.scheduler == "sectioned_lpt":
+            section = section_groups(per_part * max(problem.seqlen_q, 1), problem.head_dim)
+            for index in range(n_blocks * slots * batch):
+                n_block, group = sectioned_tile(index, section, n_blocks, slots * batch)
+                yield part_heads[group % slots % split] * steps[n_block] + fixed
+        elif config.scheduler == "single_lpt":
             for n_block in range(n_blocks):
                 for _ in range(batch):
                     for slot in range(slots):

@@ -39,7 +39,8 @@ BUFFER_ALIGN = 1024
 SCORE_REGISTER_LIMIT = {False: 64, True: 128}
 ACCUMULATOR_REGISTER_LIMIT = 208
 # with S and dP through shared memory (sdp_swap off), a split group's CTA spills from this many on
-# (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean)
+# (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean),
+# and so does a CTA that finds its tile in a sectioned grid (8 bytes there too, sectioned_lpt)
 DIRECT_SPLIT_REGISTER_LIMIT = 192
 
 
@@ -145,13 +146,15 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if res["accumulator_registers"] > ACCUMULATOR_REGISTER_LIMIT:
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers "
                        f"per MMA thread > {ACCUMULATOR_REGISTER_LIMIT}")
-    elif (config.group_split > 1 and not config.sdp_swap
+    elif ((config.group_split > 1 or config.scheduler == "sectioned_lpt") and not config.sdp_swap
           and res["accumulator_registers"] >= DIRECT_SPLIT_REGISTER_LIMIT):
-        # S and dP through shared memory leave no register for what a split group's CTA keeps
-        # besides (DIRECT_SPLIT_REGISTER_LIMIT)
+        # S and dP through shared memory leave no register for what a split group's CTA or a
+        # sectioned grid's keeps besides (DIRECT_SPLIT_REGISTER_LIMIT)
+        needs = (f"a split group (group_split={config.group_split})" if config.group_split > 1
+                 else "a sectioned grid (scheduler=sectioned_lpt)")
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers per "
-                       f"MMA thread, and a split group (group_split={config.group_split}) needs more with "
-                       f"sdp_swap off (at most {DIRECT_SPLIT_REGISTER_LIMIT - 1})")
+                       f"MMA thread, and {needs} needs more with sdp_swap off (at most "
+                       f"{DIRECT_SPLIT_REGISTER_LIMIT - 1})")
     if res["smem_bytes"] > res["smem_limit_bytes"]:
         reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "
                        f"({(device or REFERENCE_DEVICE).name})")
@@ -160,11 +163,14 @@ def resource_reasons(config: Config, problem: AttentionProblem,
 
 def launch_grid(config: Config, problem: AttentionProblem) -> tuple[int, int, int]:
     """The main kernel's grid (kernel.py `__call__`): one CTA per (key block, part of a KV head's
-    group, batch), key blocks fastest ("single") or outermost ("single_lpt")."""
+    group, batch), key blocks fastest ("single"), outermost ("single_lpt"), or outermost within
+    sections of groups, on one axis ("sectioned_lpt")."""
     n_blocks = -(-max(problem.seqlen_k, 1) // config.tile_n)
     head_slots = problem.heads_kv * config.group_split
     if config.scheduler == "single_lpt":
         return (head_slots, max(problem.batch, 1), n_blocks)
+    if config.scheduler == "sectioned_lpt":
+        return (n_blocks * head_slots * max(problem.batch, 1), 1, 1)
     return (n_blocks, head_slots, max(problem.batch, 1))
 
 

@@ -65,7 +65,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from cutlass.tensor_utils import LayoutEnum
 
 from ..sm90 import layouts as L
-from .plan import row_stage_floats
+from .plan import row_stage_floats, section_groups, sectioned_tile
 
 LOG2_E = math.log2(math.e)
 
@@ -78,7 +78,7 @@ BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
 IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
-               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt"), "pds_stages": (1, 2),
+               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
 
@@ -137,6 +137,7 @@ class FlashAttentionBackwardSm90:
         self.dq_bulk = dq_accum == "bulk"
         self.sdp_swap = sdp_swap
         self.longest_first = scheduler == "single_lpt"
+        self.sectioned = scheduler == "sectioned_lpt"
         # sdp_swap issues dV as soon as P^T is in registers, so its wgmma runs under the dS math; at
         # 128 query rows that keeps too much live (S^T, dP^T, P^T, dK, dV: 384 bytes of spills and
         # serialised wgmma at head dim 64), so dV waits until dS^T is computed there
@@ -337,6 +338,8 @@ class FlashAttentionBackwardSm90:
         grid = (num_n_blocks, head_slots, batch)
         if const_expr(self.longest_first):
             grid = (head_slots, batch, num_n_blocks)
+        if const_expr(self.sectioned):   # one axis; the kernel finds its tile (plan.sectioned_tile)
+            grid = (num_n_blocks * head_slots * batch, 1, 1)
         self.kernel(
             tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, tma_LSE2, tma_Delta, tma_dQ,
             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
@@ -406,6 +409,9 @@ class FlashAttentionBackwardSm90:
         n_block, head_slot, batch_idx = cute.arch.block_idx()
         if const_expr(self.longest_first):
             head_slot, batch_idx, n_block = cute.arch.block_idx()
+        if const_expr(self.sectioned):
+            n_block, head_slot, batch_idx = self.sectioned_block(cute.arch.block_idx()[0], mK, seqlen_q,
+                                                                 seqlen_k, ratio)
         m_min, m_max, m_mask_end = self.query_block_range(n_block, seqlen_q, seqlen_k)
 
         if warp_idx < 4:
@@ -434,6 +440,19 @@ class FlashAttentionBackwardSm90:
                          m_mask_end)
 
     # ---- block ranges --------------------------------------------------------------------------
+    @cute.jit
+    def sectioned_block(self, index: Int32, mK: cute.Tensor, seqlen_q: Int32, seqlen_k: Int32, ratio: Int32):
+        """(n_block, head_slot, batch) of the `index`-th CTA under "sectioned_lpt": sections of GQA
+        groups (a head slot of a batch, slots fastest, as single_lpt orders them) sized by
+        `plan.section_groups`, key block outermost within each (`plan.sectioned_tile`)."""
+        head_slots = mK.shape[2] * self.group_split      # mK: (Sk, D, Hkv, B)
+        groups = head_slots * mK.shape[3]
+        n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
+        heads_per_part = (ratio + self.group_split - 1) // self.group_split
+        section = section_groups(heads_per_part * seqlen_q, self.head_dim, maximum=cutlass.max)
+        n_block, group = sectioned_tile(index, section, n_blocks, groups, minimum=cutlass.min)
+        return n_block, group % head_slots, group // head_slots
+
     @cute.jit
     def query_heads(self, head_slot: Int32, ratio: Int32):
         """(head_kv, query head count) of the CTA on `head_slot` of the grid's head axis: part

@@ -18,3 +18,30 @@ def row_stage_floats(tile_m: int) -> int:
     """Floats from one stage's LSE2 (or D) rows to the next: tile_m rounded up to the TMA alignment."""
     align = TMA_SMEM_ALIGN_BYTES // 4
     return -(-tile_m // align) * align
+
+
+# scheduler "sectioned_lpt": the GQA groups (part of a KV head's group, batch) in sections whose rows
+# (Q and dO in 16 bits, dQ's fp32 accumulator: 8 bytes a row and head dim column) total at most this
+# many bytes, key block outermost (the longest first) within a section, the sections in order: the
+# balanced tail of single_lpt inside each section, the L2 reuse of single across them (H100: longest
+# first over the whole grid won below 128 MiB of such rows and lost above, defaults.py)
+SECTION_BYTES = 128 * 2**20
+ROW_BYTES_PER_COLUMN = 2 + 2 + 4
+
+
+def section_groups(rows_per_group, head_dim: int, maximum=max):
+    """GQA groups a section holds: as many as `SECTION_BYTES` of rows admit, at least one.
+    `rows_per_group` = query heads a CTA walks x Sq (an Int32 in the kernel, `maximum` cutlass.max)."""
+    return maximum(SECTION_BYTES // (ROW_BYTES_PER_COLUMN * head_dim) // rows_per_group, 1)
+
+
+def sectioned_tile(index, section, n_blocks, groups, minimum=min):
+    """(key block, group) of the `index`-th CTA of a sectioned grid (n_blocks x groups CTAs in all):
+    section s holds groups [s * section, s * section + its size), its CTAs key block outermost
+    (every group's key block 0 first), the group fastest. In the kernel the values are Int32 and
+    `minimum` is cutlass.min; the grid model (defaults.py) runs the same function on ints."""
+    first = index // (section * n_blocks) * section     # the section's first group
+    size = minimum(section, groups - first)
+    rank = index - first * n_blocks                     # the CTA's place in its section
+    n_block = rank // size
+    return n_block, first + rank - n_block * size
