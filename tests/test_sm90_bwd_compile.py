@@ -147,9 +147,14 @@ def _whole_space_to_compile() -> list[Config]:
     """The space's configurations with one CTA a group, and with two (group_split's code is the
     epilogue and the grid: 4 and 8 compile the same code as 2 with another constant, so they are the
     sample's), the knobs that do not meet the epilogue (grid order, P/dS buffers) at one value there,
-    and two Q/dO stages (one, where dV's fp32 tile reuses dK's bytes, is the sample's)."""
+    and two Q/dO stages (one, where dV's fp32 tile reuses dK's bytes, is the sample's). single_lpt is
+    single reading its block indices from other grid axes: the same instructions but for which
+    SR_CTAID register each S2R reads (SASS of three configurations, 2026-12-06), so the plain order
+    stands for both here and single_lpt is the sample's."""
     configs = []
     for config in load_space("sm90_bwd").configs():
+        if config.scheduler == "single_lpt":
+            continue
         if config.group_split == 1 or (config.group_split == 2 and config.scheduler == "single"
                                        and config.pds_stages == 1 and config.q_stages == 2):
             configs.append(config)

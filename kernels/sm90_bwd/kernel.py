@@ -449,7 +449,9 @@ class FlashAttentionBackwardSm90:
         groups = head_slots * mK.shape[3]
         n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
         heads_per_part = (ratio + self.group_split - 1) // self.group_split
-        section = section_groups(heads_per_part * seqlen_q, self.head_dim, maximum=cutlass.max)
+        # at least one row a group: an empty Sq must not divide by zero (every tile is still visited)
+        section = section_groups(heads_per_part * cutlass.max(seqlen_q, 1), self.head_dim,
+                                 maximum=cutlass.max)
         n_block, group = sectioned_tile(index, section, n_blocks, groups, minimum=cutlass.min)
         return n_block, group % head_slots, group // head_slots
 
