@@ -7,9 +7,9 @@ On the H200, with the project and its `peer` extra installed (one 10-minute devi
 Which configurations: `--config` labels (knob=value pairs over the default of the knob set "sm90_bwd";
 "default" alone is the default; "rule", alone or followed by pairs, is `sm90_bwd.default_config` of each
 shape on this GPU, what an untuned call runs, with those pairs over it), else every configuration of
-search_spaces/sm90_bwd.toml (or of `--space FILE`) the model admits at one of the shapes (`fa4.kernels.sm90_bwd.reasons`, at a
-shape's head dim, mask and GQA ratio; a shape it is not admitted at is that configuration's
-"infeasible" row).
+search_spaces/sm90_bwd.toml (or of `--space FILE`) the model admits at one of the shapes
+(`fa4.kernels.sm90_bwd.reasons`, at a shape's head dim, mask and GQA ratio; a shape it is not admitted
+at is that configuration's "infeasible" row).
 
 Each configuration runs in its own child process (a hang, a fault or a compile error is that
 configuration's result, with its reason; `--timeout` seconds each), several at once (`--jobs`) so

@@ -137,7 +137,8 @@ def test_the_training_pass_summary_divides_by_the_fastest_peer_per_shape():
     with an error left out, a shape where fa4 has no time left out of the geomean."""
     bench = _load("training_pass")
     rows = [{"shape": "a", "fa4": {"bwd_us": 90.0, "fwdbwd_us": 120.0},
-             "flash_attn_4": {"bwd_us": 100.0, "fwdbwd_us": 100.0}, "sdpa_cudnn": {"bwd_us": 150.0, "fwdbwd_us": 150.0}},
+             "flash_attn_4": {"bwd_us": 100.0, "fwdbwd_us": 100.0},
+             "sdpa_cudnn": {"bwd_us": 150.0, "fwdbwd_us": 150.0}},
             {"shape": "b", "fa4": {"bwd_us": 110.0}, "flash_attn_4": {"error": "refused"},
              "sdpa_cudnn": {"bwd_us": 100.0}},
             {"shape": "c", "fa4": {"error": "compile"}, "flash_attn_4": {"bwd_us": 100.0}}]

@@ -32,7 +32,7 @@ from ..device import DeviceDescription
 from ..knobs import Config, knob
 from ..problem import AttentionProblem
 from .feasibility import KNOB_SET, REFERENCE_DEVICE, heads_per_part, launch_grid, split_reasons
-from .plan import section_groups, sectioned_tile
+from .plan import ROW_BYTES_PER_COLUMN, SECTION_BYTES, section_groups, sectioned_tile
 
 # The grid model's costs, in units of one (query block, key block) step of the main loop. A CTA's
 # fixed part (K/V load, pipeline fill, epilogue) is about one step; a split CTA's fp32 reduce-add of
@@ -51,8 +51,9 @@ SPLIT_MARGIN = 0.03
 # this many bytes (`streamed_bytes`): past it, the plain order's L2 reuse is worth more than the
 # balanced tail. H100, tile_m 80, the causal shapes of `results/h100/training/2026-12-06/`: longest
 # first was faster on all 6 of 128 MiB or less (B1 S4096 H32/8: 817 us against 1003), the plain order
-# on 10 of 12 of 211-512 MiB (B16 S2048 H16/16 D64: 976 against 1620), 2 % slower on the other two
-LONGEST_FIRST_STREAMED_BYTES = 128 * 2**20
+# on 10 of 12 of 211-512 MiB (B16 S2048 H16/16 D64: 976 against 1620), 2 % slower on the other two.
+# The same evidence sizes sectioned_lpt's sections (`plan.SECTION_BYTES`): one budget.
+LONGEST_FIRST_STREAMED_BYTES = SECTION_BYTES
 # at or above this many CTAs per SM unsplit, the tail the model could shorten is at most a step or so
 # of many: no split (and no simulation of a large grid)
 WIDE_GRID_CTAS_PER_SM = 4
@@ -72,7 +73,7 @@ def streamed_bytes(problem: AttentionProblem) -> int:
     """Bytes every key block's CTA streams through: Q and dO (16-bit) and dQ's fp32 accumulator, over
     all query rows and heads. Longest first runs the key blocks of many groups at once, each reading
     its group's share; the plain order runs one group's key blocks side by side over the same rows."""
-    return max(problem.batch, 1) * problem.heads_q * problem.seqlen_q * problem.head_dim * (2 * 2 + 4)
+    return max(problem.batch, 1) * problem.heads_q * problem.seqlen_q * problem.head_dim * ROW_BYTES_PER_COLUMN
 
 
 def group_split_for(config: Config, problem: AttentionProblem,

@@ -24,7 +24,7 @@ def row_stage_floats(tile_m: int) -> int:
 # (Q and dO in 16 bits, dQ's fp32 accumulator: 8 bytes a row and head dim column) total at most this
 # many bytes, key block outermost (the longest first) within a section, the sections in order: the
 # balanced tail of single_lpt inside each section, the L2 reuse of single across them (H100: longest
-# first over the whole grid won below 128 MiB of such rows and lost above, defaults.py)
+# first over the whole grid won up to 128 MiB of such rows and lost above, defaults.py)
 SECTION_BYTES = 128 * 2**20
 ROW_BYTES_PER_COLUMN = 2 + 2 + 4
 
