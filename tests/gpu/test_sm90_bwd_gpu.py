@@ -186,6 +186,32 @@ def test_every_knob_value_follows_flash_attns_rule(config, case):
     assert not failures, (config.label(), failures)
 
 
+@pytest.mark.parametrize("group_split", [1, 2])
+def test_a_grid_of_several_sections_follows_flash_attns_rule(group_split, monkeypatch):
+    """scheduler=sectioned_lpt where the sections are many and the last one short: the section budget
+    (`plan.SECTION_BYTES`, read when the kernel is traced) shrunk to 3 groups of this problem, so the
+    8 (or 16, split) groups go in sections of 3, 3 and 2 (or ... and 1); every (key block, group)
+    tile must be visited once for the gradients to pass."""
+    from fa4.kernels.sm90_bwd import plan
+
+    batch, seqlen, heads_q, heads_kv, head_dim, causal = 2, 777, 16, 4, 128, True
+    rows_per_group = heads_q // heads_kv // group_split * seqlen
+    monkeypatch.setattr(plan, "SECTION_BYTES", 3 * rows_per_group * plan.ROW_BYTES_PER_COLUMN * head_dim)
+    assert plan.section_groups(rows_per_group, head_dim) == 3
+    problem = AttentionProblem(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, "bf16", causal)
+    config = sm90_bwd.default_config(problem).replace(scheduler="sectioned_lpt", group_split=group_split)
+    assert sm90_bwd.reasons(config, problem) == []
+    q, k, v, dout = _inputs(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, torch.bfloat16, seed=21)
+    scale = softmax_scale(head_dim)
+    out, lse = attention_fp32(q, k, v, causal, scale)
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    # compiled here, not through the cache above: the budget is baked in at trace time
+    sm90_bwd.compile_backward(config, _kind(head_dim)).run(q, k, v, out.to(q.dtype), dout, lse, *grads, scale)
+    torch.cuda.synchronize()
+    failures = check_grads(grads, q, k, v, dout, causal)
+    assert not failures, (config.label(), failures)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_rows_that_see_no_key_get_zero_gradients(causal):
     q, k, v, dout = _inputs(1, 700, 200, 8, 2, 128, torch.bfloat16, seed=7)
