@@ -22,6 +22,7 @@ import math
 import sys
 from pathlib import Path
 
+from fa4.files import atomic_write
 from fa4tune.workers.training import FA4   # the row of fa4.attention itself
 
 GRID = Path(__file__).with_name("h200_grid.toml")
@@ -94,8 +95,8 @@ def main(argv=None) -> None:
 
     peers = args.peers.split(",") if args.peers else [peer.name for peer in backends.peers()]
     rows = measure(load_shapes_file(args.shapes_file), [FA4] + [p for p in peers if p])
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if args.json:   # whole or not at all: a run killed mid-write leaves the file it had
+        atomic_write(args.json, json.dumps(rows, indent=1) + "\n")
     print(summary(rows), file=sys.stderr)
 
 

@@ -448,12 +448,16 @@ class FlashAttentionBackwardSm90:
         head_slots = mK.shape[2] * self.group_split      # mK: (Sk, D, Hkv, B)
         groups = head_slots * mK.shape[3]
         n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
-        heads_per_part = (ratio + self.group_split - 1) // self.group_split
         # at least one row a group: an empty Sq must not divide by zero (every tile is still visited)
-        section = section_groups(heads_per_part * cutlass.max(seqlen_q, 1), self.head_dim,
+        section = section_groups(self.heads_per_part(ratio) * cutlass.max(seqlen_q, 1), self.head_dim,
                                  maximum=cutlass.max)
         n_block, group = sectioned_tile(index, section, n_blocks, groups, minimum=cutlass.min)
         return n_block, group % head_slots, group // head_slots
+
+    def heads_per_part(self, ratio):
+        """Query heads a part of a KV head's group holds: ceil(ratio / group_split) (the last part
+        may hold fewer; `feasibility.heads_per_part`'s arithmetic)."""
+        return (ratio + self.group_split - 1) // self.group_split
 
     @cute.jit
     def query_heads(self, head_slot: Int32, ratio: Int32):
@@ -465,7 +469,7 @@ class FlashAttentionBackwardSm90:
         head_count = ratio
         if const_expr(self.group_split > 1):
             head_kv = head_slot // self.group_split
-            per_part = (ratio + self.group_split - 1) // self.group_split
+            per_part = self.heads_per_part(ratio)
             head_count = cutlass.min(per_part, ratio - head_slot % self.group_split * per_part)
         return head_kv, head_count
 
@@ -475,7 +479,7 @@ class FlashAttentionBackwardSm90:
         block loops always had (their code stays as it was)."""
         head = head_slot * ratio + index
         if const_expr(self.group_split > 1):
-            per_part = (ratio + self.group_split - 1) // self.group_split
+            per_part = self.heads_per_part(ratio)
             head = (head_slot // self.group_split * ratio + head_slot % self.group_split * per_part
                     + index)
         return head
