@@ -5,6 +5,8 @@
 
 --impl is `ours` (the tuned database's configuration of the shape, or --config's knobs over the
 default), or a peer name (flash_attn_4, sdpa_cudnn, sdpa_flash) called as the runtime calls it.
+--backward profiles the gradient call instead (`torch.autograd.grad` of one saved forward; `ours` is
+fa4.attention's backward: set FA4_BACKWARD=ours to profile our kernel rather than the automatic choice).
 The implementation is warmed up outside the profiled range, so the profile holds only --launches
 steady-state launches. Nsight locks clocks at base: compare cycles and ratios between rows of one
 run, not times with the bench.
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--impl", default="ours")
     ap.add_argument("--config", default=None, help="JSON knob overrides for --impl ours")
     ap.add_argument("--launches", type=int, default=1)
+    ap.add_argument("--backward", action="store_true", help="profile the backward pass")
     args = ap.parse_args()
     _, problem = parse_shape(args.shape, DEFAULT_PROBLEM)
     dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
@@ -36,7 +39,17 @@ def main() -> None:
     k = torch.randn(shape_kv, device="cuda", dtype=dtype)
     v = torch.randn(shape_kv, device="cuda", dtype=dtype)
     scale = problem.head_dim ** -0.5
-    if args.impl == "ours":
+    if args.backward:
+        from fa4tune.workers.training import FA4, forward_of
+
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        forward, notes = forward_of(FA4 if args.impl == "ours" else args.impl, problem)
+        saved, dout = forward(q, k, v), torch.randn_like(q)
+        print(args.impl, "backward", notes, flush=True)
+
+        def call():
+            return torch.autograd.grad(saved, (q, k, v), dout, retain_graph=True)
+    elif args.impl == "ours":
         import fa4
         config = json.loads(args.config) if args.config else None
 
