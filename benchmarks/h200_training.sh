@@ -21,6 +21,8 @@
 #   bash benchmarks/h200_training.sh training-pass  # our default backward (FA4_BACKWARD=ours) beside
 #                                                 # every peer's on the 14 grid shapes,
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
+#   bash benchmarks/h200_training.sh bwd-fragment # GPU tests of dq_accum=fragment, then the default with
+#                                                 # it beside the default on the grid and 12 other shapes
 #   bash benchmarks/h200_training.sh bwd-ncu      # Nsight Compute: our default backward beside flash-attn-4's
 #                                                 # on the three grid shapes furthest behind
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
@@ -31,7 +33,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-ncu|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -146,6 +148,15 @@ case "$STEP" in
         --space benchmarks/sm90_bwd_fast_space.toml --json "$OUT/bwd_space.json" \
         2> >(quiet > "$OUT/bwd_space.log") | tee "$OUT/bwd_space.txt" | tail -n 5
     ;;
+  bwd-fragment)
+    timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider -k fragment 2>&1 \
+        | quiet > "$OUT/tests_bwd_fragment.txt"
+    tail -n 8 "$OUT/tests_bwd_fragment.txt"
+    # shellcheck disable=SC2086
+    timeout 360 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 $grid_shapes $other_shapes \
+        --config rule --config "rule dq_accum=fragment" --json "$OUT/bwd_fragment.json" \
+        2> >(quiet > "$OUT/bwd_fragment.log") | tee "$OUT/bwd_fragment.txt"
+    ;;
   bwd-ncu)
     FA4_BACKWARD=ours PROFILE_ARGS=--backward timeout 560 bash benchmarks/h200_profile.sh \
         "b1-s8192-hq32-hkv8-d128-bf16-full b8-s512-hq16-hkv16-d64-bf16-full b2-s16384-hq8-hkv1-d128-bf16-causal" \
@@ -182,7 +193,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-ncu|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

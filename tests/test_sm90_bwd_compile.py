@@ -72,7 +72,7 @@ def _compile_main(config: Config, problem: AttentionProblem, reports: dict = Non
         assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"], markers
         assert markers["dq_atomics"] == (config.dq_accum == "atomic"), markers
         # dQ's reduce-add per block, or dK's and dV's at the end of a split group's CTAs
-        assert markers["tma_reduce"] == (config.dq_accum == "bulk" or config.group_split > 1), markers
+        assert markers["tma_reduce"] == (config.dq_accum != "atomic" or config.group_split > 1), markers
     return {**report, "broken": broken}
 
 
@@ -99,6 +99,9 @@ SAMPLE = [
     # 80 query rows a block: S^T's N, and dQ^T = K^T dS^T through the transposed fp32 tile (the
     # accumulators at 208 registers, shared memory at the H200's 227 KB)
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2), _problem(128, causal=False)),
+    # dQ in fragment order: swapped at 80 rows (with a split group's own dK/dV converter), unswapped at 128
+    (dict(tile_m=80, sdp_swap=True, dq_accum="fragment", pds_stages=2, group_split=2), _problem(128)),
+    (dict(tile_m=128, sdp_swap=True, dq_accum="fragment", pds_stages=2), _problem(64, causal=False)),
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", q_stages=1, group_split=2, scheduler="single_lpt"),
      _problem(64, "fp16")),
     # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
@@ -231,7 +234,7 @@ def test_what_the_kernel_cannot_run_is_refused_loudly():
     assert sm90_bwd.reasons(Config.make("sm90_bwd", group_split=2, sdp_swap=True), gqa5) == []   # 3 + 2 heads
     # 80 query rows are only ever a wgmma's N: S^T swapped, dQ^T by the bulk path
     for over, why in ((dict(tile_m=80, dq_accum="bulk"), "tile_m=80 (not a multiple of 64) needs sdp_swap"),
-                      (dict(tile_m=80, sdp_swap=True), "by the bulk path only")):
+                      (dict(tile_m=80, sdp_swap=True), "by a bulk path only")):
         assert any(why in r for r in sm90_bwd.reasons(Config.make("sm90_bwd", **over), problem))
         with pytest.raises(ValueError, match=why.replace("(", r"\(").replace(")", r"\)")):
             FlashAttentionBackwardSm90(dtype="bf16", head_dim=128, causal=False, **{**knobs, **over})

@@ -243,3 +243,46 @@ def test_the_dq_tile_stores_cover_the_tile_once_on_distinct_banks(tile_m, head_d
     for warp in range(8):
         warp_words = [lanes[t][2] for t in range(32 * warp, 32 * warp + 32)]
         assert _bank_wavefronts(warp_words, width) == width, f"warp {warp}"
+
+
+@pytest.mark.parametrize("tile_m, head_dim, sdp_swap", [(64, 128, True), (80, 128, True), (128, 64, True),
+                                                        (80, 64, True), (64, 64, False)])
+def test_the_fragment_ordered_dq_holds_every_element_once(tile_m, head_dim, sdp_swap):
+    """dq_accum="fragment": the MMA threads' values of a block's dQ go to `dq_fragment_thread_layout`'s
+    offsets, which cover the tile_m x D block once, a thread's 4-value groups 16-byte aligned and each
+    warp's group 512 contiguous bytes (one wavefront a 128 bytes: no bank conflict); the postprocess
+    reads them back by the same layout and finds each value's element from the same dQ MMA, whose
+    fragments cover every (query, head-dim column) once."""
+    kern = FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m,
+                                      tile_n=128, q_stages=2, dq_accum="fragment", sdp_swap=sdp_swap,
+                                      scheduler="single", pds_stages=2, group_split=1)
+    found = {}
+
+    def probe():
+        kern._make_layouts()
+        _, _, dq = kern._tiled_mmas()
+        shape = (kern.head_dim, kern.tile_m) if kern.dq_swap else (kern.tile_m, kern.head_dim)
+        ident = cute.make_identity_tensor(shape)
+        layout = kern.dq_fragment_thread_layout()
+        groups = kern.dq_fragment_values() // 4
+        lanes = {}
+        for t in range(kern.num_mma_threads):
+            coords = dq.get_slice(t).partition_C(ident)
+            values = [coords[v] for v in range(cute.size(coords))]
+            offsets = [layout(((v % 4, t), v // 4)) for v in range(4 * groups)]
+            lanes[t] = ([tuple(reversed(c)) if kern.dq_swap else tuple(c) for c in values], offsets)
+        found.update(lanes=lanes, values=kern.dq_fragment_values(), box=cute.size(kern.dq_fragment_layout()))
+
+    _trace(probe)
+    lanes, elements = found["lanes"], tile_m * head_dim
+    assert found["values"] * len(lanes) == elements == found["box"]
+    coords = [c for values, _ in lanes.values() for c in values]
+    assert len(coords) == elements and set(coords) == {(q, c) for q in range(tile_m) for c in range(head_dim)}
+    assert sorted(o for _, offsets in lanes.values() for o in offsets) == list(range(elements))
+    for t, (_, offsets) in lanes.items():
+        for g in range(0, len(offsets), 4):
+            assert offsets[g] % 4 == 0 and offsets[g:g + 4] == list(range(offsets[g], offsets[g] + 4)), t
+    for warp in range(len(lanes) // 32):
+        for g in range(0, found["values"], 4):
+            starts = sorted(lanes[t][1][g] for t in range(32 * warp, 32 * warp + 32))
+            assert starts == list(range(starts[0], starts[0] + 128, 4)), (warp, g)

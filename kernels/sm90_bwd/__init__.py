@@ -11,10 +11,12 @@ compiling does.
 
 Workspaces (`.run` allocates them, on torch's caching allocator, so a caller needs to know nothing
 of the kernel's padding): LSE2 and D, (B, Hq, Sq rounded up to tile_m) fp32, written by the
-preprocess; dQ_accum, (B, Sq, Hq, D) fp32, zeroed by the preprocess (as flash-attn-4's does: the
-bytes of a memset without a kernel of its own), accumulated by the main kernel, converted by the
-postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk,
-Hkv, D) fp32, zeroed, reduced into by the main kernel's CTAs and converted by the same postprocess.
+preprocess; dQ_accum, (B, Sq, Hq, D) fp32 (dq_accum "fragment": (B, Hq, Sq padded, D), each query
+block's elements in the main kernel's fragment order), zeroed by the preprocess (as flash-attn-4's
+does: the bytes of a memset without a kernel of its own), accumulated by the main kernel, converted by
+the postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk, Hkv, D) fp32, zeroed,
+reduced into by the main kernel's CTAs and converted by the row postprocess ("kv_postprocess" where
+the dQ postprocess is the fragment one).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F
 
 ARCH = "sm90"
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
+
+
+def kernel_names(config: Config) -> tuple:
+    """The kernels a configuration compiles: `KERNELS`, and a split group's dK/dV converter where the
+    dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve."""
+    separate_kv = config.dq_accum == "fragment" and config.group_split > 1
+    return KERNELS + (("kv_postprocess",) if separate_kv else ())
 # what the main kernel's sm_90a PTX holds when it is built as designed
 PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
@@ -86,6 +95,8 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         # the padded workspaces hold whole query blocks: 16-byte rows, which their TMA loads need
         lse2=rows(seq_q_padded, 4), delta=rows(seq_q_padded, 4),
         dq_accum=bshd(seq_q, heads_q, cutlass.Float32, divisibility=4), dq=bshd(seq_q, heads_q),
+        # dq_accum "fragment": the (B, Sq padded, Hq, D) view of a (B, Hq, Sq padded, D) tensor
+        dq_accum_padded=bshd(seq_q_padded, heads_q, cutlass.Float32, divisibility=4),
         dk=bshd(seq_k, heads_kv), dv=bshd(seq_k, heads_kv),
         dk_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
         dv_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
@@ -100,8 +111,10 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem):
         return FlashAttentionBackwardSm90(dtype=dtype, head_dim=d, causal=problem.causal,
                                           **config.to_dict())
     from . import prepost
-    return {"preprocess": prepost.Preprocess, "postprocess": prepost.Postprocess}[name](
-        dtype=dtype, head_dim=d)
+    if name == "postprocess" and config.dq_accum == "fragment":
+        return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
+    return {"preprocess": prepost.Preprocess, "postprocess": prepost.Postprocess,
+            "kv_postprocess": prepost.Postprocess}[name](dtype=dtype, head_dim=d)
 
 
 def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ffi: bool,
@@ -118,12 +131,14 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
         a = _fake_arguments(problem, tvm_ffi)
         # a split group's CTAs add dK and dV into fp32 accumulators; one CTA a group stores them
         dk, dv = (a["dk"], a["dv"]) if config.group_split == 1 else (a["dk_accum"], a["dv_accum"])
+        dq_accum = a["dq_accum_padded" if config.dq_accum == "fragment" else "dq_accum"]
         arguments = dict(
-            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], a["dq_accum"], a["stream"]),
-            main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], a["dq_accum"], dk, dv,
+            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], dq_accum, a["stream"]),
+            main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], dq_accum, dk, dv,
                   cutlass.Float32(1.0), a["stream"]),
-            postprocess=(a["dq_accum"], a["dq"], cutlass.Float32(1.0), a["stream"]))
-        for name in only or KERNELS:
+            postprocess=(dq_accum, a["dq"], cutlass.Float32(1.0), a["stream"]),
+            kv_postprocess=(a["dk_accum"], a["dk"], cutlass.Float32(1.0), a["stream"]))
+        for name in only or kernel_names(config):
             kernel = _make_kernel(name, config, problem)
             start = time.perf_counter()
             compiled = cute.compile[cute.GPUArch(DSL_TARGET[ARCH])](
@@ -154,7 +169,12 @@ class CompiledBackward:
         padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
-        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)   # the preprocess zeroes it
+        if self.config.dq_accum == "fragment":   # (B, Hq, Sq padded, D), as its (B, Sq padded, Hq, D) view
+            dq_accum = torch.empty((batch, heads_q, padded, head_dim), dtype=torch.float32,
+                                   device=q.device).transpose(1, 2)
+        else:
+            dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        # (the preprocess zeroes it)
         self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
         if dlse is not None:
             # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
@@ -167,9 +187,10 @@ class CompiledBackward:
             dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
             dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
             self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale)
-            # the postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
-            self.compiled["postprocess"](dk_accum, dk, scale)
-            self.compiled["postprocess"](dv_accum, dv, 1.0)
+            # the row postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
+            convert = self.compiled.get("kv_postprocess", self.compiled["postprocess"])
+            convert(dk_accum, dk, scale)
+            convert(dv_accum, dv, 1.0)
         self.compiled["postprocess"](dq_accum, dq, scale)
 
 
@@ -196,7 +217,7 @@ def compile_report(config: Config, problem: AttentionProblem,
     if check:
         validate(config, problem, device)
     reports = {}
-    for name in only or KERNELS:
+    for name in only or kernel_names(config):
         with tempfile.TemporaryDirectory(prefix="fa4-sm90-bwd-") as tmp:
             remarks_path = os.path.join(tmp, "remarks.yaml")
             (compiled, kernel, seconds), = _compile_all(

@@ -11,7 +11,7 @@ buffers no longer need) and a postprocess converts them.
 
 Warp roles (384 threads): warpgroup 0 is the producer (warp 0 issues the TMA loads: K and V once, then
 Q and dO of each (head, query block) into a `q_stages` ring, with their rows' LSE2 and D when
-`sdp_swap`; warp 1 adds each block's dQ to global memory when `dq_accum` is "bulk"; the warpgroup
+`sdp_swap`; warp 1 adds each block's dQ to global memory when `dq_accum` is "bulk" or "fragment"; the warpgroup
 gives its registers away with setmaxnreg); warpgroups 1 and 2 run the MMAs (wgmma) and the
 elementwise math.
 
@@ -36,10 +36,14 @@ With `sdp_swap` on (tile_n = 128: each warpgroup owns 64 key rows throughout):
 At tile_m = 80 (no multiple of a wgmma's 64-row M: query rows are only ever an N) dQ is swapped too:
   dQ^T = K^T dS^T                         (the head dim as M; its fp32 fragment goes to the tile_m x D
                                            dQ tile one 32-bit store an element, its neighbours being
-                                           the tile's rows; "bulk" only)
+                                           the tile's rows; "bulk" or "fragment" only)
 dQ reaches the accumulator (`dq_accum`) by one red.global.add.f32 per element ("atomic"), or
 ("bulk") through an fp32 shared-memory tile that warp 1 adds with one TMA reduce-add
-(cp.reduce.async.bulk.tensor .add) per block; the scale is applied by the postprocess.
+(cp.reduce.async.bulk.tensor .add) per block, or ("fragment") the same with the tile in the order of
+the MMA threads' fragments: value group g (4 fp32) of MMA thread t at g * 4 * threads + 4 t, so each
+thread stores its dQ with 128-bit stores (a warp's store covers 512 contiguous bytes), and the (B, Hq,
+Sq padded, D) accumulator holds every query block's tile_m x D elements in that order, which the
+postprocess (`prepost.FragmentPostprocess`) undoes. The scale is applied by the postprocess.
 `pds_stages` = 2 double-buffers P and dS, so the barrier that waits for the previous block's readers
 before they are overwritten goes.
 At the end: dK * scale and dV -> 16-bit -> shared memory (the K and V buffers) -> TMA store, or
@@ -77,7 +81,7 @@ BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA war
 BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
-IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk"),
+IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk", "fragment"),
                "sdp_swap": (False, True), "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
@@ -99,7 +103,7 @@ class FlashAttentionBackwardSm90:
     Problem constants: dtype ("fp16"/"bf16"), head_dim (64/128), causal.
     Knobs (declared in `fa4.kernels.knobs`, knob set "sm90_bwd"): tile_m (query rows per inner block),
     tile_n (key rows per CTA), q_stages (Q/dO ring depth), dq_accum (how dQ reaches global memory:
-    "atomic" or "bulk"), sdp_swap (S^T = K Q^T, P^T and dS^T as register operands), pds_stages (P/dS
+    "atomic", "bulk" or "fragment"), sdp_swap (S^T = K Q^T, P^T and dS^T as register operands), pds_stages (P/dS
     buffers), group_split (CTAs per key block and KV head; > 1: dK and dV by fp32 reduce-adds). A
     value this code does not implement (`IMPLEMENTED`) or a combination it cannot build raises;
     nothing is changed into something else.
@@ -125,16 +129,17 @@ class FlashAttentionBackwardSm90:
         if self.dq_swap and not sdp_swap:
             raise ValueError(f"sm90 backward: tile_m={tile_m} (not a multiple of {WGMMA_M}) needs sdp_swap: "
                              f"query rows can only be the N of a wgmma")
-        if self.dq_swap and dq_accum != "bulk":
+        if self.dq_swap and dq_accum == "atomic":
             raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the "
-                             f"accumulator by the bulk path only (dq_accum='bulk'); got {dq_accum!r}")
+                             f"accumulator by a bulk path only (dq_accum 'bulk' or 'fragment'); got {dq_accum!r}")
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.q_stages = q_stages
-        self.dq_bulk = dq_accum == "bulk"
+        self.dq_bulk = dq_accum in ("bulk", "fragment")
+        self.dq_fragment = dq_accum == "fragment"
         self.sdp_swap = sdp_swap
         self.longest_first = scheduler == "single_lpt"
         self.sectioned = scheduler == "sectioned_lpt"
@@ -177,8 +182,12 @@ class FlashAttentionBackwardSm90:
         pds_major = 64 if self.sdp_swap else math.gcd(sdp_n, dkv_m)
         stages = None if self.pds_stages == 1 else self.pds_stages
         self.sPdS_layout = smem_layout(self.dtype, self.tile_m, self.tile_n, pds_major, stages)
-        # fp32 dQ tile of the bulk reduce: rows of 128-byte swizzled 32-column atoms (TMA's widest)
+        # fp32 dQ tile of the bulk reduce: rows of 128-byte swizzled 32-column atoms (TMA's widest);
+        # "fragment": the same bytes unswizzled, in fragment order (`dq_fragment_layout`)
         self.sdQ_layout = smem_layout(Float32, self.tile_m, d, d)
+        if const_expr(self.dq_fragment):
+            self.sdQ_layout = cute.make_composed_layout(cute.make_swizzle(0, 4, 3), 0,
+                                                        self.dq_fragment_layout())
         # the rows' LSE2 and D, one tile_m vector per Q stage (sdp_swap), each stage TMA-aligned
         self.sRow_layout = cute.make_layout((self.tile_m, self.q_stages), stride=(1, row_stage_floats(self.tile_m)))
         # group_split > 1: an fp32 dK or dV tile of the epilogue's reduce-add, in the bytes of sK and sV
@@ -259,6 +268,23 @@ class FlashAttentionBackwardSm90:
         return cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=bits), tiled_mma)
 
+    def dq_fragment_values(self) -> int:
+        """fp32 dQ values per MMA thread in a block: a multiple of 4 (one 128-bit store each 4)."""
+        return self.tile_m * self.head_dim // self.num_mma_threads
+
+    def dq_fragment_thread_layout(self):
+        """dq_accum="fragment": where each MMA thread's dQ values go in a block's tile (and its
+        accumulator block), ((4, MMA threads), values / 4): value 4 g + e of thread t at
+        g * 4 * threads + 4 t + e. Sliced at ((None, t), None), a thread's 4-value groups are
+        16-byte aligned (128-bit stores and loads) and a warp's group covers 512 contiguous bytes."""
+        threads = self.num_mma_threads
+        return cute.make_layout(((4, threads), self.dq_fragment_values() // 4), stride=((1, 4), 4 * threads))
+
+    def dq_fragment_layout(self):
+        """dq_accum="fragment": a block's tile_m x D dQ values, in fragment order, as the TMA box
+        (256, tile_m * D / 256), rows contiguous (a box dimension holds at most 256 elements)."""
+        return cute.make_layout((256, self.tile_m * self.head_dim // 256))
+
     def pds_store_view(self, buffer):
         """The P / dS buffer (tile_m x tile_n) as the S fragments index it: transposed with sdp_swap."""
         return L.transpose_smem_view(buffer) if self.sdp_swap else buffer
@@ -319,7 +345,17 @@ class FlashAttentionBackwardSm90:
         self.kv_bytes = (cute.size_in_bytes(self.dtype, self.sK_layout)
                          + cute.size_in_bytes(self.dtype, self.sV_layout))
         tma_atom_dQ, tma_dQ = None, mdQaccum
-        if const_expr(self.dq_bulk):
+        if const_expr(self.dq_fragment):
+            # (B, Hq, Sq padded, D) contiguous in each head (passed as its (Sq padded, D, Hq, B) view):
+            # each query block's tile_m x D elements as the fragment layout's rows, one box
+            fragment = self.dq_fragment_layout()
+            blocks = mdQaccum.shape[0] // self.tile_m
+            mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.make_layout(
+                (fragment.shape[0], fragment.shape[1], blocks, mdQaccum.shape[2], mdQaccum.shape[3]),
+                stride=(1, 256, self.tile_m * d, mdQaccum.stride[2], mdQaccum.stride[3])))
+            tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, fragment, fragment.shape)
+        elif const_expr(self.dq_bulk):
             tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, self.sdQ_layout, (self.tile_m, d))
         tma_atom_LSE2, tma_LSE2, tma_atom_Delta, tma_Delta = None, mLSE2, None, mDelta
@@ -555,7 +591,10 @@ class FlashAttentionBackwardSm90:
         for t in cutlass.range(head_count * m_count, unroll=1):
             head = self.query_head(t // m_count, head_slot, ratio)
             m_block = m_min + t % m_count
-            gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
+            if const_expr(self.dq_fragment):
+                gdQ = mdQaccum[None, None, m_block, head, batch_idx]
+            else:
+                gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
             tdQs, tdQg = L.tma_copier(tma_atom_dQ, sdQ, gdQ, smem_staged=False, gmem_tiled=False)
             cute.arch.cp_async_bulk_wait_group(0, read=True)   # the last reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
@@ -630,7 +669,12 @@ class FlashAttentionBackwardSm90:
         t0ScS = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(ident_S))  # compile-time
         tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor(dq_tile))
         dq_store, tdQsdQ = None, None
-        if const_expr(self.dq_bulk):
+        if const_expr(self.dq_fragment):
+            # this thread's values of the fragment-ordered tile, (4, values / 4): 128-bit stores
+            dq_store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+            # sliced from the whole tile (not offset by hand): the offset's 16-byte alignment stays known
+            tdQsdQ = cute.make_tensor(sdQ.iterator, self.dq_fragment_thread_layout())[(None, tidx), None]
+        elif const_expr(self.dq_bulk):
             dq_store = self.fp32_tile_store(tiled_mma_dq, transposed=self.dq_swap).get_slice(tidx)
             tdQsdQ = dq_store.partition_D(L.transpose_smem_view(sdQ) if self.dq_swap else sdQ)
 
@@ -864,7 +908,12 @@ class FlashAttentionBackwardSm90:
         dQ fragment into it and hand it over."""
         both = self.num_mma_threads + 32
         cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
-        cute.copy(dq_store, dq_store.retile(acc_dQ), tdQsdQ)
+        if const_expr(self.dq_fragment):
+            # value v of the fragment (its storage order, as the postprocess reads it) to (v % 4, v // 4)
+            values = cute.make_tensor(acc_dQ.iterator, cute.make_layout((4, self.dq_fragment_values() // 4)))
+            cute.copy(dq_store, values, tdQsdQ)
+        else:
+            cute.copy(dq_store, dq_store.retile(acc_dQ), tdQsdQ)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=both)
 

@@ -44,7 +44,10 @@ COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accu
                 # a split group's dV tile through sK/sV after dK's (one 64-row Q/dO stage is too small),
                 # and beside 64-key CTAs and dQ atomics
                 dict(q_stages=1, group_split=2), dict(tile_n=64, sdp_swap=False, group_split=4),
-                dict(dq_accum="atomic", group_split=2)]
+                dict(dq_accum="atomic", group_split=2),
+                # the fragment-ordered dQ with a split group's dK/dV converter beside it, and unswapped
+                dict(dq_accum="fragment", group_split=2), dict(tile_m=64, dq_accum="fragment"),
+                dict(tile_m=64, sdp_swap=False, dq_accum="fragment")]
 
 
 def _kind(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
@@ -135,21 +138,26 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
     assert not failures, failures
 
 
+@pytest.mark.parametrize("dq_accum", ["bulk", "fragment"])
 @pytest.mark.parametrize("tile_m", [64, 80, 128])
-def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m):
+def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m, dq_accum):
     """dQ's fp32 accumulator comes from torch.empty and is zeroed by the preprocess: run on memory the
     caching allocator hands back full of NaN (a block of the accumulator's size, freed just before),
     the gradients are still finite and pass the rule (they are NaN if any row is not zeroed)."""
     q, k, v, dout = _inputs(2, 333, 333, 8, 2, 128 if tile_m != 128 else 64, torch.bfloat16, seed=11)
     d = q.shape[-1]
-    config = sm90_bwd.default_config(AttentionProblem(2, 333, 333, 8, 2, d, "bf16", False)).replace(tile_m=tile_m)
+    config = sm90_bwd.default_config(AttentionProblem(2, 333, 333, 8, 2, d, "bf16", False)).replace(
+        tile_m=tile_m, dq_accum=dq_accum)
     scale = softmax_scale(d)
     out, lse = attention_fp32(q, k, v, False, scale)
     out = out.to(q.dtype)
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     for _ in range(2):
         # freed just before .run allocates its workspaces: the next block of this size is this one
-        poison = torch.full(q.shape, float("nan"), dtype=torch.float32, device="cuda")
+        # (a fragment-ordered accumulator holds whole query blocks: (B, Hq, Sq padded, D))
+        padded = -(-q.shape[1] // tile_m) * tile_m
+        shape = (q.shape[0], q.shape[2], padded, d) if dq_accum == "fragment" else q.shape
+        poison = torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
         del poison
         _compiled(d, "bf16", False, config).run(q, k, v, out, dout, lse, *grads, scale)
         torch.cuda.synchronize()
