@@ -30,19 +30,22 @@ HEADLINE = {
 STALL = "smsp__average_warps_issue_stalled_"
 
 
-def read(path: Path) -> dict[str, str]:
+def read_all(path: Path) -> list[dict[str, str]]:
+    """Every profiled launch of one file, in launch order."""
     rows = [r for r in csv.reader(line for line in path.read_text().splitlines() if line.startswith('"'))]
     if len(rows) < 3:
-        return {}
+        return []
     header, kernels = rows[0], rows[2:]  # rows[1] holds the units
-    records = [dict(zip(header, r)) for r in kernels]
+    return [dict(zip(header, r)) for r in kernels]
 
-    def duration(record):
-        try:
-            return float(record.get("gpu__time_duration.sum", "0").replace(",", ""))
-        except ValueError:
-            return 0.0
-    return max(records, key=duration)
+
+def duration(record: dict[str, str]) -> float:
+    return number(record.get("gpu__time_duration.sum")) or 0.0
+
+
+def read(path: Path) -> dict[str, str]:
+    records = read_all(path)
+    return max(records, key=duration) if records else {}
 
 
 def number(text: str | None) -> float | None:
@@ -71,6 +74,12 @@ def main(paths: list[str]) -> None:
         line(label, metric)
     for n in names:
         print(f"{'kernel of ' + n:<44} {records[n].get('Kernel Name', '?')[:100]}")
+    # every launch of each profile (a backward is a preprocess, the main kernel, a postprocess...)
+    for path in paths:
+        launches = read_all(Path(path))
+        if len(launches) > 1:
+            print(f"{'launches of ' + Path(path).stem:<44} " + ", ".join(
+                f"{r.get('Kernel Name', '?')[:40]} {duration(r):g}" for r in launches))
     pipes = sorted({m for r in records.values() for m in r
                     if m.startswith("sm__inst_executed_pipe_") and m.endswith("pct_of_peak_sustained_active")
                     or m.startswith("sm__pipe_") and m.endswith("pct_of_peak_sustained_active")})
