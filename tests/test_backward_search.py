@@ -37,7 +37,7 @@ def test_kernel_api_answers_for_the_backward_knob_set():
     default = kernels.default_config("sm90_bwd", PROBLEM)
     # the timed choices, and the grid model's split (64 CTAs unsplit at B2 S1024 H16/4)
     assert default == Config.make("sm90_bwd", tile_m=80, dq_accum="bulk", sdp_swap=True, pds_stages=2,
-                                  scheduler="single_lpt", group_split=4)
+                                  scheduler="sectioned_lpt", group_split=4)
     assert kernels.feasible(default, PROBLEM) == []
     assert kernels.feasible(default.replace(sdp_swap=True, tile_n=64), PROBLEM)   # the model's own rule
     assert kernels.compile_key(default, PROBLEM)[0] == "sm90_bwd"

@@ -64,21 +64,28 @@ def test_80_row_blocks_start_where_their_first_visible_row_is():
     assert key_block_steps(config, problem) == [13 - 128 * j // 80 for j in range(8)]
 
 
-@pytest.mark.parametrize("batch, seqlen, heads_q, heads_kv, head_dim, longest_first", [
-    (1, 4096, 32, 8, 128, True),      # Q, dO and dQ's accumulator: 128 MiB
-    (4, 2048, 16, 4, 128, True),      # 128 MiB
-    (1, 8192, 32, 8, 128, False),     # 256 MiB
-    (16, 1024, 32, 8, 128, False),    # 512 MiB
-    (16, 2048, 16, 16, 64, False),    # 256 MiB at head dim 64
-    (8, 512, 16, 16, 64, True),       # 32 MiB
+@pytest.mark.parametrize("batch, seqlen, heads_q, heads_kv, head_dim, order", [
+    (1, 4096, 32, 8, 128, "sectioned_lpt"),    # GQA: sections of groups, longest first in each
+    (16, 1024, 32, 8, 128, "sectioned_lpt"),   # 512 MiB of streamed rows: four sections
+    (2, 16384, 8, 1, 128, "sectioned_lpt"),    # MQA is GQA 8
+    (16, 2048, 16, 16, 64, "single"),          # MHA, 256 MiB: the plain order's L2 reuse
+    (8, 512, 16, 16, 64, "single_lpt"),        # MHA, 32 MiB: longest first
+    (1, 4096, 32, 32, 128, "single_lpt"),      # MHA, 128 MiB: still longest first
 ])
-def test_longest_first_only_while_the_streamed_rows_are_small(batch, seqlen, heads_q, heads_kv, head_dim,
-                                                              longest_first):
-    causal = sm90_bwd.default_config(_problem(batch, seqlen, heads_q, heads_kv, head_dim))
-    assert (causal.scheduler == "single_lpt") == longest_first
+def test_the_order_of_key_blocks(batch, seqlen, heads_q, heads_kv, head_dim, order):
+    assert sm90_bwd.default_config(_problem(batch, seqlen, heads_q, heads_kv, head_dim)).scheduler == order
     # without a mask every key block is as long as the next: nothing to put first
     full = sm90_bwd.default_config(_problem(batch, seqlen, heads_q, heads_kv, head_dim, causal=False))
     assert full.scheduler == "single"
+
+
+@pytest.mark.parametrize("heads_q, heads_kv, floor", [(8, 1, 2), (64, 8, 2), (32, 8, 1), (5, 1, 2), (7, 1, 2),
+                                                      (16, 1, 4), (64, 1, 8)])
+def test_a_cta_walks_at_most_four_query_heads_where_a_split_allows(heads_q, heads_kv, floor):
+    # wide grids, where the grid model alone would not split
+    for batch, seqlen, causal in ((16, 4096, True), (16, 4096, False)):
+        problem = _problem(batch, seqlen, heads_q, heads_kv, causal=causal)
+        assert sm90_bwd.default_config(problem).group_split == floor
 
 
 def test_the_query_tile_is_80_rows_at_head_dim_128_and_128_at_64():

@@ -13,14 +13,23 @@ in `fa4.kernels.knobs` are the kernel's plain form, 2.0-2.8x slower):
   3-4 % slower at B16 S1024 H32/8 and B1 S16384 H16/2 causal longest first and B3 S3000 H24/8
   causal), `results/h100/training/2026-12-06/`; 128 rows at head dim 64
   (1.05-1.16x faster than 64 there, H200; 80 was slower at head dim 64 on the H100);
-- under a causal mask, the longest key block first (single_lpt) while Q, dO and dQ's accumulator
-  stream at most `LONGEST_FIRST_STREAMED_BYTES`, else the plain order (its L2 reuse: B16 S1024
-  H32/8, 512 MiB, 1212 us against 1900 longest first); the plain order without a mask (every key
-  block equally long; longest first took 2x at B16 S1024 full, H100).
+- under a causal mask with GQA, longest first within sections of groups whose rows fit 128 MiB
+  (sectioned_lpt: longest first's balance, the plain order's L2 reuse between sections); with one
+  query head a KV head (MHA), the longest key block first (single_lpt) while Q, dO and dQ's
+  accumulator stream at most `LONGEST_FIRST_STREAMED_BYTES`, else the plain order. The plain order
+  without a mask (every key block equally long; longest first took 2x at B16 S1024 full, H100).
+  H200, every fast-space configuration on 26 shapes (`results/h200/training/2026-12-06/bwd_space`):
+  over its 17 causal shapes the default's time / the best configuration's went from geomean 1.075
+  (worst 1.25) to 1.029 (worst 1.16), 14 of 17 within 5 %; leave-one-out over the candidate rules
+  (the order rule x the split floor below) 1.042. The MHA exception rests on one large shape: B16
+  S2048 H16/16 D64 causal, where any longest-first order took 1.25-1.28x the plain order (132 CTAs
+  side by side each streaming its own head's rows). Before (H100, no sectioned order timed): the
+  plain order beat longest first on 10 of 12 causal shapes of 211-512 MiB.
 
-`group_split` (how many CTAs share a key block's GQA group) comes from a model of the grid, not yet
-from a timing: `split_makespan` below. It splits only where one CTA per group leaves SMs idle or one
-long CTA ends last: B1 S1024 H32/8 runs 64 CTAs on 132 SMs unsplit.
+`group_split` (how many CTAs share a key block's GQA group) comes from a model of the grid,
+`split_makespan` below, over splits that leave a CTA at most `MAX_HEADS_PER_CTA` query heads: the
+model splits where one CTA per group leaves SMs idle or one long CTA ends last (B1 S1024 H32/8 runs 64
+CTAs on 132 SMs unsplit); the floor is timed, not modelled (GQA 8, below).
 """
 
 from __future__ import annotations
@@ -55,18 +64,32 @@ SPLIT_MARGIN = 0.03
 # The same evidence sizes sectioned_lpt's sections (`plan.SECTION_BYTES`): one budget.
 LONGEST_FIRST_STREAMED_BYTES = SECTION_BYTES
 # at or above this many CTAs per SM unsplit, the tail the model could shorten is at most a step or so
-# of many: no split (and no simulation of a large grid)
+# of many: no split beyond the floor (and no simulation of a large grid)
 WIDE_GRID_CTAS_PER_SM = 4
+# a CTA walks at most this many query heads of its group (group_split >= ratio / 4): at GQA 8 two parts
+# were faster than one wherever it was timed, which the grid model does not see (it prices no L2):
+# H200 sectioned, B4 S2048 H64/8 causal 1.08x unsplit / split 2, B2 S16384 H8/1 1.07x, B1 S16384 H16/2
+# 1.06x (`bwd_space`); H100 longest first, B2 S16384 H8/1 5169 us unsplit, 5033 split 2, 4748 split 4
+# (results/h100/training/2026-12-06/bwd_split). GQA 4 ran fastest unsplit on 7 of 9 large shapes.
+MAX_HEADS_PER_CTA = 4
 
 
 def default_config(problem: AttentionProblem, device: Optional[DeviceDescription] = None) -> Config:
     """The configuration an untuned problem runs on `device` (default: the H200): the module
     docstring's choices, then `group_split` by `split_makespan`."""
-    longest_first = problem.causal and streamed_bytes(problem) <= LONGEST_FIRST_STREAMED_BYTES
     config = Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 80, tile_n=128, q_stages=2,
-                         dq_accum="bulk", sdp_swap=True, pds_stages=2,
-                         scheduler="single_lpt" if longest_first else "single")
+                         dq_accum="bulk", sdp_swap=True, pds_stages=2, scheduler=scheduler_for(problem))
     return config.replace(group_split=group_split_for(config, problem, device))
+
+
+def scheduler_for(problem: AttentionProblem) -> str:
+    """The order of key blocks (the module docstring): sectioned longest first under a causal mask
+    with GQA; with MHA longest first while the streamed rows are small; the plain order without one."""
+    if not problem.causal:
+        return "single"
+    if problem.gqa_ratio > 1:
+        return "sectioned_lpt"
+    return "single_lpt" if streamed_bytes(problem) <= LONGEST_FIRST_STREAMED_BYTES else "single"
 
 
 def streamed_bytes(problem: AttentionProblem) -> int:
@@ -78,17 +101,22 @@ def streamed_bytes(problem: AttentionProblem) -> int:
 
 def group_split_for(config: Config, problem: AttentionProblem,
                     device: Optional[DeviceDescription] = None) -> int:
-    """The `group_split` whose modelled backward time (`split_makespan`) is least, a larger split
-    taken only when it beats every smaller one by `SPLIT_MARGIN`."""
+    """The `group_split` whose modelled backward time (`split_makespan`) is least among those that
+    leave a CTA at most `MAX_HEADS_PER_CTA` query heads (the smallest such is the floor), a larger
+    split taken only when it beats every smaller one by `SPLIT_MARGIN`."""
     sm_count = (device or REFERENCE_DEVICE).sm_count
-    unsplit = config.replace(group_split=1)
-    grid = launch_grid(unsplit, problem)
+    splits = [s for s in knob(KNOB_SET, "group_split").choices
+              if not split_reasons(config.replace(group_split=s), problem)]
+    floor = next((s for s in splits if heads_per_part(config.replace(group_split=s), problem)
+                  <= MAX_HEADS_PER_CTA), splits[-1])
+    lowest = config.replace(group_split=floor)
+    grid = launch_grid(lowest, problem)
     if grid[0] * grid[1] * grid[2] >= WIDE_GRID_CTAS_PER_SM * sm_count:
-        return 1
-    best_split, best_seconds = 1, split_makespan(unsplit, problem, sm_count)
-    for split in knob(KNOB_SET, "group_split").choices:
+        return floor
+    best_split, best_seconds = floor, split_makespan(lowest, problem, sm_count)
+    for split in splits:
         candidate = config.replace(group_split=split)
-        if split == 1 or split_reasons(candidate, problem):
+        if split <= floor:
             continue
         seconds = split_makespan(candidate, problem, sm_count)
         if seconds < best_seconds * (1 - SPLIT_MARGIN):
