@@ -202,23 +202,32 @@ def _bank_wavefronts(offsets_per_lane: list[list[int]], words: int) -> int:
     return worst
 
 
+def _dq_kernel(tile_m: int, head_dim: int, dq_accum: str, sdp_swap: bool = True) -> FlashAttentionBackwardSm90:
+    return FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m, tile_n=128,
+                                      q_stages=2, dq_accum=dq_accum, sdp_swap=sdp_swap, scheduler="single",
+                                      pds_stages=2, group_split=1)
+
+
+def _dq_mma_and_tile(kern: FlashAttentionBackwardSm90):
+    """(the dQ tiled MMA, the identity tensor of its C tile: (D, tile_m) for dQ^T), while tracing."""
+    kern._make_layouts()
+    _, _, dq = kern._tiled_mmas()
+    shape = (kern.head_dim, kern.tile_m) if kern.dq_swap else (kern.tile_m, kern.head_dim)
+    return dq, cute.make_identity_tensor(shape)
+
+
 @pytest.mark.parametrize("tile_m, head_dim", [(64, 128), (128, 64), (80, 128), (80, 64)])
 def test_the_dq_tile_stores_cover_the_tile_once_on_distinct_banks(tile_m, head_dim):
     """dq_accum="bulk": the MMA threads' stores of a block's dQ (dQ^T = K^T dS^T at tile_m 80) put every
     element of the tile_m x D fp32 tile once, at the swizzled offset of its (query, head-dim column) that
     the TMA reduce-add reads; one store instruction of a warp needs the fewest wavefronts its width
     allows (64-bit: two, 32-bit: one): no bank conflicts."""
-    kern = FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m,
-                                      tile_n=128, q_stages=2, dq_accum="bulk", sdp_swap=True,
-                                      scheduler="single", pds_stages=2, group_split=1)
+    kern = _dq_kernel(tile_m, head_dim, "bulk")
     found = {}
 
     def probe():
-        kern._make_layouts()
-        _, _, dq = kern._tiled_mmas()
+        dq, ident = _dq_mma_and_tile(kern)
         store = kern.fp32_tile_store(dq, transposed=kern.dq_swap)
-        shape = (kern.head_dim, kern.tile_m) if kern.dq_swap else (kern.tile_m, kern.head_dim)
-        ident = cute.make_identity_tensor(shape)
         lanes = {}
         for t in range(256):   # both MMA warpgroups
             runs = store.get_slice(t).partition_D(ident)
@@ -253,16 +262,11 @@ def test_the_fragment_ordered_dq_holds_every_element_once(tile_m, head_dim, sdp_
     warp's group 512 contiguous bytes (one wavefront a 128 bytes: no bank conflict); the postprocess
     reads them back by the same layout and finds each value's element from the same dQ MMA, whose
     fragments cover every (query, head-dim column) once."""
-    kern = FlashAttentionBackwardSm90(dtype="bf16", head_dim=head_dim, causal=False, tile_m=tile_m,
-                                      tile_n=128, q_stages=2, dq_accum="fragment", sdp_swap=sdp_swap,
-                                      scheduler="single", pds_stages=2, group_split=1)
+    kern = _dq_kernel(tile_m, head_dim, "fragment", sdp_swap)
     found = {}
 
     def probe():
-        kern._make_layouts()
-        _, _, dq = kern._tiled_mmas()
-        shape = (kern.head_dim, kern.tile_m) if kern.dq_swap else (kern.tile_m, kern.head_dim)
-        ident = cute.make_identity_tensor(shape)
+        dq, ident = _dq_mma_and_tile(kern)
         layout = kern.dq_fragment_thread_layout()
         groups = kern.dq_fragment_values() // 4
         lanes = {}
