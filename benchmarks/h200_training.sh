@@ -18,7 +18,8 @@
 #                                                 # the default (split) and of tile_m 80
 #   bash benchmarks/h200_training.sh bwd-space    # every fast-space configuration on the grid and 12
 #                                                 # other shapes beside flash-attn-4 (rule refits)
-#   bash benchmarks/h200_training.sh training-pass  # our default backward (FA4_BACKWARD=ours) beside
+#   bash benchmarks/h200_training.sh training-pass [KNOB=VALUE ...]  # our default backward
+#                                                 # (FA4_BACKWARD=ours; with KNOB=VALUE changed) beside
 #                                                 # every peer's on the 14 grid shapes,
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-fragment # GPU tests of dq_accum=fragment, then the default with
@@ -135,9 +136,15 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_bwd_tile80.txt"
     ;;
   training-pass)
-    FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/training_pass.json" \
-        2> >(quiet > "$OUT/training_pass.log") | cut -c1-300
-    python3 benchmarks/training_pass.py --summary "$OUT/training_pass.json" | tee "$OUT/training_pass_summary.txt"
+    # optional KNOB=VALUE arguments: our default with those knobs changed (an A/B of a rule), files
+    # named after them
+    shift
+    sets=""; name=training_pass
+    for kv in "$@"; do sets="$sets --set $kv"; name="${name}_${kv//=/-}"; done
+    # shellcheck disable=SC2086
+    FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/$name.json" $sets \
+        2> >(quiet > "$OUT/$name.log") | cut -c1-300
+    python3 benchmarks/training_pass.py --summary "$OUT/$name.json" | tee "$OUT/${name}_summary.txt"
     ;;
   bwd-space)
     # every configuration of the fast space (benchmarks/sm90_bwd_fast_space.toml) on the grid's 14 shapes

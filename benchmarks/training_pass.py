@@ -9,6 +9,10 @@ backward's standing. `$FA4_BACKWARD` picks fa4.attention's backward (`ours` time
     FA4_BACKWARD=ours python benchmarks/training_pass.py --json /tmp/out/training_pass.json
     python benchmarks/training_pass.py --summary /tmp/out/training_pass.json
 
+`--set KNOB=VALUE` (repeatable) runs our backward's default with those knobs changed wherever the
+model admits the change (the default elsewhere): an A/B of a default rule by CUDA-graph replay, e.g.
+`--set dq_accum=fragment`.
+
 Rows (one JSON object a shape): {"shape", "fa4": {...}, <peer>: {...}} with `time_training`'s fields
 (bwd_us, fwdbwd_us, bwd_peak_extra_mib, validated, backward, kv_expanded, error). The summary divides
 fa4's time by the fastest peer's, per shape, for the backward alone and for forward + backward.
@@ -54,6 +58,34 @@ def measure(problems, names) -> list[dict]:
     return rows
 
 
+def override_default(overrides: dict) -> None:
+    """Our backward's default configuration (what an untuned problem runs) with `overrides`, where the
+    model admits them."""
+    from fa4.kernels import sm90_bwd
+
+    default = sm90_bwd.default_config
+
+    def changed(problem, device=None):
+        config = default(problem, device)
+        candidate = config.replace(**overrides)
+        return config if sm90_bwd.reasons(candidate, problem, device) else candidate
+    sm90_bwd.default_config = changed
+
+
+def parse_overrides(texts: list[str]) -> dict:
+    from fa4.kernels.knobs import knob
+
+    out = {}
+    for text in texts:
+        name, _, raw = text.partition("=")
+        choices = knob("sm90_bwd", name).choices
+        matches = [c for c in choices if str(c).lower() == raw.lower()]
+        if not matches:
+            raise SystemExit(f"--set {text}: {name} takes one of {choices}")
+        out[name] = matches[0]
+    return out
+
+
 def ratios(rows: list[dict], key: str) -> dict[str, float]:
     """{shape: fa4's `key` / the fastest peer's}, over shapes where fa4 and some peer measured it."""
     out = {}
@@ -85,10 +117,14 @@ def main(argv=None) -> None:
                     "fa4.backends)")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--summary", default=None, metavar="JSON", help="summarise rows written before; time nothing")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KNOB=VALUE",
+                    help="our backward's default with this knob changed where the model admits it")
     args = ap.parse_args(argv)
     if args.summary:
         print(summary(json.loads(Path(args.summary).read_text())))
         return
+    if args.overrides:
+        override_default(parse_overrides(args.overrides))
     from fa4tune.inputs.shape_sets import load_shapes_file
 
     from fa4 import backends

@@ -147,3 +147,21 @@ def test_the_training_pass_summary_divides_by_the_fastest_peer_per_shape():
     text = bench.summary(rows)
     assert "backward alone: fa4 / fastest peer geomean 0.995, worst 1.100 (b), at most 1.00 on 1 of 2" in text
     assert "forward + backward: fa4 / fastest peer geomean 1.200, worst 1.200 (a), at most 1.00 on 0 of 1" in text
+
+
+def test_the_training_pass_can_change_the_backwards_default(monkeypatch):
+    """benchmarks/training_pass.py --set KNOB=VALUE: our backward's default with the knob changed where
+    the model admits it, the default where it does not; an unknown value is refused by name."""
+    from fa4.kernels import AttentionProblem, sm90_bwd
+
+    bench = _load("training_pass")
+    monkeypatch.setattr(sm90_bwd, "default_config", sm90_bwd.default_config)   # restored after the test
+    bench.override_default(bench.parse_overrides(["dq_accum=fragment", "tile_m=64"]))
+    gqa = AttentionProblem(1, 1024, 1024, 32, 8, 128, "bf16", True)
+    config = sm90_bwd.default_config(gqa)
+    assert (config.dq_accum, config.tile_m) == ("fragment", 64)
+    # group_split 8 at GQA 4 is refused (a part would hold no query head): the default stays
+    bench.override_default(bench.parse_overrides(["group_split=8"]))
+    assert sm90_bwd.default_config(gqa).group_split != 8
+    with pytest.raises(SystemExit, match="dq_accum takes one of"):
+        bench.parse_overrides(["dq_accum=fast"])
