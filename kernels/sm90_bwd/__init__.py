@@ -40,13 +40,6 @@ from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F
 
 ARCH = "sm90"
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
-
-
-def kernel_names(config: Config) -> tuple:
-    """The kernels a configuration compiles: `KERNELS`, and a split group's dK/dV converter where the
-    dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve."""
-    separate_kv = config.dq_accum == "fragment" and config.group_split > 1
-    return KERNELS + (("kv_postprocess",) if separate_kv else ())
 # what the main kernel's sm_90a PTX holds when it is built as designed
 PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
@@ -56,6 +49,13 @@ PTX_MARKERS = {
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
 }
+
+
+def kernel_names(config: Config) -> tuple:
+    """The kernels a configuration compiles: `KERNELS`, and a split group's dK/dV converter where the
+    dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve."""
+    separate_kv = config.dq_accum == "fragment" and config.group_split > 1
+    return KERNELS + (("kv_postprocess",) if separate_kv else ())
 
 
 def compile_key(config: Config, problem: AttentionProblem) -> tuple:
@@ -169,12 +169,13 @@ class CompiledBackward:
         padded = -(-max(seqlen_q, 1) // self.config.tile_m) * self.config.tile_m
         lse2 = torch.empty((batch, heads_q, padded), dtype=torch.float32, device=q.device)
         delta = torch.empty_like(lse2)
-        if self.config.dq_accum == "fragment":   # (B, Hq, Sq padded, D), as its (B, Sq padded, Hq, D) view
+        # the fp32 dQ accumulator, zeroed by the preprocess; in fragment order (B, Hq, Sq padded, D),
+        # passed as its (B, Sq padded, Hq, D) view
+        if self.config.dq_accum == "fragment":
             dq_accum = torch.empty((batch, heads_q, padded, head_dim), dtype=torch.float32,
                                    device=q.device).transpose(1, 2)
         else:
             dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        # (the preprocess zeroes it)
         self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
         if dlse is not None:
             # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the

@@ -81,8 +81,9 @@ BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA war
 BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
-IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2), "dq_accum": ("atomic", "bulk", "fragment"),
-               "sdp_swap": (False, True), "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
+IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2),
+               "dq_accum": ("atomic", "bulk", "fragment"), "sdp_swap": (False, True),
+               "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
 
@@ -352,7 +353,7 @@ class FlashAttentionBackwardSm90:
             blocks = mdQaccum.shape[0] // self.tile_m
             mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.make_layout(
                 (fragment.shape[0], fragment.shape[1], blocks, mdQaccum.shape[2], mdQaccum.shape[3]),
-                stride=(1, 256, self.tile_m * d, mdQaccum.stride[2], mdQaccum.stride[3])))
+                stride=(1, fragment.shape[0], self.tile_m * d, mdQaccum.stride[2], mdQaccum.stride[3])))
             tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, fragment, fragment.shape)
         elif const_expr(self.dq_bulk):

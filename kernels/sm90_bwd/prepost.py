@@ -127,7 +127,7 @@ class Postprocess(_RowKernel):
 class FragmentPostprocess:
     """dq_accum="fragment": dQ = dQ_accum * softmax_scale from an accumulator that holds each query
     block's tile_m x D values in the order of the main kernel's MMA fragments (value group g of MMA
-    thread t at g * 4 * threads + 4 t: `FlashAttentionBackwardSm90.dq_fragment_layout`). One CTA a
+    thread t at g * 4 * threads + 4 t: `FlashAttentionBackwardSm90.dq_fragment_thread_layout`). One CTA a
     (query block, head, batch) with the main kernel's MMA thread count: thread t reads its own
     fragment (128-bit loads, a warp's load 512 contiguous bytes), finds each value's (row, column)
     from the main kernel's dQ MMA, writes it into a shared-memory tile, and the CTA stores the tile's
