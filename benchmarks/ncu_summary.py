@@ -43,11 +43,6 @@ def duration(record: dict[str, str]) -> float:
     return number(record.get("gpu__time_duration.sum")) or 0.0
 
 
-def read(path: Path) -> dict[str, str]:
-    records = read_all(path)
-    return max(records, key=duration) if records else {}
-
-
 def number(text: str | None) -> float | None:
     try:
         return float((text or "").replace(",", ""))
@@ -56,8 +51,8 @@ def number(text: str | None) -> float | None:
 
 
 def main(paths: list[str]) -> None:
-    records = {Path(p).stem: read(Path(p)) for p in paths}
-    records = {name: r for name, r in records.items() if r}
+    launches = {Path(p).stem: read_all(Path(p)) for p in paths}
+    records = {name: max(runs, key=duration) for name, runs in launches.items() if runs}
     if not records:
         print("no profiles")
         return
@@ -75,11 +70,10 @@ def main(paths: list[str]) -> None:
     for n in names:
         print(f"{'kernel of ' + n:<44} {records[n].get('Kernel Name', '?')[:100]}")
     # every launch of each profile (a backward is a preprocess, the main kernel, a postprocess...)
-    for path in paths:
-        launches = read_all(Path(path))
-        if len(launches) > 1:
-            print(f"{'launches of ' + Path(path).stem:<44} " + ", ".join(
-                f"{r.get('Kernel Name', '?')[:40]} {duration(r):g}" for r in launches))
+    for name, runs in launches.items():
+        if len(runs) > 1:
+            print(f"{'launches of ' + name:<44} " + ", ".join(
+                f"{r.get('Kernel Name', '?')[:40]} {duration(r):g}" for r in runs))
     pipes = sorted({m for r in records.values() for m in r
                     if m.startswith("sm__inst_executed_pipe_") and m.endswith("pct_of_peak_sustained_active")
                     or m.startswith("sm__pipe_") and m.endswith("pct_of_peak_sustained_active")})
