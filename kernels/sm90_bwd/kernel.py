@@ -281,6 +281,12 @@ class FlashAttentionBackwardSm90:
         threads = self.num_mma_threads
         return cute.make_layout(((4, threads), self.dq_fragment_values() // 4), stride=((1, 4), 4 * threads))
 
+    def dq_fragment_value_layout(self):
+        """dq_accum="fragment": a thread's dQ values as (4, values / 4), the register fragment's value v
+        (its storage order) at (v % 4, v // 4): the register side of `dq_fragment_thread_layout`, in
+        the main kernel's stores and the postprocess's loads alike."""
+        return cute.make_layout((4, self.dq_fragment_values() // 4))
+
     def dq_fragment_layout(self):
         """dq_accum="fragment": a block's tile_m x D dQ values, in fragment order, as the TMA box
         (256, tile_m * D / 256), rows contiguous (a box dimension holds at most 256 elements)."""
@@ -910,8 +916,7 @@ class FlashAttentionBackwardSm90:
         both = self.num_mma_threads + 32
         cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
         if const_expr(self.dq_fragment):
-            # value v of the fragment (its storage order, as the postprocess reads it) to (v % 4, v // 4)
-            values = cute.make_tensor(acc_dQ.iterator, cute.make_layout((4, self.dq_fragment_values() // 4)))
+            values = cute.make_tensor(acc_dQ.iterator, self.dq_fragment_value_layout())
             cute.copy(dq_store, values, tdQsdQ)
         else:
             cute.copy(dq_store, dq_store.retile(acc_dQ), tdQsdQ)

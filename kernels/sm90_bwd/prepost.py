@@ -169,7 +169,7 @@ class FragmentPostprocess:
         # this thread's values, where the main kernel's stage put them
         block = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, d), (m_block, 0))
         fragment = cute.make_tensor(block.iterator, self.main.dq_fragment_thread_layout())[(None, tidx), None]
-        values = cute.make_rmem_tensor((4, self.values // 4), Float32)
+        values = cute.make_rmem_tensor(self.main.dq_fragment_value_layout(), Float32)
         load = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         cute.copy(load, fragment, values)
 
