@@ -81,8 +81,9 @@ def steady_path(func, blocks, loops, loop) -> list:
 
 
 def block_loop_counts(sass_text: str) -> dict:
-    """Counts on the steady path of the loop that issues the most wgmma (the MMA warpgroups' block
-    loop), and the other loops that move data (the producer's, a dQ-store warp's)."""
+    """Counts on the steady path of the MMA warpgroups' block loop (the innermost loop issuing the most
+    wgmma, one without a mask where masked and unmasked blocks have loops of their own), and the other
+    loops that move data (the producer's, a dQ-store warp's)."""
     func = kernel_function(parse_sass(sass_text))
     blocks, loops = control_flow(func)
     found = []
@@ -95,9 +96,13 @@ def block_loop_counts(sass_text: str) -> dict:
             continue
         counts["instructions"] = len(path)
         counts["masked_path"] = any("-INF" in i.operands for i in path)
-        found.append(dict(counts))
-    mma = max(found, key=lambda c: sum(v for k, v in c.items() if k.startswith("HGMMA")))
-    return {"mma_loop": mma, "other_loops": [c for c in found if c is not mma]}
+        found.append((loop, dict(counts)))
+    # an outer loop (over query heads) walks once through an inner block loop: not a block's path
+    inner = [(loop, c) for loop, c in found
+             if not any(other is not loop and set(other.blocks) < set(loop.blocks) for other, _ in found)]
+    wgmma = lambda c: sum(v for k, v in c.items() if k.startswith("HGMMA"))
+    mma = max(inner, key=lambda lc: (wgmma(lc[1]), not lc[1]["masked_path"]))[1]
+    return {"mma_loop": mma, "other_loops": [c for _, c in found if c is not mma]}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -685,37 +685,51 @@ class FlashAttentionBackwardSm90:
             dq_store = self.fp32_tile_store(tiled_mma_dq, transposed=self.dq_swap).get_slice(tidx)
             tdQsdQ = dq_store.partition_D(L.transpose_smem_view(sdQ) if self.dq_swap else sdQ)
 
+        operands = (tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, tPsP,
+                    tdSsdS)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        m_count = cutlass.max(m_max - m_min, 0)
-        for t in cutlass.range(head_count * m_count, unroll=1):
-            head = self.query_head(t // m_count, head_slot, ratio)
-            m_block = m_min + t % m_count
-            pds = 0 if const_expr(self.pds_stages == 1) else t % self.pds_stages
-            step = (tSrQ[None, None, None, q_state.index], tSrK,
-                    tdPrdO[None, None, None, q_state.index], tdPrV, tdVrPt,
-                    tdVrdOt[None, None, None, q_state.index], tdKrdSt,
-                    tdKrQt[None, None, None, q_state.index], tdQrdS, tdQrKt, tPsP, tdSsdS, pds)
-            if m_block < m_mask_end:
-                self.block_step(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                pds_store, dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum,
-                                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo,
-                                q_state, scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
-                                batch_idx, masked=True)
-            else:
-                self.block_step(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                pds_store, dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum,
-                                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo,
-                                q_state, scale_log2, seqlen_q, seqlen_k, n_block, m_block, head,
-                                batch_idx, masked=False)
-            q_state.advance()
+        # Masked blocks [m_min, m_unmasked) and the rest in loops of their own: one loop with both
+        # bodies behind a branch costs ~100 instructions a block (ptxas then builds the wgmma
+        # descriptors with 32-bit adds, carries and reloads; benchmarks/sm90_bwd_sass.py).
+        # The order (head-major, query blocks ascending) is the producer's.
+        m_unmasked = cutlass.max(m_mask_end, m_min)
+        block_count = Int32(0)   # blocks done: the P/dS stage
+        for h in cutlass.range(head_count, unroll=1):
+            head = self.query_head(h, head_slot, ratio)
+            for m_block in cutlass.range(m_min, m_unmasked, unroll=1):
+                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
+                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
+                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
+                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
+                                seqlen_k, n_block, m_block, head, batch_idx, masked=True)
+                q_state.advance()
+                block_count += 1
+            for m_block in cutlass.range(m_unmasked, m_max, unroll=1):
+                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
+                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
+                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
+                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
+                                seqlen_k, n_block, m_block, head, batch_idx, masked=False)
+                q_state.advance()
+                block_count += 1
         if const_expr(self.group_split == 1):
             self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                           tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
         else:
             self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, tma_atom_dK, tma_atom_dV,
                                  tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
+
+    def step_operands(self, operands, q_state, block_count: Int32):
+        """The block step's operands: the Q/dO stage `q_state` points at, the P/dS stage of the
+        `block_count`-th block."""
+        tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, tPsP, tdSsdS = operands
+        stage = q_state.index
+        pds = 0 if const_expr(self.pds_stages == 1) else block_count % self.pds_stages
+        return (tSrQ[None, None, None, stage], tSrK, tdPrdO[None, None, None, stage], tdPrV, tdVrPt,
+                tdVrdOt[None, None, None, stage], tdKrdSt, tdKrQt[None, None, None, stage], tdQrdS, tdQrKt,
+                tPsP, tdSsdS, pds)
 
     @cute.jit
     def block_step(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
