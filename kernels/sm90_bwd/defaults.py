@@ -8,6 +8,11 @@ in `fa4.kernels.knobs` are the kernel's plain form, 2.0-2.8x slower):
 - S^T/dP^T swapped, dQ by TMA reduce-add, two P/dS buffers, two Q/dO stages, 128 keys a CTA: each
   the faster value of its knob on every shape timed (H200, `results/h200/training/2026-12-03b/`,
   `benchmarks/sm90_bwd_configs.py` over every admitted configuration);
+- dQ staged in fragment order at head dim 64, row order (bulk) at 128: fragment order was faster on
+  4 of 5 head-dim-64 shapes on the H200 (by 2-7 %, back-to-back calls,
+  `results/h200/training/2026-12-06/bwd_fragment`) and on 3 of the grid's 4 on the H100 (by 0.6-3.4 %,
+  the fourth 0.6 % slower; CUDA-graph replay, `results/h100/training/2026-12-06-loops/`); at head dim
+  128 faster on some shapes, slower on others (by up to 5 %) in both;
 - 80 query rows a block at head dim 128, with either mask (flash-attn-4 takes 80 without a mask,
   64 with one): faster than 64 rows on 19 of 22 shapes at head dim 128 on the H100 (by 2-18 %;
   3-4 % slower at B16 S1024 H32/8 and B1 S16384 H16/2 causal longest first and B3 S3000 H24/8
@@ -78,7 +83,8 @@ def default_config(problem: AttentionProblem, device: Optional[DeviceDescription
     """The configuration an untuned problem runs on `device` (default: the H200): the module
     docstring's choices, then `group_split` by `split_makespan`."""
     config = Config.make(KNOB_SET, tile_m=128 if problem.head_dim <= 64 else 80, tile_n=128, q_stages=2,
-                         dq_accum="bulk", sdp_swap=True, pds_stages=2, scheduler=scheduler_for(problem))
+                         dq_accum="fragment" if problem.head_dim <= 64 else "bulk", sdp_swap=True, pds_stages=2,
+                         scheduler=scheduler_for(problem))
     return config.replace(group_split=group_split_for(config, problem, device))
 
 

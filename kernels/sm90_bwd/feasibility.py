@@ -40,7 +40,9 @@ SCORE_REGISTER_LIMIT = {False: 64, True: 128}
 ACCUMULATOR_REGISTER_LIMIT = 208
 # with S and dP through shared memory (sdp_swap off), a split group's CTA spills from this many on
 # (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean),
-# and so does a CTA that finds its tile in a sectioned grid (8 bytes there too, sectioned_lpt)
+# and so does a CTA that finds its tile in a sectioned grid (8 bytes there too, sectioned_lpt), and one
+# whose causal mask has a block loop of its own beside the unmasked blocks' with two P/dS buffers (8-16
+# bytes, either Q/dO stage count and dtype; one P/dS buffer or no mask compile clean)
 DIRECT_SPLIT_REGISTER_LIMIT = 192
 
 
@@ -147,12 +149,15 @@ def resource_reasons(config: Config, problem: AttentionProblem,
     if res["accumulator_registers"] > ACCUMULATOR_REGISTER_LIMIT:
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers "
                        f"per MMA thread > {ACCUMULATOR_REGISTER_LIMIT}")
-    elif ((config.group_split > 1 or config.scheduler == "sectioned_lpt") and not config.sdp_swap
-          and res["accumulator_registers"] >= DIRECT_SPLIT_REGISTER_LIMIT):
+    elif (not config.sdp_swap and res["accumulator_registers"] >= DIRECT_SPLIT_REGISTER_LIMIT
+          and (config.group_split > 1 or config.scheduler == "sectioned_lpt"
+               or (problem.causal and config.pds_stages > 1))):
         # S and dP through shared memory leave no register for what a split group's CTA or a
-        # sectioned grid's keeps besides (DIRECT_SPLIT_REGISTER_LIMIT)
+        # sectioned grid's keeps besides, or for a causal mask's block loop beside the unmasked one
+        # with two P/dS buffers (DIRECT_SPLIT_REGISTER_LIMIT)
         needs = (f"a split group (group_split={config.group_split})" if config.group_split > 1
-                 else "a sectioned grid (scheduler=sectioned_lpt)")
+                 else "a sectioned grid (scheduler=sectioned_lpt)" if config.scheduler == "sectioned_lpt"
+                 else "a causal mask's block loop with two P/dS buffers (pds_stages=2)")
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers per "
                        f"MMA thread, and {needs} needs more with sdp_swap off (at most "
                        f"{DIRECT_SPLIT_REGISTER_LIMIT - 1})")
