@@ -37,6 +37,23 @@ def preprocess(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
     return (dout.float() * out.float()).sum(-1).transpose(1, 2)
 
 
+def query_block_order(j0: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list[int]:
+    """First rows of the query blocks the task of key block `j0` walks, in the kernel's order
+    (`block_of`): those that need no mask first, then the masked ones (bottom-right causal: the
+    blocks before the first row that sees the key block's last key; every block of a partial last
+    key block). Blocks above the first row that sees key j0 are skipped."""
+    offset = seqlen_k - seqlen_q
+    m_min = max(0, j0 - offset) // tile_m if causal else 0
+    m_max = -(-seqlen_q // tile_m)
+    m_unmasked = 0
+    if causal:
+        m_unmasked = min(-(-max(0, j0 + tile_n - 1 - offset) // tile_m), m_max)
+    if j0 + tile_n > seqlen_k:
+        m_unmasked = m_max
+    m_unmasked = max(m_unmasked, m_min)
+    return [m * tile_m for m in list(range(m_unmasked, m_max)) + list(range(m_min, m_unmasked))]
+
+
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
              dout: torch.Tensor, causal: bool, scale: float, tile_m: int = 64,
              tile_n: int = 128, group_split: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,11 +79,9 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         kj, vj = k[b, j0:j1, h_kv].float(), v[b, j0:j1, h_kv].float()
         dk_acc = torch.zeros(kj.shape, dtype=torch.float32)
         dv_acc = torch.zeros(vj.shape, dtype=torch.float32)
-        # the first query row that sees key j0 (bottom-right causal); earlier blocks are skipped
-        first_row = max(0, j0 - (seqlen_k - seqlen_q)) if causal else 0
         first_head = h_kv * ratio + part * per_part
         for h in range(first_head, min(first_head + per_part, (h_kv + 1) * ratio)):
-            for i0 in range(first_row // tile_m * tile_m, seqlen_q, tile_m):
+            for i0 in query_block_order(j0, seqlen_q, seqlen_k, tile_m, tile_n, causal):
                 i1 = min(i0 + tile_m, seqlen_q)
                 qi, doi = q[b, i0:i1, h].float(), dout[b, i0:i1, h].float()
                 lse_i, delta_i = lse[b, h, i0:i1], delta[b, h, i0:i1]

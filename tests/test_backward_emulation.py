@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fa4.kernels.backward_emulation import backward
+from fa4.kernels.backward_emulation import backward, query_block_order
 from fa4.reference import attention_fp32, check_grads, softmax_scale
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -87,3 +87,21 @@ def test_rows_that_see_no_key_get_no_gradient():
     assert torch.isneginf(lse[:, :, :16]).all()
     assert (dq[:, :16] == 0).all() and torch.isfinite(dq).all()
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "sq{}-sk{}-{}-{}x{}".format(
+    c[1], c[2], "causal" if c[6] else "full", *c[7:]))
+def test_each_key_block_walks_its_unmasked_query_blocks_first(case):
+    """The kernel's order (its two block loops): every query block that sees a key of the key block
+    once, those without a masked (query, key) pair first."""
+    _, sq, sk, _, _, _, causal, tile_m, tile_n = case
+    for j0 in range(0, sk, tile_n):
+        order = query_block_order(j0, sq, sk, tile_m, tile_n, causal)
+        rows = torch.arange(sq)[:, None]
+        keys = torch.arange(j0, j0 + tile_n)[None, :]
+        visible = (keys < sk) & ((keys <= rows + sk - sq) if causal else (rows >= 0))
+        seen = [i0 for i0 in range(0, sq, tile_m) if visible[i0:i0 + tile_m].any()]
+        whole = [bool(visible[i0:i0 + tile_m].all()) for i0 in order]
+        assert sorted(order) == [i0 for i0 in range(seen[0], sq, tile_m)] if seen else order == []
+        assert set(seen) <= set(order)
+        assert whole == sorted(whole, reverse=True), (j0, order, whole)

@@ -38,11 +38,10 @@ BUFFER_ALIGN = 1024
 # 128 spill kilobytes either way)
 SCORE_REGISTER_LIMIT = {False: 64, True: 128}
 ACCUMULATOR_REGISTER_LIMIT = 208
-# with S and dP through shared memory (sdp_swap off), a split group's CTA spills from this many on
-# (8 bytes at 64 x 128, head dim 128, group_split 2; with sdp_swap the same accumulators compile clean),
-# and so does a CTA that finds its tile in a sectioned grid (8 bytes there too, sectioned_lpt), and one
-# whose causal mask has a block loop of its own beside the unmasked blocks' with two P/dS buffers (8-16
-# bytes, either Q/dO stage count and dtype; one P/dS buffer or no mask compile clean)
+# with S and dP through shared memory (sdp_swap off), a split group's CTA under a causal mask with two
+# P/dS buffers spills from this many on (8 bytes at 64 x 128, head dim 128, group_split 2, either
+# Q/dO stage count; with sdp_swap, one P/dS buffer, no mask or one CTA a group the same accumulators
+# compile clean, as do sectioned grids since the unmasked blocks' loop comes first: 2026-12-06)
 DIRECT_SPLIT_REGISTER_LIMIT = 192
 
 
@@ -150,16 +149,12 @@ def resource_reasons(config: Config, problem: AttentionProblem,
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers "
                        f"per MMA thread > {ACCUMULATOR_REGISTER_LIMIT}")
     elif (not config.sdp_swap and res["accumulator_registers"] >= DIRECT_SPLIT_REGISTER_LIMIT
-          and (config.group_split > 1 or config.scheduler == "sectioned_lpt"
-               or (problem.causal and config.pds_stages > 1))):
-        # S and dP through shared memory leave no register for what a split group's CTA or a
-        # sectioned grid's keeps besides, or for a causal mask's block loop beside the unmasked one
-        # with two P/dS buffers (DIRECT_SPLIT_REGISTER_LIMIT)
-        needs = (f"a split group (group_split={config.group_split})" if config.group_split > 1
-                 else "a sectioned grid (scheduler=sectioned_lpt)" if config.scheduler == "sectioned_lpt"
-                 else "a causal mask's block loop with two P/dS buffers (pds_stages=2)")
+          and problem.causal and config.pds_stages > 1 and config.group_split > 1):
+        # S and dP through shared memory leave no register for a split group's CTA with a causal
+        # mask's block loop and two P/dS buffers besides (DIRECT_SPLIT_REGISTER_LIMIT)
         reasons.append(f"registers: S, dP, dK and dV hold {res['accumulator_registers']} fp32 registers per "
-                       f"MMA thread, and {needs} needs more with sdp_swap off (at most "
+                       f"MMA thread, and a split group (group_split={config.group_split}) under a causal "
+                       f"mask with two P/dS buffers needs more with sdp_swap off (at most "
                        f"{DIRECT_SPLIT_REGISTER_LIMIT - 1})")
     if res["smem_bytes"] > res["smem_limit_bytes"]:
         reasons.append(f"shared memory {res['smem_bytes']} B > {res['smem_limit_bytes']} B per block "

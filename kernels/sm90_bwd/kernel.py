@@ -455,7 +455,7 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.sectioned):
             n_block, head_slot, batch_idx = self.sectioned_block(cute.arch.block_idx()[0], mK, seqlen_q,
                                                                  seqlen_k, ratio)
-        m_min, m_max, m_mask_end = self.query_block_range(n_block, seqlen_q, seqlen_k)
+        m_min, m_max, m_unmasked = self.query_block_range(n_block, seqlen_q, seqlen_k)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -463,10 +463,11 @@ class FlashAttentionBackwardSm90:
                 self.produce(mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta,
                              tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2,
                              tma_atom_Delta, pipe_qdo, pipe_kv, n_block, head_slot, batch_idx, ratio,
-                             m_min, m_max)
+                             m_min, m_max, m_unmasked)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_slot, batch_idx, ratio, m_min, m_max)
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_slot, batch_idx, ratio, m_min, m_max,
+                                  m_unmasked)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             sdK32, sdV32 = None, None
@@ -480,7 +481,7 @@ class FlashAttentionBackwardSm90:
                          sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
                          tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
                          seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
-                         m_mask_end)
+                         m_unmasked)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
@@ -529,8 +530,8 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def query_block_range(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """(m_min, m_max, m_mask_end): the query blocks [m_min, m_max) that see a key of this block,
-        and the end of the masked ones ([m_min, m_mask_end) carry a mask)."""
+        """(m_min, m_max, m_unmasked): the query blocks [m_min, m_max) that see a key of this block;
+        [m_min, m_unmasked) carry a mask, [m_unmasked, m_max) none."""
         m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
         m_min = Int32(0)
         m_mask_end = Int32(0)
@@ -543,14 +544,22 @@ class FlashAttentionBackwardSm90:
             m_mask_end = cutlass.min((full_row + self.tile_m - 1) // self.tile_m, m_max)
         if (n_block + 1) * self.tile_n > seqlen_k:  # the last key block is partial: keys >= Sk
             m_mask_end = m_max
-        return m_min, m_max, m_mask_end
+        return m_min, m_max, cutlass.max(m_mask_end, m_min)
+
+    @cute.jit
+    def block_of(self, t: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32):
+        """(index of the query head, query block) of the t-th block a CTA walks: per query head the
+        unmasked blocks [m_unmasked, m_max) first, then the masked ones [m_min, m_unmasked): the MMA
+        warps' two loops (`consume`), which the producer and the dQ warp follow."""
+        m_count = m_max - m_min
+        return t // m_count, m_min + (t % m_count + m_unmasked - m_min) % m_count
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
     def produce(self, mQ, mdO, mK, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE2, sDelta, tma_atom_Q,
                 tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE2, tma_atom_Delta, pipe_qdo,
                 pipe_kv, n_block: Int32, head_slot: Int32, batch_idx: Int32, ratio: Int32,
-                m_min: Int32, m_max: Int32):
+                m_min: Int32, m_max: Int32, m_unmasked: Int32):
         d = self.head_dim
         head_kv, head_count = self.query_heads(head_slot, ratio)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -565,8 +574,8 @@ class FlashAttentionBackwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         m_count = cutlass.max(m_max - m_min, 0)
         for t in cutlass.range(head_count * m_count, unroll=1):
-            head = self.query_head(t // m_count, head_slot, ratio)
-            m_block = m_min + t % m_count
+            head_index, m_block = self.block_of(t, m_min, m_max, m_unmasked)
+            head = self.query_head(head_index, head_slot, ratio)
             gQ = cute.local_tile(mQ[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch_idx], (self.tile_m, d), (m_block, 0))
             tQs, tQg = L.tma_copier(tma_atom_Q, sQ, gQ, smem_staged=True, gmem_tiled=False)
@@ -587,7 +596,7 @@ class FlashAttentionBackwardSm90:
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
     def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, head_slot: Int32, batch_idx: Int32, ratio: Int32,
-                 m_min: Int32, m_max: Int32):
+                 m_min: Int32, m_max: Int32, m_unmasked: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
         accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
         release the tile once the reduce has read it."""
@@ -596,8 +605,8 @@ class FlashAttentionBackwardSm90:
         _, head_count = self.query_heads(head_slot, ratio)
         m_count = cutlass.max(m_max - m_min, 0)
         for t in cutlass.range(head_count * m_count, unroll=1):
-            head = self.query_head(t // m_count, head_slot, ratio)
-            m_block = m_min + t % m_count
+            head_index, m_block = self.block_of(t, m_min, m_max, m_unmasked)
+            head = self.query_head(head_index, head_slot, ratio)
             if const_expr(self.dq_fragment):
                 gdQ = mdQaccum[None, None, m_block, head, batch_idx]
             else:
@@ -616,7 +625,7 @@ class FlashAttentionBackwardSm90:
                 sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
                 tiled_mma_dkv, tiled_mma_dq, softmax_scale: Float32, scale_log2: Float32,
                 seqlen_q: Int32, seqlen_k: Int32, ratio: Int32, n_block: Int32, head_slot: Int32,
-                batch_idx: Int32, m_min: Int32, m_max: Int32, m_mask_end: Int32):
+                batch_idx: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32):
         head_kv, head_count = self.query_heads(head_slot, ratio)
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - 128
@@ -690,28 +699,28 @@ class FlashAttentionBackwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        # Masked blocks [m_min, m_unmasked) and the rest in loops of their own: one loop with both
-        # bodies behind a branch costs ~100 instructions a block (ptxas then builds the wgmma
-        # descriptors with 32-bit adds, carries and reloads; benchmarks/sm90_bwd_sass.py).
-        # The order (head-major, query blocks ascending) is the producer's.
-        m_unmasked = cutlass.max(m_mask_end, m_min)
+        # Unmasked blocks [m_unmasked, m_max), then the masked ones [m_min, m_unmasked), in loops of
+        # their own (`block_of` gives the producer and the dQ warp this order): one loop with both
+        # bodies behind a branch costs ~90 instructions a block (ptxas then builds the wgmma
+        # descriptors with 32-bit adds, carries and reloads), and of two loops the one written
+        # first compiles to fewer (~17 at 80 x 128; benchmarks/sm90_bwd_sass.py).
         block_count = Int32(0)   # blocks done: the P/dS stage
         for h in cutlass.range(head_count, unroll=1):
             head = self.query_head(h, head_slot, ratio)
-            for m_block in cutlass.range(m_min, m_unmasked, unroll=1):
-                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
-                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
-                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
-                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
-                                seqlen_k, n_block, m_block, head, batch_idx, masked=True)
-                q_state.advance()
-                block_count += 1
             for m_block in cutlass.range(m_unmasked, m_max, unroll=1):
                 self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
                                 s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
                                 mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
                                 tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
                                 seqlen_k, n_block, m_block, head, batch_idx, masked=False)
+                q_state.advance()
+                block_count += 1
+            for m_block in cutlass.range(m_min, m_unmasked, unroll=1):
+                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
+                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
+                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
+                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
+                                seqlen_k, n_block, m_block, head, batch_idx, masked=True)
                 q_state.advance()
                 block_count += 1
         if const_expr(self.group_split == 1):
