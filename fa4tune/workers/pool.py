@@ -253,9 +253,11 @@ class WorkerPool:
                 w.task = None
 
     def _on_death(self, w: _Worker) -> None:
-        code = w.proc.exitcode if w.proc is not None else None
+        # reaped first: its pipe closes before the process is gone, and an unreaped one has no exit code
+        # (under load the fault's signal was lost: "exit status unknown")
         if w.proc is not None:
             w.proc.join(timeout=1)
+        code = w.proc.exitcode if w.proc is not None else None
         if w.task is not None:
             how = f"worker died ({_exit_text(code)})"
             in_compile = w.task.phase == "compiling"
