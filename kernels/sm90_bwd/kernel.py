@@ -707,22 +707,15 @@ class FlashAttentionBackwardSm90:
         block_count = Int32(0)   # blocks done: the P/dS stage
         for h in cutlass.range(head_count, unroll=1):
             head = self.query_head(h, head_slot, ratio)
-            for m_block in cutlass.range(m_unmasked, m_max, unroll=1):
-                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
-                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
-                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
-                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
-                                seqlen_k, n_block, m_block, head, batch_idx, masked=False)
-                q_state.advance()
-                block_count += 1
-            for m_block in cutlass.range(m_min, m_unmasked, unroll=1):
-                self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
-                                s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
-                                mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
-                                tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
-                                seqlen_k, n_block, m_block, head, batch_idx, masked=True)
-                q_state.advance()
-                block_count += 1
+            for m_from, m_to, masked in ((m_unmasked, m_max, False), (m_min, m_unmasked, True)):
+                for m_block in cutlass.range(m_from, m_to, unroll=1):
+                    self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
+                                    s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
+                                    mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
+                                    tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
+                                    seqlen_k, n_block, m_block, head, batch_idx, masked=masked)
+                    q_state.advance()
+                    block_count += 1
         if const_expr(self.group_split == 1):
             self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                           tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
