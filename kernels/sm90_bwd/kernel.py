@@ -701,9 +701,9 @@ class FlashAttentionBackwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         # Unmasked blocks [m_unmasked, m_max), then the masked ones [m_min, m_unmasked), in loops of
         # their own (`block_of` gives the producer and the dQ warp this order): one loop with both
-        # bodies behind a branch costs ~90 instructions a block (ptxas then builds the wgmma
+        # bodies behind a branch costs ~76 instructions a block (ptxas then builds the wgmma
         # descriptors with 32-bit adds, carries and reloads), and of two loops the one written
-        # first compiles to fewer (~17 at 80 x 128; benchmarks/sm90_bwd_sass.py).
+        # first compiles to fewer (~18 at 80 x 128; benchmarks/sm90_bwd_sass.py).
         block_count = Int32(0)   # blocks done: the P/dS stage
         for h in cutlass.range(head_count, unroll=1):
             head = self.query_head(h, head_slot, ratio)
