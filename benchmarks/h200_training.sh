@@ -171,13 +171,13 @@ case "$STEP" in
     ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
-    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 9 x the group_split values the GQA ratio
-    # admits, two thirds of them at head dim 128: 36 at most) per shape, ours and the peers' backward
+    # part of the space (benchmarks/sm90_bwd_fast_space.toml: 18 x the group_split values the GQA ratio
+    # admits, two thirds of them at head dim 128: 72 at most) per shape, ours and the peers' backward
     # alone timed in one run; entries in $OUT/bwd_best.json
     part=${2:-1}
     python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_grid_part.toml --start $((part - 1)) --step 4
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_grid_part.toml \
-        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 36 --timeout 70 \
+        --space benchmarks/sm90_bwd_fast_space.toml --sampler grid --trials 72 --timeout 100 \
         --storage "$OUT/bwd_studies_$part.journal" --db "$OUT/bwd_best.json" --format json \
         > "$OUT/bwd_search_$part.json" 2> >(quiet > "$OUT/bwd_search_$part.log")
     tail -n 6 "$OUT/bwd_search_$part.log"
