@@ -70,6 +70,10 @@ def run_backward_trial(kernel, inputs: BackwardInputs, problem, timing, validate
     def run():
         kernel.run(q, k, v, inputs.out, inputs.dout, inputs.lse, dq, dk, dv, inputs.scale)
 
+    # the NaN fill above (and, on a problem's first trial in this worker, the references) are queued on
+    # the current stream: without this wait the backward ran beside them on its own stream and the fill
+    # landed after it (every worker's first trial of B1 S4096 H32/8 failed with NaN gradients, H200)
+    inputs.stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(inputs.stream):
         run()
     torch.cuda.synchronize()

@@ -66,3 +66,25 @@ def test_the_runtime_runs_the_tuned_backward(searched, monkeypatch):
     finally:
         fa4.use_config_db(None)
         fa4.reset_caches()
+
+
+def test_a_backward_trial_waits_for_work_queued_before_it():
+    """A trial's NaN-filled gradients are made on the current stream and the backward runs on the
+    forward's: with the current stream still busy (as behind a large problem's references), the
+    backward must wait for the fill, or the fill lands on its results (the search once recorded every
+    worker's first trial of B1 S4096 H32/8 as a NaN mismatch)."""
+    from fa4tune.workers.backward import BackwardInputs, compile_backward, run_backward_trial
+    from fa4tune.workers.timing import TimingSettings
+
+    from fa4.kernels import sm90_bwd
+
+    problem = AttentionProblem(1, 512, 512, 8, 2, 128, "bf16", causal=False)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 512, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, 512, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    inputs = BackwardInputs(problem, q, k, v, 128 ** -0.5)
+    kernel = compile_backward(sm90_bwd.default_config(problem), problem)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)   # ~0.1 s of one busy kernel on the current stream
+    result = run_backward_trial(kernel, inputs, problem, TimingSettings(), validate=True, perturb=False)
+    assert result["outcome"] == "ok", result
