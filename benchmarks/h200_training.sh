@@ -26,6 +26,9 @@
 #                                                 # it beside the default on the grid and 12 other shapes
 #   bash benchmarks/h200_training.sh bwd-ncu      # Nsight Compute: our default backward beside flash-attn-4's
 #                                                 # on the three grid shapes furthest behind
+#   bash benchmarks/h200_training.sh bwd-stalls   # the same beside warp-stall samples per SASS instruction of
+#                                                 # both main kernels at B8 S512 D64 and B1 S8192 D128 (full),
+#                                                 # summed by part of the kernel (benchmarks/ncu_stall_regions.py)
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
@@ -34,7 +37,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -169,6 +172,12 @@ case "$STEP" in
         "b1-s8192-hq32-hkv8-d128-bf16-full b8-s512-hq16-hkv16-d64-bf16-full b2-s16384-hq8-hkv1-d128-bf16-causal" \
         "ours flash_attn_4" 2>&1 | quiet | tee "$OUT/bwd_ncu.txt"
     ;;
+  bwd-stalls)
+    FA4_BACKWARD=ours PROFILE_ARGS=--backward SOURCE=1 timeout 560 bash benchmarks/h200_profile.sh \
+        "b8-s512-hq16-hkv16-d64-bf16-full b1-s8192-hq32-hkv8-d128-bf16-full" "ours flash_attn_4" 2>&1 | quiet \
+        > "$OUT/bwd_stalls_ncu.txt"
+    python3 benchmarks/ncu_stall_regions.py /tmp/ncu_source/*.source.csv | tee "$OUT/bwd_stalls.txt" | head -n 80
+    ;;
   bwd-search)
     # the 14 grid shapes in four parts (PART 1-4: every fourth shape), each configuration of the fast
     # part of the space (benchmarks/sm90_bwd_fast_space.toml: 18 x the group_split values the GQA ratio
@@ -200,7 +209,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|varlen-search)" >&2
     exit 2
     ;;
 esac

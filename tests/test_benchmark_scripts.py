@@ -165,3 +165,28 @@ def test_the_training_pass_can_change_the_backwards_default(monkeypatch):
     assert sm90_bwd.default_config(gqa).group_split != 8
     with pytest.raises(SystemExit, match="dq_accum takes one of"):
         bench.parse_overrides(["dq_accum=fast"])
+
+
+def test_the_stall_regions_split_samples_by_loop():
+    """benchmarks/ncu_stall_regions.py: a source-page CSV's stall samples summed per innermost wgmma
+    loop, other loops and code outside loops; columns found by name, preamble lines skipped."""
+    regions = _load("ncu_stall_regions")
+    text = "\n".join([
+        '==PROF== a preamble line',
+        '"# Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+        '"stall_short_scoreboard"',
+        '"0x0000","MOV R1, c[0x0][0x28] ;","5","4","0"',
+        '"0x0010","SYNCS.PHASECHK.TRANS64 P0, [UR4], R2 ;","30","30","0"',
+        '"0x0020","@!P0 BRA 0x10 ;","2","2","0"',
+        '"0x0030","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ ;","40","30","0"',
+        '"0x0040","LDS.64 R4, [R5] ;","20","20","18"',
+        '"0x0050","@P1 BRA 0x30 ;","3","1","0"',
+        '"0x0060","EXIT ;","0","0","0"',
+    ])
+    instructions = regions.read_source_csv(text)
+    assert [i.address for i in instructions] == [0, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60]
+    assert regions.loops(instructions) == [(0x10, 0x20), (0x30, 0x50)]
+    split = regions.regions(instructions)
+    assert split == {"outside loops": 5.0, "other loops": 32.0, "wgmma loop 0x30-0x50": 63.0}
+    table = regions.report("k", instructions, top=3).splitlines()
+    assert "HGMMA" in table[-3] and "LDS.64" in table[-1] and "stall_short_scoreboard 18" in table[-1]
