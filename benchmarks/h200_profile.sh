@@ -6,7 +6,7 @@
 # PROFILE_ARGS passes options to ncu_profile.py (PROFILE_ARGS=--backward: the gradient call).
 # SOURCE=1 adds, per (shape, implementation), the warp-stall samples of each SASS instruction of the kernel
 # whose name matches $SOURCE_KERNEL (a regex; default the sm90 backward's main kernel, ours and
-# flash-attn-4's): $OUT/ncu_source.tgz holds each as a CSV (`ncu --page source`), read on a CPU by
+# flash-attn-4's): $OUT/ncu_source.tgz holds each as a CSV (the reports themselves stay on the machine) (`ncu --page source`), read on a CPU by
 # benchmarks/ncu_stall_regions.py (which part of the kernel the stalls fall in: prologue, block loops,
 # epilogue).
 set -u
@@ -37,7 +37,7 @@ if [ "${SOURCE:-0}" = 1 ]; then
         > "$src/$shape.$impl.source.csv" 2>> "$src/$shape.$impl.err" || tail -5 "$src/$shape.$impl.err"
     done
   done
-  tar -czf "${OUT:-/tmp/out}/ncu_source.tgz" -C /tmp --exclude="*.err" ncu_source
+  tar -czf "${OUT:-/tmp/out}/ncu_source.tgz" -C /tmp --exclude="*.err" --exclude="*.ncu-rep" ncu_source
 fi
 python3 benchmarks/ncu_summary.py "$out"/*.csv | tee "$out/summary.txt"
 # the CSVs and the summary; not the .err logs (their warnings name the machine's install paths)
