@@ -6,9 +6,9 @@
 # PROFILE_ARGS passes options to ncu_profile.py (PROFILE_ARGS=--backward: the gradient call).
 # SOURCE=1 adds, per (shape, implementation), the warp-stall samples of each SASS instruction of the kernel
 # whose name matches $SOURCE_KERNEL (a regex; default the sm90 backward's main kernel, ours and
-# flash-attn-4's): $OUT/ncu_source.tgz holds each as a CSV (the reports themselves stay on the machine) (`ncu --page source`), read on a CPU by
-# benchmarks/ncu_stall_regions.py (which part of the kernel the stalls fall in: prologue, block loops,
-# epilogue).
+# flash-attn-4's): $OUT/ncu_source.tgz holds each as a CSV (`ncu --page source`; the reports stay on the
+# machine), read on a CPU by benchmarks/ncu_stall_regions.py (which part of the kernel the stalls fall in:
+# prologue, block loops, epilogue).
 set -u
 shapes=${1:-"d64-s2048-full"}; impls=${2:-"ours flash_attn_4"}
 out=/tmp/ncu; mkdir -p "$out" "${OUT:-/tmp/out}"
