@@ -41,7 +41,9 @@ def _number(cell: str) -> float:
 def read_source_csv(text: str) -> list[Instruction]:
     """The instructions of one `--page source` CSV, in address order."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if "Source" in line and "Address" in line)
+    start = next((i for i, line in enumerate(lines) if "Source" in line and "Address" in line), None)
+    if start is None:
+        raise ValueError("no header row with 'Address' and 'Source': not an `ncu --page source --csv` export")
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header = rows[0]
     address_col = next(i for i, h in enumerate(header) if "Address" in h)
@@ -90,6 +92,8 @@ def regions(instructions: list[Instruction]) -> dict[str, float]:
 def report(name: str, instructions: list[Instruction], top: int) -> str:
     total = sum(i.samples for i in instructions) or 1.0
     lines = [f"{name}: {total:.0f} stall samples, {len(instructions)} instructions"]
+    if not loops(instructions):   # branch targets not printed as addresses: every sample lands outside
+        lines.append("  no backward branch found: the regions below are not the kernel's loops")
     for where, samples in sorted(regions(instructions).items(), key=lambda kv: -kv[1]):
         lines.append(f"  {where:40s} {samples:10.0f}  {100 * samples / total:5.1f} %")
     lines.append(f"  top {top} instructions:")

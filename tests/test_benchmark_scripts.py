@@ -190,3 +190,9 @@ def test_the_stall_regions_split_samples_by_loop():
     assert split == {"outside loops": 5.0, "other loops": 32.0, "wgmma loop 0x30-0x50": 63.0}
     table = regions.report("k", instructions, top=3).splitlines()
     assert "HGMMA" in table[-3] and "LDS.64" in table[-1] and "stall_short_scoreboard 18" in table[-1]
+    assert "no backward branch" not in "\n".join(table)
+    # no loop found (branch targets printed as labels, say): the report says so
+    straight = [i for i in instructions if "BRA" not in i.text]
+    assert "no backward branch found" in regions.report("k", straight, top=1)
+    with pytest.raises(ValueError, match="not an `ncu --page source --csv` export"):
+        regions.read_source_csv("a,b\n1,2")

@@ -14,10 +14,12 @@ import torch
 import fa4
 from fa4 import backward, kernels
 from fa4.database import BestConfigDB
-from fa4.kernels import AttentionProblem, Config
+from fa4.kernels import AttentionProblem, Config, sm90_bwd
 from fa4.reference import check_grads
 from fa4tune.progress import Progress
 from fa4tune.searches.runner import SearchSettings, run_search
+from fa4tune.workers.backward import BackwardInputs, compile_backward, run_backward_trial
+from fa4tune.workers.timing import TimingSettings
 
 pytestmark = pytest.mark.gpu
 
@@ -73,11 +75,6 @@ def test_a_backward_trial_waits_for_work_queued_before_it():
     forward's: with the current stream still busy (as behind a large problem's references), the
     backward must wait for the fill, or the fill lands on its results (the search once recorded every
     worker's first trial of B1 S4096 H32/8 as a NaN mismatch)."""
-    from fa4tune.workers.backward import BackwardInputs, compile_backward, run_backward_trial
-    from fa4tune.workers.timing import TimingSettings
-
-    from fa4.kernels import sm90_bwd
-
     problem = AttentionProblem(1, 512, 512, 8, 2, 128, "bf16", causal=False)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, 512, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
