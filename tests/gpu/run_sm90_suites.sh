@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the sm90 GPU test suites on the H200 in parallel shards (one compile cache per process) and
 # logs go to $OUT. Timing is `fa4tune bench`'s job. Usage (after sourcing the device bundle's setup.sh):
-#   bash tests/gpu/run_sm90_suites.sh default|knobs|window|all [shards [pytest args, e.g. -k softcap]]
+#   bash tests/gpu/run_sm90_suites.sh default|knobs|window|head-dim-v|all [shards [pytest args, e.g. -k softcap]]
 set -u
 what=${1:-all}; n=${2:-8}; out=${OUT:-/tmp/out}; mkdir -p "$out"
 extra=("${@:3}")
@@ -20,5 +20,6 @@ case $what in
   default) run_suite test_sm90_default ;;
   knobs) run_suite test_sm90_knobs ;;
   window) run_suite test_window_softcap_gpu ;;
+  head-dim-v) run_suite test_sm90_head_dim_v_gpu ;;
   all) run_suite test_sm90_default; run_suite test_sm90_knobs; run_suite test_window_softcap_gpu ;;
 esac
