@@ -11,6 +11,10 @@ set -u
 OUT=${OUT:-/tmp/out}
 here=$(dirname "$0")
 export FA4TUNE_HOME=/tmp/fa4tune-home FA4TUNE_CACHE_DIR=/tmp/fa4tune-cache PYTHONUNBUFFERED=1
+# the run rewrites the packaged database and the kernel sources in place: put both back on any exit
+kept=$(mktemp -d)
+cp fa4/data/best_configs.json kernels/sm90_bwd/*.py "$kept"/
+trap 'cp "$kept"/best_configs.json fa4/data/ && cp "$kept"/*.py kernels/sm90_bwd/ && rm -rf "$kept"' EXIT
 python3 - <<'PY'
 import json
 path = "fa4/data/best_configs.json"
