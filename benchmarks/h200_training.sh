@@ -34,12 +34,14 @@
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
+#   bash benchmarks/h200_training.sh bwd-path-gap # one default backward timed as the search and as autograd
+#                                                 # times it (B4 S2048 H64/8 D128 causal; benchmarks/bwd_path_gap.py)
 #   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
 #                                                   # flash-attn-4's varlen kernel, per sequence), the entries
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|bwd-path-gap|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -121,6 +123,9 @@ case "$STEP" in
   bwd-configs)
     timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \
         2> >(quiet > "$OUT/bwd_configs.log") | tee "$OUT/bwd_configs.txt"
+    ;;
+  bwd-path-gap)
+    FA4_BACKWARD=ours timeout 300 python3 benchmarks/bwd_path_gap.py 2>&1 | quiet | tee "$OUT/bwd_path_gap.txt" | tail -n 20
     ;;
   bwd-tests)
     timeout 570 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py -p no:cacheprovider 2>&1 \
