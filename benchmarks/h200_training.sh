@@ -33,6 +33,9 @@
 #                                                 # summed by part of the kernel (benchmarks/ncu_stall_regions.py)
 #   bash benchmarks/h200_training.sh bwd-search 1|2|3|4  # fa4tune search --backward over a quarter of the grid (ours
 #                                                 # and the peers' backward alone), the entries listed
+#   bash benchmarks/h200_training.sh bwd-retune PART [PARTS]  # after a kernel change that left the block
+#                                                 # loops alone: a quick re-tune of a PARTS-th of the grid, each
+#                                                 # study seeded with its own stale winner
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
 #   bash benchmarks/h200_training.sh bwd-path-gap # one default backward timed as the search and as autograd
 #                                                 # times it (B4 S2048 H64/8 D128 causal; benchmarks/bwd_path_gap.py)
@@ -41,7 +44,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|bwd-path-gap|varlen-search}
+STEP=${1:?usage: h200_training.sh tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -208,6 +211,23 @@ case "$STEP" in
     tail -n 6 "$OUT/bwd_search_$part.log"
     python3 -m fa4tune.cli best --db "$OUT/bwd_best.json" | tee "$OUT/bwd_best_$part.txt"
     ;;
+  bwd-retune)
+    # 10 trials a study over the fast space: the default, the shape's stale winner (`fa4tune.searches.
+    # warm_start` seeds it first), then TPE; the three fastest and the default re-timed, peers timed. The
+    # search records into a copy of the packaged database (where the stale winners are); merge it back
+    # with `python -m fa4tune.cli db merge -o fa4/data/best_configs.json $OUT/bwd_retune_db_PART.json`
+    # (a current entry beats a stale one)
+    part=${2:-1}; parts=${3:-2}
+    python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_retune_part.toml --start $((part - 1)) \
+        --step "$parts"
+    cp fa4/data/best_configs.json "$OUT/bwd_retune_db_$part.json"
+    timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_retune_part.toml \
+        --space benchmarks/sm90_bwd_fast_space.toml --trials 10 --timeout 60 \
+        --storage "$OUT/bwd_retune_$part.journal" --db "$OUT/bwd_retune_db_$part.json" --format json \
+        > "$OUT/bwd_retune_$part.json" 2> >(quiet > "$OUT/bwd_retune_$part.log")
+    tail -n 6 "$OUT/bwd_retune_$part.log"
+    COLUMNS=250 python3 -m fa4tune.cli best --db "$OUT/bwd_retune_db_$part.json" | grep -i "backward\|problem" | tee "$OUT/bwd_retune_best_$part.txt"
+    ;;
   bwd-search-test)
     timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_backward_search_gpu.py -p no:cacheprovider 2>&1 \
         | quiet > "$OUT/tests_bwd_search.txt"
@@ -225,7 +245,7 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_varlen_search.txt"
     ;;
   *)
-    echo "unknown step $STEP (tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-search-test|varlen-search)" >&2
+    echo "unknown step $STEP (tests|varlen|grid|extras|head-dims|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search)" >&2
     exit 2
     ;;
 esac
