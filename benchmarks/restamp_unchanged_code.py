@@ -8,6 +8,9 @@ describes the code that runs. For each stale entry this compiles the entry's con
 problem it was tuned on twice on this CPU, with the kernel sources the entry was tuned with and with
 today's, disassembles both (nvdisasm) and compares the instructions (names, addresses and offsets left
 out). Identical code: the entry gets today's fingerprint. Different code: it stays stale (re-tune it).
+A backward entry (`sm90_bwd`) is every kernel of its pass (preprocess, main, postprocesses): each must
+be unchanged. The launch code written in Python around the kernels (which buffers, in which order) is
+not compared: a change there needs a re-tune however its SASS reads.
 
 The old sources come from a commit (`--rev`, extracted with `git archive`) or a folder (`--old-kernels`,
 a copy of `kernels/`); an entry is compared only when the old sources give exactly the fingerprint it
@@ -43,16 +46,29 @@ def code_hashes(tasks: list[dict], nvdisasm: str) -> dict:
     from fa4.kernels import AttentionProblem, Config, compiling
 
     fingerprint = getattr(kernels, "kernel_fingerprint", kernels.source_fingerprint)  # older sources
+    backward = tuple(getattr(kernels, "BACKWARD_KERNELS", ()))
     hashes = []
     for task in tasks:
         try:
             config = Config.from_dict(task["arch"], task["config"])
-            cubin = compiling.compile_cubin(config, AttentionProblem(**task["problem"]))
-            hashes.append(sass_hash(cubin, nvdisasm))
+            problem = AttentionProblem(**task["problem"])
+            if task["arch"] in backward:
+                cubins = backward_cubins(kernels.backward_kernel(task["arch"]), config, problem)
+            else:
+                cubins = [compiling.compile_cubin(config, problem)]
+            hashes.append(hashlib.sha256("".join(sass_hash(c, nvdisasm) for c in cubins).encode()).hexdigest())
         except Exception as exc:   # a configuration these sources cannot build: not comparable
             hashes.append(f"error: {type(exc).__name__}: {str(exc)[:200]}")
-    return {"fingerprints": {arch: fingerprint(arch) for arch in kernels.ARCHS}, "hashes": hashes,
-            "module": kernels.__file__}
+    return {"fingerprints": {arch: fingerprint(arch) for arch in (*kernels.ARCHS, *backward)},
+            "hashes": hashes, "module": kernels.__file__}
+
+
+def backward_cubins(module, config, problem) -> list[bytes]:
+    """The cubins of a backward configuration's kernels (preprocess, main, postprocesses), in the
+    module's order: the pass is all of them, so each must be unchanged."""
+    with tempfile.TemporaryDirectory(prefix="fa4-restamp-bwd-") as tmp:
+        compiled = module._compile_all(config, problem, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
+        return [bytes(compiled[name][0].__cubin__) for name in module.kernel_names(config)]
 
 
 def sass_hash(cubin: bytes, nvdisasm: str) -> str:

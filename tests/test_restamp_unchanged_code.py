@@ -66,3 +66,47 @@ def test_only_entries_whose_code_is_unchanged_are_restamped(tmp_path):
     after = {e.seqlen_q_bucket: e.kernel_fingerprint for e in BestConfigDB.load(db_path).entries}
     assert after == {1024: kernels.kernel_fingerprint("sm90"), 2048: tuned_with, 4096: "0123456789abcdef"}
     assert "re-stamped 1 of 3" in result.stdout
+
+
+def _backward_entry(dq_accum: str, seqlen: int, fingerprint: str) -> Entry:
+    problem = AttentionProblem(**{**PROBLEM.to_dict(), "seqlen_q": seqlen, "seqlen_k": seqlen, "causal": True})
+    config = kernels.default_config("sm90_bwd", problem).replace(dq_accum=dq_accum, group_split=1)
+    return Entry.from_result(arch="sm90_bwd", device="NVIDIA H200", problem=problem, config=config.to_dict(),
+                             us=100.0, tflops=100.0, default_us=101.0, peers_us={}, max_err=1e-2,
+                             kernel_fingerprint=fingerprint, versions={}, study="s", trial=1)
+
+
+def test_a_backward_entry_is_restamped_only_where_all_its_kernels_are_unchanged(tmp_path):
+    """A backward pass is several kernels (preprocess, main, postprocess): the old sources pad the
+    fragment-ordered dQ postprocess's shared-memory rows differently, which only configurations with
+    dq_accum=fragment compile; the bulk entry is re-stamped, the fragment one stays stale."""
+    pytest.importorskip("cutlass")
+    try:
+        from fa4tune.sm100.sass_build import nvdisasm_path
+        nvdisasm_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    old = tmp_path / "root" / "fa4" / "kernels"
+    shutil.copytree(REPO / "kernels", old, ignore=shutil.ignore_patterns("__pycache__"))
+    prepost = old / "sm90_bwd" / "prepost.py"
+    source = prepost.read_text()
+    assert "self.row_elems = self.head_dim + 8\n" in source
+    prepost.write_text(source.replace("self.row_elems = self.head_dim + 8\n", "self.row_elems = self.head_dim + 16\n"))
+    (old.parent / "__init__.py").write_text("")
+    root = old.parent.parent
+    out = subprocess.run([sys.executable, str(SCRIPT), "--child", str(root), "--nvdisasm", "unused"],
+                         input="[]", capture_output=True, text=True, check=True, cwd="/")
+    tuned_with = json.loads(out.stdout)["fingerprints"]["sm90_bwd"]
+    assert tuned_with != kernels.kernel_fingerprint("sm90_bwd")
+
+    db_path = tmp_path / "db.json"
+    db = BestConfigDB()
+    db.put(_backward_entry("bulk", 1024, tuned_with))
+    db.put(_backward_entry("fragment", 2048, tuned_with))
+    db.save(db_path)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--old-kernels", str(old), "--db", str(db_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = {e.seqlen_q_bucket: e.kernel_fingerprint for e in BestConfigDB.load(db_path).entries}
+    assert after == {1024: kernels.kernel_fingerprint("sm90_bwd"), 2048: tuned_with}
+    assert "re-stamped 1 of 2" in result.stdout
