@@ -1,4 +1,4 @@
-"""The SASS of N configurations per kernel family, as hashes: the check that a refactor of the kernel
+"""The SASS of N configurations per kernel family (forward and backward), as hashes: the check that a refactor of the kernel
 sources left the generated code byte for byte the same.
 
 The configurations are drawn from each family's search space with a fixed seed (the same list for any
@@ -82,15 +82,17 @@ def main() -> None:
     ap.add_argument("--rev", help="hash the kernel sources of this commit instead of the installed ones")
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--arch", action="append", help="only this family (repeatable; default: every forward and "
+                    "backward family)")
     args = ap.parse_args()
     if args.compare:
         before, after = (json.loads(Path(p).read_text()) for p in args.compare)
         lines = compare(before, after)
         print("\n".join(lines))
         sys.exit(1 if any(": " in line and "->" in line for line in lines) else 0)
-    from fa4.kernels import ARCHS
+    from fa4.kernels import ARCHS, BACKWARD_KERNELS
 
-    tasks = [t for arch in ARCHS for t in sample(arch, args.count)]
+    tasks = [t for arch in args.arch or (*ARCHS, *BACKWARD_KERNELS) for t in sample(arch, args.count)]
     with tempfile.TemporaryDirectory(prefix="fa4-sass-hashes-") as tmp:
         root = str(old_sources(args.rev, None, Path(tmp) / "old")) if args.rev else ""
         doc = {"command": " ".join(["python", "benchmarks/sass_hashes.py"] + sys.argv[1:]), "rev": args.rev,
