@@ -81,8 +81,9 @@ case "$STEP" in
     tail -n 8 "$OUT/tests_head_dims.txt"
     ;;
   varlen)
-    # 98 tests, about 4 minutes alone (cut at 250 s beside the window suite on 2026-12-03)
-    timeout 560 python3 -m pytest -v --tb=line -m gpu tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 \
+    # 98 tests, about 4 minutes alone (cut at 250 s beside the window suite on 2026-12-03); VARLEN_SECONDS
+    # shortens it to share a call
+    timeout "${VARLEN_SECONDS:-560}" python3 -m pytest -v --tb=line -m gpu tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 \
         | quiet > "$OUT/tests_varlen.txt"
     grep -E "FAILED|passed|failed" "$OUT/tests_varlen.txt" | grep -v "%\]" | tail -n 15
     ;;
