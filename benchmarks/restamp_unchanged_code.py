@@ -65,7 +65,8 @@ def code_hashes(tasks: list[dict], nvdisasm: str) -> dict:
 
 def backward_cubins(module, config, problem) -> list[bytes]:
     """The cubins of a backward configuration's kernels (preprocess, main, postprocesses), in the
-    module's order: the pass is all of them, so each must be unchanged."""
+    module's order: the pass is all of them, so each must be unchanged. Through the module's
+    `_compile_all` because old sources have it too (a helper added now would not be in them)."""
     with tempfile.TemporaryDirectory(prefix="fa4-restamp-bwd-") as tmp:
         compiled = module._compile_all(config, problem, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
         return [bytes(compiled[name][0].__cubin__) for name in module.kernel_names(config)]

@@ -1,5 +1,5 @@
-"""The SASS of N configurations per kernel family (forward and backward), as hashes: the check that a refactor of the kernel
-sources left the generated code byte for byte the same.
+"""The SASS of N configurations per kernel family (forward and backward), as hashes: the check that a
+refactor of the kernel sources left the generated code byte for byte the same.
 
 The configurations are drawn from each family's search space with a fixed seed (the same list for any
 sources whose knobs and feasibility agree), each on a problem that alternates causal and not, and are
