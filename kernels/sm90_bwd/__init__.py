@@ -17,6 +17,12 @@ does: the bytes of a memset without a kernel of its own), accumulated by the mai
 the postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk, Hkv, D) fp32, zeroed,
 reduced into by the main kernel's CTAs and converted by the row postprocess ("kv_postprocess" where
 the dQ postprocess is the fragment one).
+
+Deterministic gradients (`deterministic=True` at compile time, the caller's requirement, not a knob:
+every configuration has both): the main kernel adds each sum in global memory in a fixed order, dQ's
+by key block and a split group's dK and dV by part, each writer waiting for its turn on a counter
+(`kernel.FlashAttentionBackwardSm90.wait_turn`); `.run` allocates the zeroed counters, dQ's (B, Hq,
+query blocks) and dK/dV's (B, Hkv, key blocks) int32.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ PTX_MARKERS = {
     "tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk", group_split > 1
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
+    "turns": re.compile(r"ld\.[a-z.]*acquire\.gpu"),                      # deterministic: waits for a turn
 }
 
 
@@ -58,11 +65,12 @@ def kernel_names(config: Config) -> tuple:
     return KERNELS + (("kv_postprocess",) if separate_kv else ())
 
 
-def compile_key(config: Config, problem: AttentionProblem) -> tuple:
-    """What the generated code depends on: the codegen knobs, dtype, head dim and causal (never
-    lengths, batch or heads: they are symbolic in the compile)."""
+def compile_key(config: Config, problem: AttentionProblem, deterministic: bool = False) -> tuple:
+    """What the generated code depends on: the codegen knobs, dtype, head dim, causal and whether
+    the sums are ordered (never lengths, batch or heads: they are symbolic in the compile)."""
     return (KNOB_SET, config.codegen_items(),
-            (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal)))
+            (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal))
+            + ((("deterministic", True),) if deterministic else ()))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -84,10 +92,9 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in range(3)) + (1,)
         return make_fake_tensor(element, (batch, seq, heads, d), stride=stride, assumed_align=16)
 
-    def rows(seq, divisibility=1):  # (B, Hq, S) fp32, rows contiguous
+    def rows(seq, divisibility=1, heads=heads_q, element=cutlass.Float32):  # (B, H, S), rows contiguous
         stride = (cute.sym_int64(divisibility=divisibility), cute.sym_int64(divisibility=divisibility), 1)
-        return make_fake_tensor(cutlass.Float32, (batch, heads_q, seq), stride=stride,
-                                assumed_align=4 * divisibility)
+        return make_fake_tensor(element, (batch, heads, seq), stride=stride, assumed_align=4 * divisibility)
 
     return dict(
         q=bshd(seq_q, heads_q), k=bshd(seq_k, heads_kv), v=bshd(seq_k, heads_kv),
@@ -100,16 +107,19 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         dk=bshd(seq_k, heads_kv), dv=bshd(seq_k, heads_kv),
         dk_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
         dv_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
+        # deterministic: the turn counters of dQ's query blocks and of dK/dV's key blocks
+        dq_turn=rows(cute.sym_int(), element=cutlass.Int32),
+        dkv_turn=rows(cute.sym_int(), heads=heads_kv, element=cutlass.Int32),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
 
-def _make_kernel(name: str, config: Config, problem: AttentionProblem):
+def _make_kernel(name: str, config: Config, problem: AttentionProblem, deterministic: bool = False):
     d, dtype = problem.head_dim, problem.dtype
     if name == "main":
         from .kernel import FlashAttentionBackwardSm90
         # every knob reaches the kernel under its own name: a new knob needs no line here
         return FlashAttentionBackwardSm90(dtype=dtype, head_dim=d, causal=problem.causal,
-                                          **config.to_dict())
+                                          deterministic=deterministic, **config.to_dict())
     from . import prepost
     if name == "postprocess" and config.dq_accum == "fragment":
         return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
@@ -118,7 +128,7 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem):
 
 
 def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ffi: bool,
-                 only: Optional[tuple] = None) -> dict:
+                 only: Optional[tuple] = None, deterministic: bool = False) -> dict:
     """{name: (compiled function, kernel object, seconds)} for the three kernels (or `only` those)."""
     import cutlass
     import cutlass.cute as cute
@@ -135,11 +145,12 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
         arguments = dict(
             preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], dq_accum, a["stream"]),
             main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], dq_accum, dk, dv,
-                  cutlass.Float32(1.0), a["stream"]),
+                  cutlass.Float32(1.0), a["stream"])
+            + ((a["dq_turn"],) + ((a["dkv_turn"],) if config.group_split > 1 else ()) if deterministic else ()),
             postprocess=(dq_accum, a["dq"], cutlass.Float32(1.0), a["stream"]),
             kv_postprocess=(a["dk_accum"], a["dk"], cutlass.Float32(1.0), a["stream"]))
         for name in only or kernel_names(config):
-            kernel = _make_kernel(name, config, problem)
+            kernel = _make_kernel(name, config, problem, deterministic)
             start = time.perf_counter()
             compiled = cute.compile[cute.GPUArch(DSL_TARGET[ARCH])](
                 kernel, *arguments[name], options=options.strip())
@@ -150,10 +161,11 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
 class CompiledBackward:
     """The three compiled kernels; `.run` launches them on torch's current stream (TVM-FFI)."""
 
-    def __init__(self, compiled: dict, config: Config, problem: AttentionProblem):
+    def __init__(self, compiled: dict, config: Config, problem: AttentionProblem, deterministic: bool = False):
         self.compiled = compiled
         self.config = config
         self.problem = problem
+        self.deterministic = deterministic
 
     def run(self, q, k, v, out, dout, lse, dq, dk, dv, softmax_scale: Optional[float] = None,
             dlse=None) -> None:
@@ -182,12 +194,20 @@ class CompiledBackward:
             # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
             # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
             delta[:, :, :seqlen_q].sub_(dlse.float())
+        turns = ()
+        if self.deterministic:   # zeroed counters: each sum's writers take their turns from 0
+            turns = (torch.zeros((batch, heads_q, padded // self.config.tile_m), dtype=torch.int32,
+                                 device=q.device),)
+            if self.config.group_split > 1:
+                key_blocks = -(-k.shape[1] // self.config.tile_n)
+                turns += (torch.zeros((batch, k.shape[2], max(key_blocks, 1)), dtype=torch.int32,
+                                      device=q.device),)
         if self.config.group_split == 1:
-            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale)
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale, *turns)
         else:
             dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
             dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale)
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale, *turns)
             # the row postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
             convert = self.compiled.get("kv_postprocess", self.compiled["postprocess"])
             convert(dk_accum, dk, scale)
@@ -196,19 +216,20 @@ class CompiledBackward:
 
 
 def compile_backward(config: Config, problem: AttentionProblem,
-                     device: Optional[DeviceDescription] = None) -> CompiledBackward:
+                     device: Optional[DeviceDescription] = None, deterministic: bool = False) -> CompiledBackward:
     """The launchable backward of `config` for `problem`'s dtype, head dim and causal flag (one compile
     serves every batch, length and head count); refuses a configuration it cannot run (`reasons`).
     Nothing of `device` is compiled in (the grid is one CTA per key block, not persistent); its
-    shared memory per block judges the configuration (default: the H200)."""
+    shared memory per block judges the configuration (default: the H200). `deterministic`: gradients
+    bit for bit the same on every run (the module docstring)."""
     validate(config, problem, device)
-    compiled = _compile_all(config, problem, options="", tvm_ffi=True)
-    return CompiledBackward({name: c for name, (c, _, _) in compiled.items()}, config, problem)
+    compiled = _compile_all(config, problem, options="", tvm_ffi=True, deterministic=deterministic)
+    return CompiledBackward({name: c for name, (c, _, _) in compiled.items()}, config, problem, deterministic)
 
 
 def compile_report(config: Config, problem: AttentionProblem,
                    device: Optional[DeviceDescription] = None, only: Optional[tuple] = None,
-                   check: bool = True) -> dict:
+                   check: bool = True, deterministic: bool = False) -> dict:
     """Compile the three kernels for sm_90a with fake tensors (a CPU is enough): {kernel name:
     {registers, spill_stores, spill_loads, stack_frame, wgmma_serialized, ptxas_warnings, smem_bytes,
     compile_seconds, ptx_markers}}. `registers` is ptxas's count for the whole kernel (168: 64K over
@@ -222,7 +243,7 @@ def compile_report(config: Config, problem: AttentionProblem,
         with tempfile.TemporaryDirectory(prefix="fa4-sm90-bwd-") as tmp:
             remarks_path = os.path.join(tmp, "remarks.yaml")
             (compiled, kernel, seconds), = _compile_all(
-                config, problem, tvm_ffi=False, only=(name,),
+                config, problem, tvm_ffi=False, only=(name,), deterministic=deterministic,
                 options=f"--keep-ptx --dump-dir {tmp} remarks{{ptx}} --remark-output {remarks_path}",
             ).values()
             remarks = open(remarks_path).read() if os.path.exists(remarks_path) else ""

@@ -46,7 +46,7 @@ from ..device import DeviceDescription
 from ..knobs import Config, knob
 from ..problem import AttentionProblem
 from .feasibility import KNOB_SET, REFERENCE_DEVICE, heads_per_part, launch_grid, split_reasons
-from .plan import ROW_BYTES_PER_COLUMN, SECTION_BYTES, section_groups, sectioned_tile
+from .plan import ROW_BYTES_PER_COLUMN, SECTION_BYTES, launch_order, section_groups
 
 # The grid model's costs, in units of one (query block, key block) step of the main loop. A CTA's
 # fixed part (K/V load, pipeline fill, epilogue) is about one step; a split CTA's fp32 reduce-add of
@@ -156,23 +156,11 @@ def split_makespan(config: Config, problem: AttentionProblem, sm_count: int) -> 
     part_heads = [min(per_part, ratio - part * per_part) for part in range(split)]
     fixed = CTA_FIXED_STEPS + (SPLIT_REDUCE_STEPS if split > 1 else 0.0)
 
-    def costs():   # in launch order: x fastest (kernel.py `__call__`)
-        n_blocks, slots, batch = len(steps), problem.heads_kv * split, max(problem.batch, 1)
-        if config.scheduler == "sectioned_lpt":
-            section = section_groups(per_part * max(problem.seqlen_q, 1), problem.head_dim)
-            for index in range(n_blocks * slots * batch):
-                n_block, group = sectioned_tile(index, section, n_blocks, slots * batch)
-                yield part_heads[group % slots % split] * steps[n_block] + fixed
-        elif config.scheduler == "single_lpt":
-            for n_block in range(n_blocks):
-                for _ in range(batch):
-                    for slot in range(slots):
-                        yield part_heads[slot % split] * steps[n_block] + fixed
-        else:
-            for _ in range(batch):
-                for slot in range(slots):
-                    for n_block in range(n_blocks):
-                        yield part_heads[slot % split] * steps[n_block] + fixed
+    def costs():   # in launch order
+        n_blocks, slots = len(steps), problem.heads_kv * split
+        section = section_groups(per_part * max(problem.seqlen_q, 1), problem.head_dim)
+        for n_block, slot, _ in launch_order(config.scheduler, n_blocks, slots, max(problem.batch, 1), section):
+            yield part_heads[slot % split] * steps[n_block] + fixed
 
     free_at = [0.0] * sm_count
     for cost in costs():

@@ -79,6 +79,7 @@ BAR_PDS_READY = 2  # this block's P and dS are in shared memory
 BAR_EPILOGUE = 3
 BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA warpgroups may write it
 BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
+BAR_DQ_TURN = 6    # deterministic, dq_accum "atomic": the MMA warpgroups wait for, and pass on, a dQ tile's turn
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
 IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2),
@@ -112,7 +113,7 @@ class FlashAttentionBackwardSm90:
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
                  q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
-                 group_split: int):
+                 group_split: int, deterministic: bool = False):
         from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
@@ -150,6 +151,9 @@ class FlashAttentionBackwardSm90:
         self.early_dv = tile_m == 64
         self.pds_stages = pds_stages
         self.group_split = group_split
+        # the sums in global memory (dQ's, a split group's dK and dV) added in a fixed order: see
+        # `wait_turn`
+        self.deterministic = deterministic
         self.num_mma_threads = 128 * MMA_WARPGROUPS
         self.num_threads = 128 + self.num_mma_threads
         self.producer_regs, self.mma_regs = REGISTER_SPLIT
@@ -303,10 +307,14 @@ class FlashAttentionBackwardSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQaccum: cute.Tensor,
                  mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32,
-                 stream: cuda.CUstream):
+                 stream: cuda.CUstream, mdQturn: cute.Tensor = None, mdKVturn: cute.Tensor = None):
         """Q, dO: (B, Sq, Hq, D); K, V, dK, dV: (B, Sk, Hkv, D) (dK, dV: fp32 accumulators, zeroed,
         when `group_split` > 1); LSE2, D: (B, Hq, Sq padded to tile_m) fp32 (the preprocess's);
-        dQ_accum: (B, Sq, Hq, D) fp32, zeroed."""
+        dQ_accum: (B, Sq, Hq, D) fp32, zeroed. Deterministic only: dQ_turn, (B, Hq, query blocks)
+        int32, and (`group_split` > 1) dKV_turn, (B, Hkv, key blocks) int32, zeroed."""
+        if const_expr(self.deterministic != (mdQturn is not None)
+                      or (self.deterministic and self.group_split > 1) != (mdKVturn is not None)):
+            raise TypeError("the turn counters come with deterministic (dKV's with group_split > 1) only")
         for t in (mQ, mK, mV, mdO):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("Q, K, V and dO must all have the kernel's dtype")
@@ -386,7 +394,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(
             tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, tma_LSE2, tma_Delta, tma_dQ,
             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
-            tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ,
+            tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ, mdQturn, mdKVturn,
             softmax_scale, scale_log2, seqlen_q, seqlen_k, ratio,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
@@ -403,7 +411,7 @@ class FlashAttentionBackwardSm90:
                mdQaccum: cute.Tensor, tma_atom_Q: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
                tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, tma_atom_dK: cute.CopyAtom,
                tma_atom_dV: cute.CopyAtom, tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ,
-               softmax_scale: Float32, scale_log2: Float32,
+               mdQturn, mdKVturn, softmax_scale: Float32, scale_log2: Float32,
                seqlen_q: Int32, seqlen_k: Int32, ratio: Int32,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
                tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
@@ -466,8 +474,8 @@ class FlashAttentionBackwardSm90:
                              m_min, m_max, m_unmasked)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, head_slot, batch_idx, ratio, m_min, m_max,
-                                  m_unmasked)
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block, head_slot, batch_idx, ratio,
+                                  m_min, m_max, m_unmasked)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             sdK32, sdV32 = None, None
@@ -477,8 +485,8 @@ class FlashAttentionBackwardSm90:
                 if const_expr(self.dkv32_in_qdo):
                     sdV32 = storage.sQ.get_tensor(sdKV32_layout.outer, swizzle=sdKV32_layout.inner,
                                                   dtype=Float32)
-            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2,
-                         sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
+            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS,
+                         sdQ, sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
                          tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
                          seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
                          m_unmasked)
@@ -595,11 +603,12 @@ class FlashAttentionBackwardSm90:
 
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
-    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, head_slot: Int32, batch_idx: Int32, ratio: Int32,
-                 m_min: Int32, m_max: Int32, m_unmasked: Int32):
+    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block: Int32, head_slot: Int32,
+                 batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
         accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
-        release the tile once the reduce has read it."""
+        release the tile once the reduce has read it. Deterministic: the reduce waits for the block's
+        turn and passes it on once complete."""
         d = self.head_dim
         both = self.num_mma_threads + 32
         _, head_count = self.query_heads(head_slot, ratio)
@@ -615,14 +624,21 @@ class FlashAttentionBackwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)   # the last reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=both)
+            if const_expr(self.deterministic):
+                self.wait_turn(mdQturn, (batch_idx, head, m_block), n_block, cute.arch.lane_idx())
+                cute.arch.sync_warp()
             cute.copy(tma_atom_dQ, tdQs, tdQg)
             cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.deterministic):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)   # added, not only read
+                cute.arch.sync_warp()
+                self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.lane_idx())
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- MMA warpgroups ------------------------------------------------------------------------
     @cute.jit
-    def consume(self, mdK, mdV, mLSE2, mDelta, mdQaccum, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE2, sDelta,
-                sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
+    def consume(self, mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS, sdQ,
+                sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv, tiled_mma_sdp,
                 tiled_mma_dkv, tiled_mma_dq, softmax_scale: Float32, scale_log2: Float32,
                 seqlen_q: Int32, seqlen_k: Int32, ratio: Int32, n_block: Int32, head_slot: Int32,
                 batch_idx: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32):
@@ -711,7 +727,7 @@ class FlashAttentionBackwardSm90:
                 for m_block in cutlass.range(m_from, m_to, unroll=1):
                     self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
                                     s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
-                                    mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp, tiled_mma_dkv,
+                                    mLSE2, mDelta, sLSE2, sDelta, (mdQaccum, mdQturn), tiled_mma_sdp, tiled_mma_dkv,
                                     tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2, seqlen_q,
                                     seqlen_k, n_block, m_block, head, batch_idx, masked=masked)
                     q_state.advance()
@@ -720,8 +736,8 @@ class FlashAttentionBackwardSm90:
             self.epilogue(acc_dK, acc_dV, softmax_scale, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                           tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
         else:
-            self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                                 tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
+            self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
+                                 tiled_mma_dkv, tidx, n_block, head_slot, batch_idx)
 
     def step_operands(self, operands, q_state, block_count: Int32):
         """The block step's operands: the Q/dO stage `q_state` points at, the P/dS stage of the
@@ -735,25 +751,25 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def block_step(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store,
-                   dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                   dq_store, tdQsdQ, mLSE2, mDelta, sLSE2, sDelta, dq_target, tiled_mma_sdp,
                    tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
                    seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32,
                    batch_idx: Int32, masked: cutlass.Constexpr):
         """One (query block, key block) of one query head: the module docstring's five products."""
         if const_expr(self.sdp_swap):
             self.block_step_swapped(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                    pds_store, dq_store, tdQsdQ, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                                    pds_store, dq_store, tdQsdQ, sLSE2, sDelta, dq_target, tiled_mma_sdp,
                                     tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2,
                                     seqlen_q, seqlen_k, n_block, m_block, head, batch_idx, masked)
         else:
             self.block_step_direct(step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                                   pds_store, dq_store, tdQsdQ, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
+                                   pds_store, dq_store, tdQsdQ, mLSE2, mDelta, dq_target, tiled_mma_sdp,
                                    tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2,
                                    seqlen_q, seqlen_k, n_block, m_block, head, batch_idx, masked)
 
     @cute.jit
     def block_step_direct(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                          pds_store, dq_store, tdQsdQ, mLSE2, mDelta, mdQaccum, tiled_mma_sdp,
+                          pds_store, dq_store, tdQsdQ, mLSE2, mDelta, dq_target, tiled_mma_sdp,
                           tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
                           seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32, head: Int32,
                           batch_idx: Int32, masked: cutlass.Constexpr):
@@ -811,7 +827,7 @@ class FlashAttentionBackwardSm90:
             L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt_cur, tdKrQt, zero_init=False, wait_pending=-1)
             L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=0)
             pipe_qdo.consumer_release(q_state)
-            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q)
         else:
             # dQ before dK: its tile goes to shared memory while dK's wgmma runs
             L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
@@ -822,7 +838,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def block_step_swapped(self, step, acc_dK, acc_dV, s_shape, dq_shape, tScS, t0ScS, tdQcdQ,
-                           pds_store, dq_store, tdQsdQ, sLSE2, sDelta, mdQaccum, tiled_mma_sdp,
+                           pds_store, dq_store, tdQsdQ, sLSE2, sDelta, dq_target, tiled_mma_sdp,
                            tiled_mma_dkv, tiled_mma_dq, thr_dq, pipe_qdo, q_state, scale_log2: Float32,
                            seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_block: Int32,
                            head: Int32, batch_idx: Int32, masked: cutlass.Constexpr):
@@ -884,7 +900,7 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.dq_bulk):
             self.stage_dq(acc_dQ, dq_store, tdQsdQ)
         else:
-            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block, head, batch_idx, seqlen_q)
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q)
         warpgroup.wait_group(0)
         pipe_qdo.consumer_release(q_state)
 
@@ -940,13 +956,19 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=both)
 
     @cute.jit
-    def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, mdQaccum, m_block: Int32, head: Int32,
+    def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, dq_target, n_block: Int32, m_block: Int32, head: Int32,
                       batch_idx: Int32, seqlen_q: Int32):
-        """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq).
+        """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq);
+        `dq_target`: (dQ_accum, dQ_turn or None). Deterministic: every MMA thread's adds wait for the
+        block's turn, which passes on once all are done.
 
         Addressed per row: one pointer per fragment row, the columns as compile-time offsets from
         it (the head dim is contiguous), so the loop keeps two pointers live, not one per element
         (per-element offsets hoisted out of the block loop spill at 128 x 128)."""
+        mdQaccum, mdQturn = dq_target
+        if const_expr(self.deterministic):
+            self.wait_turn(mdQturn, (batch_idx, head, m_block), n_block, cute.arch.thread_idx()[0] - 128)
+            cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
         gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, self.head_dim),
                               (m_block, 0))
         dQ = L.acc_rows_cols(acc_dQ)
@@ -959,6 +981,37 @@ class FlashAttentionBackwardSm90:
                 for c in cutlass.range_constexpr(cute.size(dQ.shape[1])):
                     ptr = g_row.iterator + cute.crd2idx(c, g_row.layout)
                     cute.arch.red(ptr, dQ[r, c], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        if const_expr(self.deterministic):
+            cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
+            self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.thread_idx()[0] - 128)
+
+    # ---- the deterministic order ---------------------------------------------------------------
+    @cute.jit
+    def wait_turn(self, turns: cute.Tensor, coord, turn: Int32, thread: Int32):
+        """Deterministic: spin (one thread of the caller's group; the caller then syncs the group)
+        until `turns[coord]` counts `turn`, that is until every writer of this sum before this CTA
+        has added its part. The turn is the CTA's key block for dQ (the key blocks that see a query
+        block are 0 .. n under any mask: `query_block_range`'s m_min never decreases) and its part
+        for a split group's dK and dV. Every CTA waits only for CTAs launched before it (the grid
+        hands CTAs out in order: key blocks, then parts, ascend along it under every scheduler;
+        `plan.launch_order`), so the waits cannot deadlock."""
+        if thread == 0:
+            counter = turns.iterator + cute.crd2idx(coord, turns.layout)
+            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+            while seen != turn:
+                seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+            # the sum's next adds come through the async proxy (TMA reduce-adds) too
+            cute.arch.fence_proxy("async.global")
+
+    @cute.jit
+    def pass_turn(self, turns: cute.Tensor, coord, thread: Int32):
+        """Deterministic: once the caller's group has completed its adds (and synced), hand the turn
+        of `turns[coord]` to the next writer."""
+        if thread == 0:
+            counter = turns.iterator + cute.crd2idx(coord, turns.layout)
+            cute.arch.fence_proxy("async.global")
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.red(counter, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
 
     # ---- epilogue ------------------------------------------------------------------------------
     @cute.jit
@@ -989,13 +1042,16 @@ class FlashAttentionBackwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def epilogue_reduce(self, acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                        tiled_mma_dkv, tidx: Int32, n_block: Int32, head_kv: Int32, batch_idx: Int32):
+    def epilogue_reduce(self, acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
+                        tiled_mma_dkv, tidx: Int32, n_block: Int32, head_slot: Int32, batch_idx: Int32):
         """group_split > 1: this CTA's partial dK (unscaled: the postprocess scales the sum) and dV in
         fp32 -> shared memory -> one TMA reduce-add each into the (B, Sk, Hkv, D) accumulators (rows
         >= Sk fall outside the tensor and are not added). dK's tile is sK and sV's bytes; dV's is sQ
-        and sdO's where they hold one (`dkv32_in_qdo`), else dK's again once its reduce has read it."""
+        and sdO's where they hold one (`dkv32_in_qdo`), else dK's again once its reduce has read it.
+        Deterministic: the group's parts add in part order (the first reduce waits for the part's
+        turn, the last passes it on once complete)."""
         d = self.head_dim
+        head_kv, part = head_slot // self.group_split, head_slot % self.group_split
         store = self.fp32_tile_store(tiled_mma_dkv).get_slice(tidx)
         gdK = cute.local_tile(mdK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
         gdV = cute.local_tile(mdV[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
@@ -1006,6 +1062,9 @@ class FlashAttentionBackwardSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
             if tidx < 32:
+                if const_expr(self.deterministic):
+                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), part, tidx)
+                    cute.arch.sync_warp()
                 self.reduce_tile(tma_atom_dK, sdK32, gdK)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1016,10 +1075,16 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
         if tidx < 32:
             if const_expr(self.dkv32_in_qdo):
+                if const_expr(self.deterministic):
+                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), part, tidx)
+                    cute.arch.sync_warp()
                 self.reduce_tile(tma_atom_dK, sdK32, gdK)
             self.reduce_tile(tma_atom_dV, sdV32, gdV)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.cp_async_bulk_wait_group(0, read=not self.deterministic)   # deterministic: added
+            if const_expr(self.deterministic):
+                cute.arch.sync_warp()
+                self.pass_turn(mdKVturn, (batch_idx, head_kv, n_block), tidx)
 
     @cute.jit
     def reduce_tile(self, tma_atom, smem_tile, gmem_tile):

@@ -45,3 +45,24 @@ def sectioned_tile(index, section, n_blocks, groups, minimum=min):
     rank = index - first * n_blocks                     # the CTA's place in its section
     n_block = rank // size
     return n_block, first + rank - n_block * size
+
+
+def launch_order(scheduler: str, n_blocks: int, head_slots: int, batch: int, section: int = 1):
+    """The CTAs' tiles, (key block, head slot, batch), in the order the hardware hands them out: the
+    kernel's grid (`kernel.py` `__call__`) x fastest. single: key blocks fastest, then head slots
+    (a KV head's parts neighbours), then batches; single_lpt: head slots fastest, key block
+    outermost; sectioned_lpt: `sectioned_tile` on a one-axis grid (`section` groups a section)."""
+    if scheduler == "sectioned_lpt":
+        for index in range(n_blocks * head_slots * batch):
+            n_block, group = sectioned_tile(index, section, n_blocks, head_slots * batch)
+            yield n_block, group % head_slots, group // head_slots
+    elif scheduler == "single_lpt":
+        for n_block in range(n_blocks):
+            for batch_idx in range(batch):
+                for slot in range(head_slots):
+                    yield n_block, slot, batch_idx
+    else:
+        for batch_idx in range(batch):
+            for slot in range(head_slots):
+                for n_block in range(n_blocks):
+                    yield n_block, slot, batch_idx
