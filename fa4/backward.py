@@ -21,6 +21,12 @@
   peer's backward runs, ahead of the blockwise one. `FA4_BACKWARD=<name>` forces any name of
   `implementations()`. A gradient through a returned LSE enters every implementation through D.
 
+`deterministic=True` (`fa4.attention(..., deterministic=True)`): gradients equal bit for bit on every
+run of the same inputs. Ours adds each sum in a fixed order then (`sm90_bwd`'s module docstring) in
+its tuned configuration; where ours cannot run, the blockwise one (PyTorch's products, a fixed
+loop). A peer's backward is not taken (its sums' order is not ours to fix); naming one anyway
+(`FA4_BACKWARD`) warns once and runs ours or the blockwise one.
+
 The math (P recomputed from the LSE; GQA keys shared by the query heads of a group; bottom-right
 causal masks and sliding windows; a row that sees no key has LSE -inf and gets zero gradients):
     D = rowsum(dO * O) - dLSE           (dLSE: the gradient of a returned LSE, else 0)
@@ -217,12 +223,15 @@ def _automatic(q: torch.Tensor, with_ours: bool = True, window=None, softcap: Op
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
                        dlse: Optional[torch.Tensor] = None, implementation: str = "auto", *,
-                       window=None, softcap: Optional[float] = None
+                       window=None, softcap: Optional[float] = None, deterministic: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in the inputs' dtypes and shapes (B, S, H, D); `window` (left, right) and
-    `softcap` those of the forward (`fa4.kernels.AttentionProblem`)."""
+    `softcap` those of the forward (`fa4.kernels.AttentionProblem`); `deterministic`: the module
+    docstring's."""
     forced = implementation != "auto" or _forced() is not None
     mask = {"window": window, "softcap": softcap}
+    if deterministic:
+        return _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implementation, **mask)
     if implementation == "auto":
         implementation, _ = choose(q, **mask, k=k, causal=causal, v=v)
     if implementation == BLOCKWISE:
@@ -254,23 +263,42 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
 
 
-# compiled backward kernels by (dtype, head dim, causal, device index, configuration): one compile
-# serves every batch, length and head count (`sm90_bwd.compile_key`)
+def _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implementation, *, window, softcap):
+    """The module docstring's `deterministic=True`: ours where it can take the gradient, else the
+    blockwise one; a peer named (argument or environment) warns once and is not run."""
+    name = implementation if implementation != "auto" else (_forced() or "auto")
+    why = _ours_unsupported_with_v(q, window, softcap, v)
+    fallback = "our backward kernels" if why is None else "the blockwise PyTorch backward"
+    if name not in ("auto", OURS, BLOCKWISE):
+        warn_once(f"bwd-deterministic:{name}", f"fa4: deterministic=True: {name}'s backward does not add its "
+                                               f"sums in a fixed order; {fallback} runs instead")
+    elif name == OURS and why is not None:
+        warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
+                                     f"the blockwise PyTorch backward runs instead")
+    if why is None and name != BLOCKWISE:
+        return ours_backward(dout, q, k, v, out, lse, causal, scale, dlse, deterministic=True)
+    return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, window=window, softcap=softcap)
+
+
+# compiled backward kernels by (dtype, head dim, causal, device index, configuration, deterministic):
+# one compile serves every batch, length and head count (`sm90_bwd.compile_key`)
 _COMPILED: dict = {}
 
 
-def ours_backward(dout, q, k, v, out, lse, causal, scale, dlse=None):
+def ours_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, deterministic: bool = False):
     """Our sm90 backward kernels on the saved tensors, in the configuration `tuned` picks (compiled on
-    first use of a kind); `dlse`: the gradient of a returned LSE, or None."""
+    first use of a kind); `dlse`: the gradient of a returned LSE, or None; `deterministic`: each sum
+    added in a fixed order."""
     from fa4.kernels import device_from_torch, sm90_bwd
 
     config, _, _ = tuned(q, k, causal)
-    key = (q.dtype, q.shape[-1], causal, q.device.index, config)
+    key = (q.dtype, q.shape[-1], causal, q.device.index, config, deterministic)
     compiled = _COMPILED.get(key)
     if compiled is None:
         with torch.cuda.device(q.device):
             compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem_of(q, k, causal),
-                                                                  device_from_torch(q.device.index))
+                                                                  device_from_torch(q.device.index),
+                                                                  deterministic=deterministic)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     compiled.run(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, scale, dlse)
     return dq, dk, dv

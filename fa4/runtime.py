@@ -369,7 +369,8 @@ def _run_or_replace(plan, launch, q, k, v, softmax_scale, return_lse, fallback):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
               fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
-              window_size: tuple[int, int] | None = None, softcap: float | None = None):
+              window_size: tuple[int, int] | None = None, softcap: float | None = None,
+              deterministic: bool = False):
     """Attention forward: O = softmax(Q K^T * scale) V, the fastest implementation measured for the shape.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
@@ -395,17 +396,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     Differentiable: with grad mode on and an input that requires grad, the call goes through the
     custom op `fa4::attention`, whose forward also saves LSE and whose backward is `fa4.backward`'s
     (flash-attn-4's backward kernels on a GPU they run on, else a blockwise PyTorch backward); a
-    gradient through a returned LSE is supported.
+    gradient through a returned LSE is supported. deterministic=True: the gradients are equal bit for
+    bit on every run of the same inputs (our backward kernels adding each sum in a fixed order, else
+    the blockwise one; `fa4.backward`); the forward is deterministic either way.
     """
+    if not isinstance(deterministic, bool):
+        raise InvalidInputError(f"deterministic must be True or False, got {deterministic!r}")
     if torch.compiler.is_compiling():
         softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                           allow_untested_sm100, backend, window_size, softcap)
+                           allow_untested_sm100, backend, window_size, softcap, deterministic)
     try:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             softmax_scale = checks.softmax_scale_value(softmax_scale)
             return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
-                               allow_untested_sm100, backend, window_size, softcap)
+                               allow_untested_sm100, backend, window_size, softcap, deterministic)
         # The short key of the kernel path: what decides the launch and what the compiled function
         # cannot check (strides of size-1 extents, which it skips and the kernel re-strides on the
         # checked path). V's head dim (the output's), here; the rest of V's shape, K's and V's dtypes and devices and the data pointers' alignment
@@ -486,7 +491,7 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                backend="auto", window_size=None, softcap=None):
+                backend="auto", window_size=None, softcap=None, deterministic=False):
     """The custom op `fa4::attention` (registered by fa4.ops): under torch.compile, and for every call
     that needs a gradient (its backward needs LSE, so the op computes it then). The window travels as
     int[] (-1 for an unbounded side) and the softcap as float?, checked before the op sees them."""
@@ -499,13 +504,15 @@ def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, al
             raise InvalidInputError(f"softcap must be a number > 0 (None or 0: no softcap), got {softcap!r}")
         extra = {"window_size": None if window is None else list(window),
                  "softcap": None if softcap is None else float(softcap)}
+    if deterministic:
+        extra["deterministic"] = True
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, needs_lse, config, fallback,
                                        allow_untested_sm100, backend, **extra)
     return (out, lse) if return_lse else out
 
 
 def forward_for_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                   backend="auto", window_size=None, softcap=None):
+                   backend="auto", window_size=None, softcap=None, deterministic=False):
     """The real implementation of the custom op: the checked path in graph mode (torch.compile and
     CUDA graphs judge implementations by GPU time), outputs always a pair, O contiguous."""
     window_size = None if window_size is None else tuple(window_size)

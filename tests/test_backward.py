@@ -178,11 +178,41 @@ def test_ours_forced_where_it_cannot_run_says_so_and_runs_the_next(monkeypatch):
     assert not check_grads(grads, q, k, v, dout, True)
 
 
-def test_torch_compile_keeps_the_step_in_one_graph():
+def test_deterministic_reaches_our_kernels_or_runs_the_blockwise_backward(monkeypatch):
+    """deterministic=True travels through the op and its backward: on CPU the blockwise backward runs
+    (equal gradients on every run, flash-attn's rule); where ours can run it is ours, compiled with the
+    ordered sums; a peer named by the environment is not run (a warning says what runs instead)."""
+    monkeypatch.delenv(backward.ENV_VAR, raising=False)
+    q, k, v, dout = _inputs(1, 70, 90, 4, 2, 64, torch.bfloat16, seed=5)
+    first = _fa4_grads(q, k, v, dout, True, deterministic=True)
+    again = _fa4_grads(q, k, v, dout, True, deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not check_grads(first, q, k, v, dout, True)
+    with pytest.raises(fa4.InvalidInputError, match="deterministic must be True or False"):
+        fa4.attention(q, k, v, deterministic="yes")
+
+    ran = []
+    monkeypatch.setattr(backward, "_ours_unsupported_with_v", lambda q, window, softcap, v: None)
+    monkeypatch.setattr(backward, "ours_backward", lambda *args, deterministic=False: ran.append(
+        ("ours", deterministic)) or (torch.zeros_like(args[1]), torch.zeros_like(args[2]), torch.zeros_like(args[3])))
+    _fa4_grads(q, k, v, dout, True, deterministic=True)
+    assert ran == [("ours", True)]
+    monkeypatch.setenv(backward.ENV_VAR, "blockwise")
+    _fa4_grads(q, k, v, dout, True, deterministic=True)
+    assert ran == [("ours", True)]        # the blockwise one is deterministic: it runs as named
+    monkeypatch.setattr(backward, "implementations", lambda: ("ours", "some_peer", "blockwise"))
+    monkeypatch.setenv(backward.ENV_VAR, "some_peer")
+    with pytest.warns(UserWarning, match="deterministic=True: some_peer's backward .*our backward kernels runs"):
+        _fa4_grads(q, k, v, dout, True, deterministic=True)
+    assert ran[-1] == ("ours", True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_torch_compile_keeps_the_step_in_one_graph(deterministic):
     q, k, v, dout = _inputs(1, 64, 64, 4, 2, 64, torch.bfloat16)
 
     def step(q, k, v, dout):
-        out = fa4.attention(q, k, v, causal=True, fallback="sdpa")
+        out = fa4.attention(q, k, v, causal=True, fallback="sdpa", deterministic=deterministic)
         return (out * dout).sum()
 
     eager = [t.detach().requires_grad_() for t in (q, k, v)]

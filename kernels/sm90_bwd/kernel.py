@@ -737,7 +737,7 @@ class FlashAttentionBackwardSm90:
                           tiled_mma_dkv, tidx, n_block, head_kv, batch_idx)
         else:
             self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
-                                 tiled_mma_dkv, tidx, n_block, head_slot, batch_idx)
+                                 tiled_mma_dkv, tidx, n_block, head_kv, batch_idx, head_slot)
 
     def step_operands(self, operands, q_state, block_count: Int32):
         """The block step's operands: the Q/dO stage `q_state` points at, the P/dS stage of the
@@ -1043,7 +1043,8 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def epilogue_reduce(self, acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
-                        tiled_mma_dkv, tidx: Int32, n_block: Int32, head_slot: Int32, batch_idx: Int32):
+                        tiled_mma_dkv, tidx: Int32, n_block: Int32, head_kv: Int32, batch_idx: Int32,
+                        head_slot: Int32):
         """group_split > 1: this CTA's partial dK (unscaled: the postprocess scales the sum) and dV in
         fp32 -> shared memory -> one TMA reduce-add each into the (B, Sk, Hkv, D) accumulators (rows
         >= Sk fall outside the tensor and are not added). dK's tile is sK and sV's bytes; dV's is sQ
@@ -1051,7 +1052,6 @@ class FlashAttentionBackwardSm90:
         Deterministic: the group's parts add in part order (the first reduce waits for the part's
         turn, the last passes it on once complete)."""
         d = self.head_dim
-        head_kv, part = head_slot // self.group_split, head_slot % self.group_split
         store = self.fp32_tile_store(tiled_mma_dkv).get_slice(tidx)
         gdK = cute.local_tile(mdK[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
         gdV = cute.local_tile(mdV[None, None, head_kv, batch_idx], (self.tile_n, d), (n_block, 0))
@@ -1063,7 +1063,7 @@ class FlashAttentionBackwardSm90:
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_mma_threads)
             if tidx < 32:
                 if const_expr(self.deterministic):
-                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), part, tidx)
+                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), head_slot % self.group_split, tidx)
                     cute.arch.sync_warp()
                 self.reduce_tile(tma_atom_dK, sdK32, gdK)
                 cute.arch.cp_async_bulk_commit_group()
@@ -1076,7 +1076,7 @@ class FlashAttentionBackwardSm90:
         if tidx < 32:
             if const_expr(self.dkv32_in_qdo):
                 if const_expr(self.deterministic):
-                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), part, tidx)
+                    self.wait_turn(mdKVturn, (batch_idx, head_kv, n_block), head_slot % self.group_split, tidx)
                     cute.arch.sync_warp()
                 self.reduce_tile(tma_atom_dK, sdK32, gdK)
             self.reduce_tile(tma_atom_dV, sdV32, gdV)
