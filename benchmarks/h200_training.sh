@@ -16,8 +16,10 @@
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
-#   bash benchmarks/h200_training.sh bwd-deterministic  # GPU tests of deterministic gradients (bit for bit
-#                                                 # equal runs, flash-attn's rule, no deadlock)
+#   bash benchmarks/h200_training.sh bwd-modes    # GPU tests of deterministic gradients (bit for bit equal
+#                                                 # runs, flash-attn's rule, no deadlock) and of the programmatic
+#                                                 # launch (its A/B: `training-pass` with
+#                                                 # FA4_BWD_PROGRAMMATIC_LAUNCH=1 beside a plain one, ~3 min each)
 #   bash benchmarks/h200_training.sh bwd-split    # the default rule (its group_split model), each
 #                                                 # group_split forced and tile_m 80, on the 14 grid
 #                                                 # shapes beside flash-attn-4; then the GPU tests of
@@ -48,7 +50,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-deterministic|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
@@ -147,10 +149,10 @@ case "$STEP" in
         | quiet > "$OUT/tests_sm90_bwd.txt"
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
-  bwd-deterministic)
-    timeout 400 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_deterministic_gpu.py -p no:cacheprovider 2>&1 \
-        | quiet > "$OUT/tests_bwd_deterministic.txt"
-    tail -n 8 "$OUT/tests_bwd_deterministic.txt"
+  bwd-modes)
+    timeout 330 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_deterministic_gpu.py \
+        tests/gpu/test_sm90_bwd_programmatic_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_bwd_modes.txt"
+    tail -n 8 "$OUT/tests_bwd_modes.txt"
     ;;
   bwd-split)
     # shellcheck disable=SC2086
@@ -180,6 +182,7 @@ case "$STEP" in
     shift
     sets=""; name=training_pass
     for kv in "$@"; do sets="$sets --set $kv"; name="${name}_${kv//=/-}"; done
+    if [ "${FA4_BWD_PROGRAMMATIC_LAUNCH:-}" = 1 ]; then name="${name}_programmatic"; fi
     # shellcheck disable=SC2086
     FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/$name.json" $sets \
         2> >(quiet > "$OUT/$name.log") | cut -c1-300

@@ -280,7 +280,8 @@ def _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implem
     return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, window=window, softcap=softcap)
 
 
-# compiled backward kernels by (dtype, head dim, causal, device index, configuration, deterministic):
+# compiled backward kernels by (dtype, head dim, causal, device index, configuration, deterministic,
+# programmatic launch):
 # one compile serves every batch, length and head count (`sm90_bwd.compile_key`)
 _COMPILED: dict = {}
 
@@ -292,7 +293,7 @@ def ours_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, determinist
     from fa4.kernels import device_from_torch, sm90_bwd
 
     config, _, _ = tuned(q, k, causal)
-    key = (q.dtype, q.shape[-1], causal, q.device.index, config, deterministic)
+    key = (q.dtype, q.shape[-1], causal, q.device.index, config, deterministic, sm90_bwd.programmatic_launch())
     compiled = _COMPILED.get(key)
     if compiled is None:
         with torch.cuda.device(q.device):

@@ -23,6 +23,10 @@ every configuration has both): the main kernel adds each sum in global memory in
 by key block and a split group's dK and dV by part, each writer waiting for its turn on a counter
 (`kernel.FlashAttentionBackwardSm90.wait_turn`); `.run` allocates the zeroed counters, dQ's (B, Hq,
 query blocks) and dK/dV's (B, Hkv, key blocks) int32.
+
+The main kernel as a programmatic dependent launch of the preprocess (`plan.PROGRAMMATIC_LAUNCH`, or
+`FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` when compiling): a compile-time choice of the launch, not a knob
+(it is to be on everywhere once timed); `compile_key` carries it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from .defaults import default_config, group_split_for  # noqa: F401  (the rules:
 # the resource model and the one check of a configuration
 from .feasibility import (KNOB_SET, REFERENCE_DEVICE, can_implement, reasons, resource_reasons,  # noqa: F401
                           resources, smem_bytes, validate)
-from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F401
+from .plan import MMA_WARPGROUPS, PROGRAMMATIC_LAUNCH, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F401
 
 ARCH = "sm90"
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
@@ -55,6 +59,7 @@ PTX_MARKERS = {
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
     "turns": re.compile(r"ld\.[a-z.]*acquire\.gpu"),                      # deterministic: waits for a turn
+    "griddepcontrol": re.compile(r"griddepcontrol\.(wait|launch_dependents)"),  # programmatic launch
 }
 
 
@@ -65,12 +70,23 @@ def kernel_names(config: Config) -> tuple:
     return KERNELS + (("kv_postprocess",) if separate_kv else ())
 
 
+def programmatic_launch() -> bool:
+    """Whether the main kernel is compiled as the preprocess's programmatic dependent: `plan.
+    PROGRAMMATIC_LAUNCH`, unless `FA4_BWD_PROGRAMMATIC_LAUNCH` is 0 or 1 (an A/B on the GPU)."""
+    value = os.environ.get("FA4_BWD_PROGRAMMATIC_LAUNCH", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"FA4_BWD_PROGRAMMATIC_LAUNCH={value!r}: 0 or 1")
+    return PROGRAMMATIC_LAUNCH if not value else value == "1"
+
+
 def compile_key(config: Config, problem: AttentionProblem, deterministic: bool = False) -> tuple:
-    """What the generated code depends on: the codegen knobs, dtype, head dim, causal and whether
-    the sums are ordered (never lengths, batch or heads: they are symbolic in the compile)."""
+    """What the generated code depends on: the codegen knobs, dtype, head dim, causal, whether the
+    sums are ordered and how the main kernel is launched (never lengths, batch or heads: they are
+    symbolic in the compile)."""
     return (KNOB_SET, config.codegen_items(),
             (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal))
-            + ((("deterministic", True),) if deterministic else ()))
+            + ((("deterministic", True),) if deterministic else ())
+            + ((("programmatic_launch", True),) if programmatic_launch() else ()))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -119,12 +135,14 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem, determini
         from .kernel import FlashAttentionBackwardSm90
         # every knob reaches the kernel under its own name: a new knob needs no line here
         return FlashAttentionBackwardSm90(dtype=dtype, head_dim=d, causal=problem.causal,
-                                          deterministic=deterministic, **config.to_dict())
+                                          deterministic=deterministic,
+                                          programmatic_launch=programmatic_launch(), **config.to_dict())
     from . import prepost
     if name == "postprocess" and config.dq_accum == "fragment":
         return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
-    return {"preprocess": prepost.Preprocess, "postprocess": prepost.Postprocess,
-            "kv_postprocess": prepost.Postprocess}[name](dtype=dtype, head_dim=d)
+    if name == "preprocess":
+        return prepost.Preprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch())
+    return prepost.Postprocess(dtype=dtype, head_dim=d)   # postprocess, kv_postprocess
 
 
 def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ffi: bool,
@@ -188,12 +206,8 @@ class CompiledBackward:
                                    device=q.device).transpose(1, 2)
         else:
             dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
-        if dlse is not None:
-            # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
-            # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
-            # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
-            delta[:, :, :seqlen_q].sub_(dlse.float())
+        # every zeroed workspace before the preprocess: the main kernel follows it directly (its
+        # programmatic dependent, `plan.PROGRAMMATIC_LAUNCH`)
         turns = ()
         if self.deterministic:   # zeroed counters: each sum's writers take their turns from 0
             turns = (torch.zeros((batch, heads_q, padded // self.config.tile_m), dtype=torch.int32,
@@ -202,11 +216,18 @@ class CompiledBackward:
                 key_blocks = -(-k.shape[1] // self.config.tile_n)
                 turns += (torch.zeros((batch, k.shape[2], max(key_blocks, 1)), dtype=torch.int32,
                                       device=q.device),)
+        if self.config.group_split > 1:
+            dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+            dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+        self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
+        if dlse is not None:
+            # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
+            # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
+            # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
+            delta[:, :, :seqlen_q].sub_(dlse.float())
         if self.config.group_split == 1:
             self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale, *turns)
         else:
-            dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-            dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
             self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale, *turns)
             # the row postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
             convert = self.compiled.get("kv_postprocess", self.compiled["postprocess"])

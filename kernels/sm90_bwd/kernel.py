@@ -113,7 +113,7 @@ class FlashAttentionBackwardSm90:
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
                  q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
-                 group_split: int, deterministic: bool = False):
+                 group_split: int, deterministic: bool = False, programmatic_launch: bool = False):
         from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
@@ -154,6 +154,9 @@ class FlashAttentionBackwardSm90:
         # the sums in global memory (dQ's, a split group's dK and dV) added in a fixed order: see
         # `wait_turn`
         self.deterministic = deterministic
+        # launched as a programmatic dependent of the preprocess (`plan.PROGRAMMATIC_LAUNCH`): the CTAs
+        # start during its tail and load K and V, then wait for its LSE2, D and zeroed dQ accumulator
+        self.programmatic_launch = programmatic_launch
         self.num_mma_threads = 128 * MMA_WARPGROUPS
         self.num_threads = 128 + self.num_mma_threads
         self.producer_regs, self.mma_regs = REGISTER_SPLIT
@@ -400,7 +403,7 @@ class FlashAttentionBackwardSm90:
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.sdQ_layout, self.sRow_layout, self.sdKV32_layout, SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1],
-                 stream=stream, min_blocks_per_mp=1)
+                 stream=stream, min_blocks_per_mp=1, use_pdl=self.programmatic_launch)
 
     # ------------------------------------------------------------------------------------------
     # device code
@@ -578,6 +581,7 @@ class FlashAttentionBackwardSm90:
         pipe_kv.producer_acquire(kv_state)
         cute.copy(tma_atom_K, tKg, tKs, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         cute.copy(tma_atom_V, tVg, tVs, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        self.wait_for_the_preprocess()   # LSE2 and D come with Q and dO (sdp_swap)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         m_count = cutlass.max(m_max - m_min, 0)
@@ -611,6 +615,7 @@ class FlashAttentionBackwardSm90:
         turn and passes it on once complete."""
         d = self.head_dim
         both = self.num_mma_threads + 32
+        self.wait_for_the_preprocess()   # the accumulator it adds into is zeroed there
         _, head_count = self.query_heads(head_slot, ratio)
         m_count = cutlass.max(m_max - m_min, 0)
         for t in cutlass.range(head_count * m_count, unroll=1):
@@ -713,6 +718,7 @@ class FlashAttentionBackwardSm90:
         operands = (tSrQ, tSrK, tdPrdO, tdPrV, tdVrPt, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, tPsP,
                     tdSsdS)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        self.wait_for_the_preprocess()   # LSE2, D; the zeroed dQ accumulator of the atomics
         pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         # Unmasked blocks [m_unmasked, m_max), then the masked ones [m_min, m_unmasked), in loops of
@@ -984,6 +990,12 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
             self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.thread_idx()[0] - 128)
+
+    def wait_for_the_preprocess(self):
+        """Programmatic launch: nothing the preprocess writes is read (or added into) before it has
+        completed; a thread that reads none of it (K, V, Q, dO, written before) need not wait."""
+        if const_expr(self.programmatic_launch):
+            cute.arch.griddepcontrol_wait()
 
     # ---- the deterministic order ---------------------------------------------------------------
     @cute.jit

@@ -7,6 +7,13 @@ MMA_WARPGROUPS = 2
 # setmaxnreg split (producer warpgroup, each MMA warpgroup): 128 * (24 + 2 * 240) <= 64K
 REGISTER_SPLIT = (24, 240)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
+# The main kernel as a programmatic dependent launch of the preprocess (its CTAs start in the
+# preprocess's tail and load K and V first). Off until an H200 times it and re-tunes the packaged
+# backward entries in one session (it changes every entry's main-kernel SASS); H100, 2026-12-06, on
+# an earlier build of the same design: B8 S512 D64 80.2 -> 78.3 us full, 67.5 -> 65.6 causal, six other
+# shapes within +-0.5 % (docs/backward.md). `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` overrides it at compile
+# time, for that A/B.
+PROGRAMMATIC_LAUNCH = False
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
 # a TMA load's shared-memory destination must be 128-byte aligned: each Q/dO stage's LSE2 and D rows

@@ -42,9 +42,11 @@ class _RowKernel:
     """A kernel over query rows: `threads_per_row` threads per row of `head_dim` elements, `rows`
     rows per CTA (module docstring)."""
 
-    def __init__(self, *, dtype: str, head_dim: int):
+    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
+        # the main kernel is its programmatic dependent (`plan.PROGRAMMATIC_LAUNCH`; Preprocess only)
+        self.programmatic_launch = programmatic_launch
         self.threads_per_row = head_dim // ELEMS_PER_THREAD
         self.rows = rows_per_cta(head_dim)
 
@@ -71,6 +73,10 @@ class Preprocess(_RowKernel):
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
                mDelta: cute.Tensor, mdQaccum: cute.Tensor):
+        if const_expr(self.programmatic_launch):
+            # the main kernel's CTAs may start once every CTA here has started (they wait for this
+            # grid's end before reading what it writes)
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.rows + tidx // self.threads_per_row

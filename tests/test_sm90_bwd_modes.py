@@ -1,9 +1,13 @@
-"""Deterministic gradients of the sm90 backward (`compile_backward(..., deterministic=True)`): each sum
-in global memory (dQ's per query block, a split group's dK and dV per key block) is added by its
-writers in a fixed order, each waiting on a counter for its turn (`kernel.FlashAttentionBackwardSm90.
-wait_turn`). On a CPU: the order cannot deadlock under any scheduler (a simulation of the grid with
-few resident CTAs, the waits as the kernel makes them), and every configuration compiles with the
-waits and without spills. On the GPU: tests/gpu/test_sm90_bwd_deterministic_gpu.py."""
+"""Two modes of the sm90 backward beside its knobs, on a CPU.
+
+Deterministic gradients (`compile_backward(..., deterministic=True)`): each sum in global memory (dQ's
+per query block, a split group's dK and dV per key block) is added by its writers in a fixed order,
+each waiting on a counter for its turn (`kernel.FlashAttentionBackwardSm90.wait_turn`). The order
+cannot deadlock under any scheduler (a simulation of the grid with few resident CTAs, the waits as the
+kernel makes them), and every dQ path and split compiles with the waits and without spills.
+
+The programmatic launch (`FA4_BWD_PROGRAMMATIC_LAUNCH=1`, `plan.PROGRAMMATIC_LAUNCH`): compiles with
+its waits. On the GPU: tests/gpu/test_sm90_bwd_deterministic_gpu.py, test_sm90_bwd_programmatic_gpu.py."""
 
 from __future__ import annotations
 
@@ -135,3 +139,23 @@ def test_deterministic_compiles_with_its_waits_and_without_spills(head_dim, dtyp
     assert ordered["smem_bytes"] == sm90_bwd.smem_bytes(config, problem)
     assert (sm90_bwd.compile_key(config, problem, deterministic=True)
             != sm90_bwd.compile_key(config, problem))
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(dq_accum="bulk", group_split=2, sdp_swap=True, tile_m=64)],
+                         ids=["default", "bulk-split-swap"])
+def test_programmatic_launch_compiles_with_its_waits(knobs, monkeypatch):
+    """FA4_BWD_PROGRAMMATIC_LAUNCH=1 (`plan.PROGRAMMATIC_LAUNCH`, off until timed): the preprocess lets
+    its dependent start, the main kernel waits for it, without spills; the compile key tells the two
+    launches apart, so no cache serves one for the other."""
+    config, problem = Config.make("sm90_bwd", **knobs), _problem(64, "bf16", True)
+    plain_key = sm90_bwd.compile_key(config, problem)
+    monkeypatch.setenv("FA4_BWD_PROGRAMMATIC_LAUNCH", "1")
+    assert sm90_bwd.compile_key(config, problem) != plain_key
+    reports = sm90_bwd.compile_report(config, problem, only=("preprocess", "main"))
+    for name, report in reports.items():
+        assert report["ptx_markers"]["griddepcontrol"], name
+        assert not (report["spill_stores"] or report["spill_loads"]), (name, report)
+    assert reports["main"]["smem_bytes"] == sm90_bwd.smem_bytes(config, problem)
+    monkeypatch.setenv("FA4_BWD_PROGRAMMATIC_LAUNCH", "yes")
+    with pytest.raises(ValueError, match="0 or 1"):
+        sm90_bwd.programmatic_launch()
