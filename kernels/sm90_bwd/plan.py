@@ -8,11 +8,10 @@ MMA_WARPGROUPS = 2
 REGISTER_SPLIT = (24, 240)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
 # The main kernel as a programmatic dependent launch of the preprocess (its CTAs start in the
-# preprocess's tail and load K and V first). Off until an H200 times it and re-tunes the packaged
-# backward entries in one session (it changes every entry's main-kernel SASS); H100, 2026-12-06, on
-# an earlier build of the same design: B8 S512 D64 80.2 -> 78.3 us full, 67.5 -> 65.6 causal, six other
-# shapes within +-0.5 % (docs/backward.md). `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` overrides it at compile
-# time, for that A/B.
+# preprocess's tail and load K and V first). Off: on an H100 (2026-12-07, the 14 grid shapes through
+# autograd) it took 0.998x the plain launch's time, geomean, within the runs' noise (docs/backward.md);
+# turning it on changes every entry's main-kernel SASS, so it would go with a re-tune of the packaged
+# backward entries. `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` overrides it at compile time, for an A/B.
 PROGRAMMATIC_LAUNCH = False
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
