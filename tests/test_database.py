@@ -122,6 +122,17 @@ def test_packaged_database_is_valid_and_every_entry_usable():
     assert {e.key: database.entry_problems(e) for e in db.entries} == {e.key: [] for e in db.entries}
 
 
+def test_the_packaged_entries_are_current_for_these_kernel_sources():
+    """A kernel-source edit makes the shipped tunings stale (never used by lookup). An edit that left
+    the generated code alone is re-stamped (`benchmarks/restamp_unchanged_code.py --rev REV`); one that
+    changed it needs a re-tune, or its entries' removal, in the same change."""
+    from fa4 import state
+    from fa4.kernels.knobs import KNOB_SETS
+
+    stale = BestConfigDB.load(database.packaged_path()).stale_entries({a: state.fingerprint(a) for a in KNOB_SETS})
+    assert not stale, f"stale packaged entries (re-stamp or re-tune): {[e.key for e in stale]}"
+
+
 H100 = "NVIDIA H100 80GB HBM3"
 
 
