@@ -92,11 +92,15 @@ def _ours_unsupported_with_v(q: torch.Tensor, window, softcap, v: Optional[torch
 
 
 def choose(q: torch.Tensor, window=None, softcap: Optional[float] = None, *, k: Optional[torch.Tensor] = None,
-           causal: Optional[bool] = None, v: Optional[torch.Tensor] = None) -> tuple[str, str]:
+           causal: Optional[bool] = None, v: Optional[torch.Tensor] = None,
+           deterministic: bool = False) -> tuple[str, str]:
     """(implementation, why) for a backward of these inputs' kind: the one `FA4_BACKWARD` names, else
     ours where a tuned entry measured it faster than the first peer's backward that can take it, else
     that peer's, else ours, else the blockwise one. Without `k` and `causal` no entry is read. Where
-    ours is chosen, the why names its configuration and where it came from (`tuned`)."""
+    ours is chosen, the why names its configuration and where it came from (`tuned`).
+    `deterministic`: the module docstring's choice (`_deterministic_choice`)."""
+    if deterministic:
+        return _deterministic_choice(q, "auto", window, softcap, v)[:2]
     forced = _forced()
     if forced is not None:
         why = f"${ENV_VAR}={forced}"
@@ -263,19 +267,34 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, **mask)
 
 
-def _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implementation, *, window, softcap):
-    """The module docstring's `deterministic=True`: ours where it can take the gradient, else the
-    blockwise one; a peer named (argument or environment) warns once and is not run."""
+def _deterministic_choice(q, implementation: str, window, softcap, v) -> tuple[str, str, Optional[str]]:
+    """(implementation, why, warning or None) under `deterministic=True`: ours where it can take the
+    gradient, else the blockwise one; the blockwise one where named; a peer named (argument or
+    environment) is not run, and the warning says so."""
     name = implementation if implementation != "auto" else (_forced() or "auto")
-    why = _ours_unsupported_with_v(q, window, softcap, v)
-    fallback = "our backward kernels" if why is None else "the blockwise PyTorch backward"
-    if name not in ("auto", OURS, BLOCKWISE):
-        warn_once(f"bwd-deterministic:{name}", f"fa4: deterministic=True: {name}'s backward does not add its "
-                                               f"sums in a fixed order; {fallback} runs instead")
-    elif name == OURS and why is not None:
-        warn_once(f"bwd-ours:{why}", f"fa4: our backward kernels cannot take this gradient ({why}); "
-                                     f"the blockwise PyTorch backward runs instead")
-    if why is None and name != BLOCKWISE:
+    ours_why_not = _ours_unsupported_with_v(q, window, softcap, v)
+    if name == BLOCKWISE:
+        return BLOCKWISE, "deterministic=True, the blockwise PyTorch backward named", None
+    if ours_why_not is None:
+        choice = (OURS, "deterministic=True: our sm90 backward kernels, each sum added in a fixed order")
+    else:
+        choice = (BLOCKWISE, f"deterministic=True: the blockwise PyTorch backward ({ours_why_not})")
+    warning = None
+    if name not in ("auto", OURS):
+        warning = (f"fa4: deterministic=True: {name}'s backward does not add its sums in a fixed order; "
+                   f"{'our backward kernels' if choice[0] == OURS else 'the blockwise PyTorch backward'} runs instead")
+    elif name == OURS and ours_why_not is not None:
+        warning = (f"fa4: our backward kernels cannot take this gradient ({ours_why_not}); the blockwise "
+                   f"PyTorch backward runs instead")
+    return choice + (warning,)
+
+
+def _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implementation, *, window, softcap):
+    """The module docstring's `deterministic=True` (`_deterministic_choice`)."""
+    name, _, warning = _deterministic_choice(q, implementation, window, softcap, v)
+    if warning:
+        warn_once(f"bwd-deterministic:{warning}", warning)
+    if name == OURS:
         return ours_backward(dout, q, k, v, out, lse, causal, scale, dlse, deterministic=True)
     return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, window=window, softcap=softcap)
 

@@ -531,7 +531,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
             fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
             arch: str | None = None, device_name: str | None = None,
-            window_size: tuple[int, int] | None = None, softcap: float | None = None) -> Explanation:
+            window_size: tuple[int, int] | None = None, softcap: float | None = None,
+            deterministic: bool = False) -> Explanation:
     """Which implementation (per mode: eager, CUDA-graph capture / torch.compile) and which configuration
     `attention` would run on these inputs, and why, with the measured ratio; compiles and launches
     nothing.
@@ -563,7 +564,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     if isinstance(q, torch.Tensor):
         plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap,
                                                      **({"k": k, "causal": causal} if isinstance(k, torch.Tensor) else {}),
-                                                     **({"v": v} if isinstance(v, torch.Tensor) else {}))
+                                                     **({"v": v} if isinstance(v, torch.Tensor) else {}),
+                                                     deterministic=deterministic)
     return plan.explanation
 
 

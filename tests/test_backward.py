@@ -205,6 +205,16 @@ def test_deterministic_reaches_our_kernels_or_runs_the_blockwise_backward(monkey
     with pytest.warns(UserWarning, match="deterministic=True: some_peer's backward .*our backward kernels runs"):
         _fa4_grads(q, k, v, dout, True, deterministic=True)
     assert ran[-1] == ("ours", True)
+    # what runs is what fa4.explain says
+    monkeypatch.delenv(backward.ENV_VAR)
+    assert backward.choose(q, k=k, causal=True, deterministic=True)[0] == "ours"
+
+
+def test_explain_names_the_deterministic_backward():
+    q, k, v, _ = _inputs(1, 70, 90, 4, 2, 64, torch.bfloat16)
+    name, why = fa4.explain(q, k, v, causal=True, deterministic=True).backward
+    assert name == "blockwise" and why.startswith("deterministic=True") and "cpu" in why
+    assert "deterministic" not in fa4.explain(q, k, v, causal=True).backward[1]
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
