@@ -26,7 +26,7 @@
 #                                                 # the default (split) and of tile_m 80
 #   bash benchmarks/h200_training.sh bwd-space    # every fast-space configuration on the grid and 12
 #                                                 # other shapes beside flash-attn-4 (rule refits)
-#   bash benchmarks/h200_training.sh training-pass [KNOB=VALUE ...]  # our default backward
+#   bash benchmarks/h200_training.sh training-pass [KNOB=VALUE ...|deterministic]  # our default backward
 #                                                 # (FA4_BACKWARD=ours; with KNOB=VALUE changed) beside
 #                                                 # every peer's on the 14 grid shapes,
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
@@ -181,7 +181,11 @@ case "$STEP" in
     # named after them
     shift
     sets=""; name=training_pass
-    for kv in "$@"; do sets="$sets --set $kv"; name="${name}_${kv//=/-}"; done
+    # ("deterministic" instead: fa4.attention(..., deterministic=True))
+    for kv in "$@"; do
+      if [ "$kv" = deterministic ]; then sets="$sets --deterministic"; else sets="$sets --set $kv"; fi
+      name="${name}_${kv//=/-}"
+    done
     if [ "${FA4_BWD_PROGRAMMATIC_LAUNCH:-}" = 1 ]; then name="${name}_programmatic"; fi
     # shellcheck disable=SC2086
     FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/$name.json" $sets \

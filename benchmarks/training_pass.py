@@ -11,7 +11,8 @@ backward's standing. `$FA4_BACKWARD` picks fa4.attention's backward (`ours` time
 
 `--set KNOB=VALUE` (repeatable) runs our backward's default with those knobs changed wherever the
 model admits the change (the default elsewhere): an A/B of a default rule by CUDA-graph replay, e.g.
-`--set dq_accum=fragment`.
+`--set dq_accum=fragment`. `--deterministic` calls fa4.attention with deterministic=True (the cost of
+ordered sums beside a plain run).
 
 Rows (one JSON object a shape): {"shape", "fa4": {...}, <peer>: {...}} with `time_training`'s fields
 (bwd_us, fwdbwd_us, bwd_peak_extra_mib, validated, backward, kv_expanded, error). The summary divides
@@ -119,12 +120,19 @@ def main(argv=None) -> None:
     ap.add_argument("--summary", default=None, metavar="JSON", help="summarise rows written before; time nothing")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KNOB=VALUE",
                     help="our backward's default with this knob changed where the model admits it")
+    ap.add_argument("--deterministic", action="store_true", help="fa4.attention(..., deterministic=True)")
     args = ap.parse_args(argv)
     if args.summary:
         print(summary(json.loads(Path(args.summary).read_text())))
         return
     if args.overrides:
         override_default(parse_overrides(args.overrides))
+    if args.deterministic:
+        import functools
+
+        import fa4
+        # the harness calls fa4.attention through the module (`fa4tune.workers.training`)
+        fa4.attention = functools.partial(fa4.attention, deterministic=True)
     from fa4tune.inputs.shape_sets import load_shapes_file
 
     from fa4 import backends

@@ -167,6 +167,22 @@ def test_the_training_pass_can_change_the_backwards_default(monkeypatch):
         bench.parse_overrides(["dq_accum=fast"])
 
 
+def test_the_training_pass_times_the_deterministic_backward_when_asked(monkeypatch, tmp_path):
+    """benchmarks/training_pass.py --deterministic: the harness's fa4.attention row runs with
+    deterministic=True (what it calls is looked up at call time)."""
+    import fa4
+
+    bench = _load("training_pass")
+    monkeypatch.setattr(fa4, "attention", fa4.attention)   # restored after the test
+    seen = []
+    monkeypatch.setattr(bench, "measure", lambda problems, names: seen.append(fa4.attention) or [])
+    shapes = tmp_path / "one.toml"
+    shapes.write_text('[[problem]]\nbatch = 1\nseqlen = 128\nheads_q = 4\nheads_kv = 2\nhead_dim = 64\n'
+                      'dtype = "bf16"\ncausal = true\n')
+    bench.main(["--shapes-file", str(shapes), "--peers", "", "--deterministic"])
+    assert seen[0].keywords == {"deterministic": True}
+
+
 def test_the_stall_regions_split_samples_by_loop():
     """benchmarks/ncu_stall_regions.py: a source-page CSV's stall samples summed per innermost wgmma
     loop, other loops and code outside loops; columns found by name, preamble lines skipped."""
