@@ -203,6 +203,16 @@ SOFTMAX_SCALE_MIN = 2.0**-126
 SOFTMAX_SCALE_MAX = 2.0**127
 
 
+def deterministic_value(deterministic) -> bool:
+    """`fa4.attention`'s deterministic: True or False, or None for torch's own setting
+    (`torch.use_deterministic_algorithms`)."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    if not isinstance(deterministic, bool):
+        raise InvalidInputError(f"deterministic must be True, False or None (torch's setting), got {deterministic!r}")
+    return deterministic
+
+
 def softmax_scale_value(softmax_scale) -> float | None:
     """The scale as the kernels take it (a float), None for the default; InvalidInputError for what is
     no real number (a one-element real tensor is one) or lies outside [SOFTMAX_SCALE_MIN,

@@ -370,7 +370,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, return_lse: bool = False, config: Any = None,
               fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
               window_size: tuple[int, int] | None = None, softcap: float | None = None,
-              deterministic: bool = False):
+              deterministic: bool | None = None):
     """Attention forward: O = softmax(Q K^T * scale) V, the fastest implementation measured for the shape.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), on one CUDA device, fp16 or bf16, Hq a multiple of Hkv
@@ -398,10 +398,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     (flash-attn-4's backward kernels on a GPU they run on, else a blockwise PyTorch backward); a
     gradient through a returned LSE is supported. deterministic=True: the gradients are equal bit for
     bit on every run of the same inputs (our backward kernels adding each sum in a fixed order, else
-    the blockwise one; `fa4.backward`); the forward is deterministic either way.
+    the blockwise one; `fa4.backward`); None (the default) follows
+    `torch.use_deterministic_algorithms`; the forward is deterministic either way.
     """
-    if not isinstance(deterministic, bool):
-        raise InvalidInputError(f"deterministic must be True or False, got {deterministic!r}")
+    deterministic = checks.deterministic_value(deterministic)
     if torch.compiler.is_compiling():
         softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
@@ -532,7 +532,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             fallback: str = "error", *, backend: str = "auto", allow_untested_sm100: bool = False,
             arch: str | None = None, device_name: str | None = None,
             window_size: tuple[int, int] | None = None, softcap: float | None = None,
-            deterministic: bool = False) -> Explanation:
+            deterministic: bool | None = None) -> Explanation:
     """Which implementation (per mode: eager, CUDA-graph capture / torch.compile) and which configuration
     `attention` would run on these inputs, and why, with the measured ratio; compiles and launches
     nothing.
@@ -565,7 +565,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
         plan.explanation.backward = _backward.choose(q, window=plan.window, softcap=plan.softcap,
                                                      **({"k": k, "causal": causal} if isinstance(k, torch.Tensor) else {}),
                                                      **({"v": v} if isinstance(v, torch.Tensor) else {}),
-                                                     deterministic=deterministic)
+                                                     deterministic=checks.deterministic_value(deterministic))
     return plan.explanation
 
 

@@ -17,10 +17,13 @@ tokens packed, as flash-attn's integration does (padded query rows get O = 0); a
 tokens are not one run per row, or a call inside a CUDA-graph capture (packing reads the mask on the
 host), goes to torch SDPA with the same semantics, said once by a warning. Inputs our kernels cannot
 run go to SDPA too (`fallback="sdpa"`: CPU tensors, fp32, other head dims). Attention dropout raises
-instead: the result would differ from the model's.
+instead: the result would differ from the model's. Deterministic gradients as transformers asks them of
+flash-attn: a `deterministic` argument, else `FLASH_ATTENTION_DETERMINISTIC=1`, else torch's setting.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +56,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         warn_once("transformers-padding", f"fa4: a padded batch whose real tokens are not one run per row (or "
                                           f"one inside a CUDA-graph capture) runs on torch SDPA")
         return _padded_sdpa(q, k, v, attention_mask, causal, scaling, window_size, softcap), None
+    deterministic = kwargs.get("deterministic")
+    if deterministic is None and os.environ.get("FLASH_ATTENTION_DETERMINISTIC") == "1":
+        deterministic = True
     return fa4.attention(q, k, v, causal=causal, softmax_scale=scaling, fallback="sdpa", window_size=window_size,
-                         softcap=softcap), None
+                         softcap=softcap, deterministic=deterministic), None
 
 
 def _padded_varlen(q, k, v, key_mask, causal: bool, scaling, window_size=None, softcap=None):

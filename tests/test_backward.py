@@ -188,7 +188,7 @@ def test_deterministic_reaches_our_kernels_or_runs_the_blockwise_backward(monkey
     again = _fa4_grads(q, k, v, dout, True, deterministic=True)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not check_grads(first, q, k, v, dout, True)
-    with pytest.raises(fa4.InvalidInputError, match="deterministic must be True or False"):
+    with pytest.raises(fa4.InvalidInputError, match="deterministic must be True, False or None"):
         fa4.attention(q, k, v, deterministic="yes")
 
     ran = []
@@ -208,6 +208,29 @@ def test_deterministic_reaches_our_kernels_or_runs_the_blockwise_backward(monkey
     # what runs is what fa4.explain says
     monkeypatch.delenv(backward.ENV_VAR)
     assert backward.choose(q, k=k, causal=True, deterministic=True)[0] == "ours"
+
+
+def test_deterministic_follows_torchs_setting_unless_given(monkeypatch):
+    """deterministic=None (the default) is torch.use_deterministic_algorithms' setting, as PyTorch's own
+    ops follow it; True or False given wins."""
+    monkeypatch.delenv(backward.ENV_VAR, raising=False)
+    ran = []
+    monkeypatch.setattr(backward, "_ours_unsupported_with_v", lambda q, window, softcap, v: None)
+    monkeypatch.setattr(backward, "peers_with_backward", lambda: ())
+    monkeypatch.setattr(backward, "tuned", lambda q, k, causal: (Config.make("sm90_bwd"), "default", None))
+    monkeypatch.setattr(backward, "ours_backward", lambda *args, deterministic=False: ran.append(
+        deterministic) or (torch.zeros_like(args[1]), torch.zeros_like(args[2]), torch.zeros_like(args[3])))
+    q, k, v, dout = _inputs(1, 40, 40, 4, 2, 64, torch.bfloat16, seed=2)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        _fa4_grads(q, k, v, dout, True)
+        _fa4_grads(q, k, v, dout, True, deterministic=False)
+        torch.use_deterministic_algorithms(False)
+        _fa4_grads(q, k, v, dout, True)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert ran == [True, False, False]
 
 
 def test_explain_names_the_deterministic_backward():

@@ -118,6 +118,21 @@ def test_a_sliding_window_and_a_softcap_reach_fa4_attention():
     torch.testing.assert_close(wide, attention_fp32(qs, qs, qs, True)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_deterministic_is_asked_as_transformers_asks_flash_attn(monkeypatch):
+    """A layer's `deterministic` argument, else FLASH_ATTENTION_DETERMINISTIC=1, else torch's setting (None)."""
+    seen = []
+    monkeypatch.setattr(fa4_attn.fa4, "attention", lambda *a, **kw: seen.append(kw["deterministic"]) or a[0])
+    q = torch.randn(1, 4, 12, 64)
+    module = torch.nn.Module()
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    fa4_attn.attention_forward(module, q, q, q, None)
+    fa4_attn.attention_forward(module, q, q, q, None, deterministic=True)
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    fa4_attn.attention_forward(module, q, q, q, None)
+    fa4_attn.attention_forward(module, q, q, q, None, deterministic=False)
+    assert seen == [None, True, True, False]
+
+
 def _model(kind: str, implementation: str):
     if kind == "mistral":   # a sliding window on every layer
         config = transformers.MistralConfig(vocab_size=101, hidden_size=128, intermediate_size=256,
