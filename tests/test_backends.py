@@ -238,6 +238,8 @@ NAMES_A_PEER = {
     "benchmarks/sm90_bwd_sass.py": {"flash-attn-4", "flash_attn.cute"},
     # writes database entries and bench rows as a run would, to damage them
     "benchmarks/fault_injection.py": {"sdpa_cudnn", "flash_attn_4"},
+    # reads transformers' FLASH_ATTENTION_DETERMINISTIC, the switch transformers gives flash-attn: no peer
+    "fa4/transformers_attention.py": {"FLASH_ATTENTION"},
 }
 
 
