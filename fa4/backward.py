@@ -299,9 +299,8 @@ def _deterministic_backward(dout, q, k, v, out, lse, causal, scale, dlse, implem
     return blockwise_backward(dout, q, k, v, out, lse, causal, scale, dlse, window=window, softcap=softcap)
 
 
-# compiled backward kernels by (dtype, head dim, causal, device index, configuration, deterministic,
-# programmatic launch):
-# one compile serves every batch, length and head count (`sm90_bwd.compile_key`)
+# compiled backward kernels by (device index, `sm90_bwd.compile_key`): one compile serves every batch,
+# length and head count
 _COMPILED: dict = {}
 
 
@@ -312,11 +311,12 @@ def ours_backward(dout, q, k, v, out, lse, causal, scale, dlse=None, determinist
     from fa4.kernels import device_from_torch, sm90_bwd
 
     config, _, _ = tuned(q, k, causal)
-    key = (q.dtype, q.shape[-1], causal, q.device.index, config, deterministic, sm90_bwd.programmatic_launch())
+    problem = problem_of(q, k, causal)
+    key = (q.device.index, sm90_bwd.compile_key(config, problem, deterministic))
     compiled = _COMPILED.get(key)
     if compiled is None:
         with torch.cuda.device(q.device):
-            compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem_of(q, k, causal),
+            compiled = _COMPILED[key] = sm90_bwd.compile_backward(config, problem,
                                                                   device_from_torch(q.device.index),
                                                                   deterministic=deterministic)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -401,7 +401,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     the blockwise one; `fa4.backward`); None (the default) follows
     `torch.use_deterministic_algorithms`; the forward is deterministic either way.
     """
-    deterministic = checks.deterministic_value(deterministic)
+    # a bad value is refused here, whatever path the call takes; None (torch's setting) is resolved only
+    # where a gradient needs it (`_through_op`), not on the eager forward path
+    if deterministic is not None:
+        checks.deterministic_value(deterministic)
     if torch.compiler.is_compiling():
         softmax_scale = checks.softmax_scale_value(softmax_scale)  # before the op's schema sees it
         return _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback,
@@ -491,10 +494,11 @@ def _hashable_key(q, k, v, causal, return_lse, config, fallback, allow_untested_
 
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, allow_untested_sm100,
-                backend="auto", window_size=None, softcap=None, deterministic=False):
+                backend="auto", window_size=None, softcap=None, deterministic=None):
     """The custom op `fa4::attention` (registered by fa4.ops): under torch.compile, and for every call
     that needs a gradient (its backward needs LSE, so the op computes it then). The window travels as
-    int[] (-1 for an unbounded side) and the softcap as float?, checked before the op sees them."""
+    int[] (-1 for an unbounded side) and the softcap as float?, checked before the op sees them;
+    deterministic None as torch's setting."""
     config = config_arg.for_op(config)
     window = checks.window_value(window_size)
     needs_lse = return_lse or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
@@ -504,7 +508,7 @@ def _through_op(q, k, v, causal, softmax_scale, return_lse, config, fallback, al
             raise InvalidInputError(f"softcap must be a number > 0 (None or 0: no softcap), got {softcap!r}")
         extra = {"window_size": None if window is None else list(window),
                  "softcap": None if softcap is None else float(softcap)}
-    if deterministic:
+    if checks.deterministic_value(deterministic):
         extra["deterministic"] = True
     out, lse = torch.ops.fa4.attention(q, k, v, causal, softmax_scale, needs_lse, config, fallback,
                                        allow_untested_sm100, backend, **extra)

@@ -42,17 +42,20 @@ class _RowKernel:
     """A kernel over query rows: `threads_per_row` threads per row of `head_dim` elements, `rows`
     rows per CTA (module docstring)."""
 
-    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
+    def __init__(self, *, dtype: str, head_dim: int):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
-        # the main kernel is its programmatic dependent (`plan.PROGRAMMATIC_LAUNCH`; Preprocess only)
-        self.programmatic_launch = programmatic_launch
         self.threads_per_row = head_dim // ELEMS_PER_THREAD
         self.rows = rows_per_cta(head_dim)
 
 
 class Preprocess(_RowKernel):
     """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
+
+    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
+        super().__init__(dtype=dtype, head_dim=head_dim)
+        # the main kernel is its programmatic dependent (`plan.PROGRAMMATIC_LAUNCH`)
+        self.programmatic_launch = programmatic_launch
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
