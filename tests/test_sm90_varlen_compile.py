@@ -72,3 +72,17 @@ def test_varlen_is_its_own_kernel_and_a_dense_problem_is_unchanged():
     assert sm90.make_kernel(cfg, packed, sm90.REFERENCE_DEVICE).varlen
     assert not sm90.make_kernel(cfg, dense, sm90.REFERENCE_DEVICE).varlen
     assert Config.from_dict("sm90", cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("scheduler, scans", [("single", True), ("single_lpt", True), ("static", False)])
+def test_one_cta_per_task_kinds_find_their_task_by_a_scan(scheduler, scans, tmp_path):
+    # scheduler.py `packed_varlen`: a warp's shuffle scan and ballot over the sequences in each of the
+    # two warp roles (producer, consumers); the persistent kinds walk the whole grid without one
+    from fa4.kernels import compiling
+
+    problem = _problem(128, "bf16", True)
+    cfg = default_config("sm90", problem).replace(scheduler=scheduler)
+    compiled, *_ = compiling.compile_kernel(compiling.family("sm90"), cfg, problem, sm90.REFERENCE_DEVICE,
+                                            options=f"--keep-ptx --dump-dir {tmp_path}")
+    ptx = compiled.__ptx__
+    assert ("shfl.sync.up" in ptx and "vote.sync.ballot" in ptx) == scans, scheduler

@@ -41,7 +41,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from . import layouts as L
 from .plan import REGISTER_SPLIT
 from ..fast_exp2 import exp2_poly, poly_column
-from .scheduler import TileScheduler
+from .scheduler import TileScheduler, varlen_grid_tasks
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -151,6 +151,8 @@ class FlashAttentionSm90:
         self.bounded_right = bounded_right
         self.softcap = softcap
         self.varlen = varlen
+        # one CTA per task of the sequences' own (scheduler.py: `packed_varlen`)
+        self.packed_varlen = varlen and scheduler in ("single", "single_lpt")
         assert not (varlen and gqa_pack_ratio is not None), "varlen tiles are not packed"
         self.pack_ratio = gqa_pack_ratio  # None: one query head per tile
         self.tile_m = tile_m
@@ -333,6 +335,9 @@ class FlashAttentionSm90:
         # head groups sized by K's head dim: with a smaller Dv an over-estimate of a head's K and V bytes
         sched = TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch, kv_rows,
                                      self.head_dim, self.num_sms, self.l2_bytes_for_kv)
+        grid = sched.grid_shape()
+        if const_expr(self.packed_varlen):
+            grid = (cutlass.max(varlen_grid_tasks(seqlen_q, batch, self.tile_m, heads_tile), 1), 1, 1)
         scale_log2 = softmax_scale * Float32(LOG2_E)
         softcap_scale = None
         if const_expr(self.softcap):
@@ -347,7 +352,7 @@ class FlashAttentionSm90:
             sched.group_heads, window_left, window_right, softcap_scale, mCuSeqlensQ, mCuSeqlensK,
             tiled_mma_qk, tiled_mma_pv,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sP_layout, SharedStorage,
-        ).launch(grid=sched.grid_shape(), block=[self.num_threads, 1, 1], stream=stream,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------
@@ -400,6 +405,7 @@ class FlashAttentionSm90:
 
         sched = TileScheduler(self.scheduler_kind, num_m_blocks, num_heads, batch, group_heads,
                               self.num_sms)
+        sched.packed_varlen = self.packed_varlen
         pipeline.pipeline_init_wait(cluster_shape_mn=None)
 
         if warp_idx < 4:
@@ -463,6 +469,53 @@ class FlashAttentionSm90:
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
+    def first_task(self, sched: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor]):
+        """(task, valid) of this CTA's first task: the scheduler's, or under varlen with one CTA per
+        task the CTA's task among the sequences' own (`scheduler.py`, `packed_varlen`): each lane
+        counts one sequence's tasks, a shuffle scan sums 32 sequences at a time and a ballot finds
+        the sequence holding the CTA's; returned as static's index (m_block + m_blocks (head +
+        heads batch)), valid False past the last task. Every lane of the calling warp takes part."""
+        task, valid = sched.initial_work()
+        if const_expr(sched.packed_varlen):
+            lane = cute.arch.lane_idx()
+            heads = sched.num_heads
+            rest = task              # tasks left to pass, from the first sequence of this group of 32
+            first = Int32(0)         # the group's first sequence
+            task = Int32(0)
+            valid = Boolean(False)
+            searching = first < sched.batch
+            while searching:
+                seq = first + lane
+                blocks = Int32(0)
+                if seq < sched.batch:
+                    blocks = (mCuSeqlensQ[seq + 1] - mCuSeqlensQ[seq] + self.tile_m - 1) // self.tile_m
+                tasks = blocks * heads
+                through = tasks      # tasks of the group's sequences up to this lane's, inclusive
+                for step in cutlass.range_constexpr(5):
+                    below = cute.arch.shuffle_sync_up(through, 1 << step)
+                    if lane >= (1 << step):
+                        through = through + below
+                # the sequences the CTA's task is past (`through` never decreases along the lanes)
+                passed = cute.arch.popc(cute.arch.vote_ballot_sync(through <= rest))
+                if passed < 32:
+                    seq_blocks = cute.arch.shuffle_sync(blocks, passed)
+                    local = rest - (cute.arch.shuffle_sync(through, passed)
+                                    - cute.arch.shuffle_sync(tasks, passed))
+                    m_block = local % seq_blocks
+                    head = local // seq_blocks
+                    if const_expr(sched.kind == "single_lpt"):
+                        m_block = seq_blocks - 1 - local // heads
+                        head = local % heads
+                    task = ((first + passed) * heads + head) * sched.num_m_blocks + m_block
+                    valid = Boolean(True)
+                    searching = Boolean(False)
+                else:
+                    rest = rest - cute.arch.shuffle_sync(through, 31)
+                    first = first + 32
+                    searching = first < sched.batch
+        return task, valid
+
+    @cute.jit
     def sequence_tile(self, batch_idx: Int32, seqlen_q: Int32, seqlen_k: Int32,
                       mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor]):
         """The `SequenceTile` of batch entry `batch_idx`: the launch's lengths, or under varlen its
@@ -502,7 +555,7 @@ class FlashAttentionSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
-        task, valid = sched.initial_work()
+        task, valid = self.first_task(sched, mCuSeqlensQ)
         while valid:
             m_block, head, batch_idx = sched.decode(task)
             seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
@@ -623,7 +676,7 @@ class FlashAttentionSm90:
                                                 self.kv_stages)
         q_prev = q_state.clone()
         q_prev_pending = Boolean(False)
-        task, valid = sched.initial_work()
+        task, valid = self.first_task(sched, mCuSeqlensQ)
         while valid:
             m_block, head, batch_idx = sched.decode(task)
             seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)

@@ -15,6 +15,15 @@ grid). Device side: `initial_work()` and `next_work(task)`; `decode(task)` gives
 - static: persistent, grid = min(SM count, tasks); CTA c runs tasks c, c + grid, c + 2*grid, ...
   in m-fastest order.
 - lpt: persistent like static, over the single_lpt order (dealt round-robin, not greedily).
+
+Variable-length batches (`packed_varlen`, the one-CTA-per-task kinds): a grid over the longest
+sequence's m-blocks for every sequence would be mostly CTAs with no rows (B32 with one 16k sequence
+among 31 short ones: 96 % of 88k CTAs), each paying a launch, its barriers' setup and a read of
+cu_seqlens. So the grid is `varlen_grid_tasks` (a bound of the sequences' own tasks, at most a few
+beyond them) and each CTA finds its task by a prefix sum over the sequences' m-blocks
+(`varlen_first_task`): single takes each sequence's heads, m-blocks ascending, in batch order;
+single_lpt each sequence's m-blocks from the last, its heads fastest. The persistent kinds keep the
+full grid's order (a persistent CTA passes an empty task in a few instructions).
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ class TileScheduler(SchedulerBase):
 
     KINDS = KINDS
     RUNTIME = ("num_m_blocks", "num_heads", "batch", "group_heads")
+    # compile-time: the tasks of a variable-length batch, found by `varlen_first_task` (module
+    # docstring); a task then reads as static's (m_block fastest, then head, then batch)
+    packed_varlen = False
 
     @property
     def persistent(self) -> bool:
@@ -92,7 +104,7 @@ class TileScheduler(SchedulerBase):
         if self.kind == "single":
             bx, by, bz = cute.arch.block_idx()
             return Int32(bx), Int32(by), Int32(bz)
-        if self.kind == "static":
+        if self.kind == "static" or self.packed_varlen:
             m_block = task % self.num_m_blocks
             rest = task // self.num_m_blocks
             return m_block, rest % self.num_heads, rest // self.num_heads
@@ -106,3 +118,11 @@ class TileScheduler(SchedulerBase):
         m_block = self.num_m_blocks - 1 - within // group_size
         unit = group * self.group_heads + within % group_size
         return m_block, unit % self.num_heads, unit // self.num_heads
+
+
+def varlen_grid_tasks(total_rows, batch, tile_m: int, num_heads):
+    """CTAs of a variable-length batch's one-CTA-per-task grid: a bound of its tasks, sum over the
+    sequences of ceil(rows / tile_m) x heads <= (total_rows + batch (tile_m - 1)) // tile_m x heads
+    (each sequence's last block wastes at most tile_m - 1 rows). DSL or plain integers."""
+    return (total_rows + batch * (tile_m - 1)) // tile_m * num_heads
+
