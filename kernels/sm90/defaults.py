@@ -138,10 +138,9 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
 
 
 def longest_first_for_varlen(config: Config, problem: AttentionProblem) -> Config:
-    """Varlen, one CTA per tile: `single_lpt`, whatever the mask. Its grid is the longest sequence's
-    m-blocks for every sequence, and the late m-blocks exist only in the long sequences, so late first
-    is their tiles first, the short sequences' filling the tail (flash-attn's varlen schedulers order
-    by sequence length to the same end). Not yet timed."""
+    """Varlen, one CTA per tile: `single_lpt`, whatever the mask: each sequence's m-blocks from the last
+    (the longest under a causal mask), its heads fastest, the sequences in batch order (scheduler.py,
+    `packed_varlen`). Not yet timed against `single`."""
     if problem.varlen and config.scheduler == "single":
         return config.replace(scheduler="single_lpt")
     return config
