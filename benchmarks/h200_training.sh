@@ -11,8 +11,11 @@
 #   bash benchmarks/h200_training.sh head-dims-variants # knob variants at those head dims and q/k 192
 #                                              # with v 128, in 8 shards each
 #   bash benchmarks/h200_training.sh features # GPU tests of sliding windows and softcaps (sm90 kernel)
-#   bash benchmarks/h200_training.sh features-search # fa4tune search over benchmarks/h200_features.toml
-#   bash benchmarks/h200_training.sh features-bench  # fa4tune bench over benchmarks/h200_features.toml
+#   bash benchmarks/h200_training.sh features-search PART [PARTS] # fa4tune search over a PARTS-th of
+#                                             # benchmarks/h200_features.toml (default 1 of 2; a part a call)
+#   bash benchmarks/h200_training.sh features-bench  # fa4tune bench over benchmarks/h200_features.toml, after
+#                                             # merging the parts' entries a warm machine kept (or the
+#                                             # packaged database's, merged and carried)
 #   bash benchmarks/h200_training.sh bwd-configs  # our backward per configuration beside flash-attn-4's
 #                                                 # (each checked by flash-attn's rule first; hangs time out)
 #   bash benchmarks/h200_training.sh bwd-tests    # GPU tests of every backward knob value
@@ -122,14 +125,24 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_window_softcap.txt"
     ;;
   features-search)
-    # tune the 14 window/softcap problems (30 configurations a study, as the wide set was tuned, peers
-    # timed); merge $OUT/features_best.json into fa4/data/best_configs.json before features-bench
-    timeout 560 python3 -m fa4tune.cli search --shapes-file benchmarks/h200_features.toml --trials 30 \
-        --storage "$OUT/features.journal" --db "$OUT/features_best.json" 2>&1 | quiet > "$OUT/features_search.log"
-    tail -n 6 "$OUT/features_search.log"
-    python3 -m fa4tune.cli best --db "$OUT/features_best.json" | tee "$OUT/features_best.txt"
+    # tune a PARTS-th of the 17 problems (every PARTS-th from PART; 30 configurations a study, as the wide
+    # set was tuned, peers timed); the part's entries also stay in /tmp/fa4-features, which features-bench
+    # merges into the packaged database on the same warm machine (merge $OUT/features_best_PART.json into
+    # fa4/data/best_configs.json here too: `python -m fa4tune.cli db merge -o fa4/data/best_configs.json ...`)
+    part=${2:-1}; parts=${3:-2}
+    python3 benchmarks/shapes_subset.py benchmarks/h200_features.toml /tmp/features_part.toml --start $((part - 1)) \
+        --step "$parts"
+    timeout 540 python3 -m fa4tune.cli search --shapes-file /tmp/features_part.toml --trials 30 --timeout 45 \
+        --storage "$OUT/features_$part.journal" --db "$OUT/features_best_$part.json" 2>&1 | quiet \
+        > "$OUT/features_search_$part.log"
+    tail -n 6 "$OUT/features_search_$part.log"
+    mkdir -p /tmp/fa4-features && cp "$OUT/features_best_$part.json" /tmp/fa4-features/
+    COLUMNS=250 python3 -m fa4tune.cli best --db "$OUT/features_best_$part.json" | tee "$OUT/features_best_$part.txt"
     ;;
   features-bench)
+    if ls /tmp/fa4-features/features_best_*.json > /dev/null 2>&1; then
+      python3 -m fa4tune.cli db merge -o fa4/data/best_configs.json /tmp/fa4-features/features_best_*.json | tail -n 3
+    fi
     timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_features.toml --rounds 2 \
         --db fa4/data/best_configs.json --out "$OUT/bench_features.json" --jobs 12 2>&1 \
         | quiet > "$OUT/bench_features.log"

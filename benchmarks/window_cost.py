@@ -12,7 +12,8 @@ time, its per-pair ratio growing as the window narrows).
     python benchmarks/window_cost.py results/h200/features/bench_features.json [--variant tuned]
 
 Rows of the same (implementation, batch, heads, head dim, dtype, mask, softcap) are compared; a window
-without its unwindowed problem in the bench is listed with its time per pair alone.
+without its unwindowed problem in the bench is listed with its time per pair alone. Variable-length
+batches are left out.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def window_rows(bench: dict, variant: str = "tuned") -> list[dict]:
     the unwindowed problem's of the same implementation (None where the bench has none)."""
     # a row's variant is ours ("tuned", "default", "dispatched") or a peer's name
     rows = [r for r in bench["rows"] if r.get("outcome") == "ok" and r.get("us")
-            and (r.get("variant") == variant or r.get("variant") not in OURS)]
+            and (r.get("variant") == variant or r.get("variant") not in OURS)
+            and not r["problem"].get("varlen")]   # a packed batch's pairs are its sequences', not B x S^2
     by_shape = defaultdict(dict)   # (implementation, shape fields) -> {"windows": [...], "plain": entry}
     out = []
     for row in rows:

@@ -25,15 +25,25 @@ _path: str | None = os.environ.get(RECORD_ENV) or None
 _seen: set[AttentionProblem] = set()
 
 
+# a variable-length batch's fields a [[varlen]] table does not take: its lengths say them
+_VARLEN_IMPLIED = ("batch", "seqlen_q", "seqlen_k", "varlen")
+
+
 def problem_table(problem: AttentionProblem) -> str:
-    """One `[[problem]]` table of a shapes file, every field single-valued. It lives here, not in
-    `fa4tune.inputs.shape_sets` (which reads shapes files), because the runtime does not import the harness."""
+    """One `[[problem]]` table of a shapes file, every field single-valued, or for a variable-length
+    batch (`fa4.varlen_batch.VarlenProblem`) its `[[varlen]]` table with the lengths written out. It
+    lives here, not in `fa4tune.inputs.shape_sets` (which reads shapes files), because the runtime does
+    not import the harness."""
+    values = problem.to_dict()
+    kind = "varlen" if values.get("lengths_q") is not None else "problem"
     fields = []
-    for name, value in problem.to_dict().items():
+    for name, value in values.items():
+        if kind == "varlen" and name in _VARLEN_IMPLIED:
+            continue
         text = ("true" if value else "false") if isinstance(value, bool) else (
-            f'"{value}"' if isinstance(value, str) else str(value))   # a window: [left, right]
+            f'"{value}"' if isinstance(value, str) else str(value))   # a window or lengths: [a, b, ...]
         fields.append(f"{name} = {text}")
-    return "[[problem]]\n" + "\n".join(fields) + "\n"
+    return f"[[{kind}]]\n" + "\n".join(fields) + "\n"
 
 
 def note(spec, causal: bool, return_lse: bool, window=None, softcap=None) -> None:

@@ -350,3 +350,66 @@ def test_a_varlen_trial_refuses_a_kernel_that_writes_nothing_or_a_wrong_answer()
     perturbed = run_varlen_trial(Reference(True), inputs, problem, timing, validate=True, perturb=True)
     assert perturbed["outcome"] == "mismatch" and "fp32 reference" in perturbed["error"]
     assert calls[0] == ((None, None, None), 30, 30, (4, 38))
+
+
+def test_the_benchs_dispatched_row_of_a_varlen_batch_is_attention_varlen(monkeypatch):
+    """The bench's "dispatched" row of a [[varlen]] batch calls `fa4.attention_varlen` on the packed
+    tensors (not `fa4.attention` on a padded batch), holds its output to the one rule and says what ran;
+    on CPU tensors with the GPU timers replaced (what the worker does before it times anything)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import fa4
+    from fa4tune.workers import timing as timing_mod
+    from fa4tune.workers.timing import TimingSettings
+    from fa4tune.workers.varlen import VarlenInputs, time_varlen_dispatched
+
+    problem = VarlenProblem.of([7, 30, 1], heads_q=4, heads_kv=2, head_dim=64, dtype="bf16", causal=True)
+    inputs = VarlenInputs(problem, device="cpu")
+    calls = []
+    real = fa4.attention_varlen
+
+    def attention_varlen(*args, backend="auto", **kwargs):
+        calls.append((tuple(args[0].shape), backend))
+        return real(*args, backend="per_sequence", fallback="sdpa", **kwargs)
+
+    monkeypatch.setattr(fa4, "attention_varlen", attention_varlen)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(timing_mod, "time_cuda", lambda fn, timing: SimpleNamespace(us=12.5, spread=0.01))
+    monkeypatch.setattr(timing_mod, "time_eager", lambda fn: (fn(), 20.0)[1])
+    row = time_varlen_dispatched(inputs, problem, TimingSettings())
+    assert row["outcome"] == "ok" and row["us"] == 12.5 and row["eager_us"] == 20.0, row
+    assert calls[0] == ((38, 4, 64), "auto") and ((38, 4, 64), "ours") in calls
+    assert set(row["backend"]) == {"eager", "graph"}
+
+    def wrong(*args, **kwargs):   # a wrong answer is a mismatch, never timed
+        return attention_varlen(*args, **kwargs) + 1.0
+
+    monkeypatch.setattr(fa4, "attention_varlen", wrong)
+    assert time_varlen_dispatched(inputs, problem, TimingSettings())["outcome"] == "mismatch"
+
+
+def test_a_varlen_batch_written_as_a_table_reads_back_as_itself(tmp_path):
+    """`fa4.record_shapes.problem_table` writes a varlen batch as a [[varlen]] table (what
+    benchmarks/shapes_subset.py writes when a device call takes part of a shapes file), and the file's
+    parts read back as the whole file's problems."""
+    import importlib.util
+    from pathlib import Path
+
+    from fa4.record_shapes import problem_table
+    from fa4tune.inputs.shape_sets import load_shapes_file
+
+    batch = VarlenProblem.of([5, 0, 300], [9, 4, 310], heads_q=8, heads_kv=2, head_dim=64, dtype="fp16",
+                             causal=True, window_size=(63, 0), softcap=20.0)
+    assert problem_table(batch).startswith("[[varlen]]") and parse_shapes(problem_table(batch)) == [batch]
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("benchmark_shapes_subset", benchmarks / "shapes_subset.py")
+    shapes_subset = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes_subset)
+    grid = benchmarks / "h200_features.toml"
+    for start in (0, 1):
+        shapes_subset.main([str(grid), str(tmp_path / f"part{start}.toml"), "--start", str(start), "--step", "2"])
+    parts = load_shapes_file(tmp_path / "part0.toml") + load_shapes_file(tmp_path / "part1.toml")
+    whole = load_shapes_file(grid)
+    assert sorted(map(repr, parts)) == sorted(map(repr, whole)) and any(p.varlen for p in whole)

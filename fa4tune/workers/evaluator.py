@@ -199,15 +199,23 @@ class KernelEvaluator:
         "ours_eager_us", the eager wall time of our kernel through the runtime forced
         (backend="ours"), so the eager comparison has ours beside the peers' eager times. That extra
         time is optional: if it fails, the field is left out ("ours_eager_error" says why) and the
-        dispatched row stands."""
+        dispatched row stands. A varlen batch's: `fa4.attention_varlen` on its packed tensors
+        (`fa4tune.workers.varlen.time_varlen_dispatched`)."""
         import torch
 
         import fa4
         from fa4.reference import compare
         from fa4tune.workers.timing import time_cuda, time_eager, tflops
 
-        q, k, v, expected, _ = self._cached_inputs(problem)
         fa4.use_config_db(db_path)  # None: the default layers, as a user's process reads them
+        if _is_varlen_batch(problem):   # fa4.attention_varlen, as a user calls it
+            from fa4tune.workers.varlen import time_varlen_dispatched
+
+            result = time_varlen_dispatched(self._varlen_inputs(problem), problem, timing)
+            if "ours_eager_error" in result and not self.healthy():
+                raise RuntimeError(result["ours_eager_error"])
+            return result
+        q, k, v, expected, _ = self._cached_inputs(problem)
         masks = {"window_size": problem.window, "softcap": problem.softcap}
 
         def call():
