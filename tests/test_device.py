@@ -196,7 +196,10 @@ def test_the_tile_counts_are_the_kernels():
     for line in ("rows_q = seqlen_q\n", "heads_tile = heads_q\n", "rows_q = seqlen_q * self.pack_ratio\n",
                  "heads_tile = heads_kv\n", "num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m\n",
                  "TileScheduler.create(self.scheduler_kind, num_m_blocks, heads_tile, batch",
-                 "grid=sched.grid_shape()"):
+                 "grid = sched.grid_shape()\n",
+                 # a varlen batch's one-CTA-per-task grid: at most the full grid's tasks, which the
+                 # counts bound (each sequence's blocks <= the longest's)
+                 "varlen_grid_tasks(seqlen_q, batch, self.tile_m, heads_tile)"):
         assert line in kernel, line
     assert "gqa_pack_ratio=problem.gqa_ratio if pack_gqa else None" in (here / "sm90" / "__init__.py").read_text()
     sm100 = (here / "sm100" / "kernel.py").read_text()

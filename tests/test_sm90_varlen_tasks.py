@@ -17,13 +17,16 @@ from fa4.kernels.sm90.scheduler import varlen_grid_tasks
 LANES = 32
 
 
-def first_task(cta: int, lengths: list[int], heads: int, tile_m: int, kind: str):
+def first_task(cta: int, lengths: list[int], heads: int, tile_m: int, kind: str, l2_bytes: int = 1 << 25,
+               head_dim: int = 128):
     """(sequence, head, m_block) of CTA `cta`, or None: `first_task`'s loop step by step, the lanes as
-    lists (shuffle up: a lane adds the lane `offset` below it; ballot + popc: the lanes at or below)."""
+    lists (shuffle up: a lane adds the lane `offset` below it; ballot + popc: the lanes at or below).
+    Queries and keys have the same lengths here; single_lpt's head groups hold K and V of `l2_bytes`."""
     rest, first = cta, 0
     while first < len(lengths):
         seqs = [first + lane for lane in range(LANES)]
         blocks = [-(-lengths[s] // tile_m) if s < len(lengths) else 0 for s in seqs]
+        keys = [lengths[s] if s < len(lengths) else 0 for s in seqs]
         tasks = [b * heads for b in blocks]
         through = list(tasks)
         for step in range(5):
@@ -34,7 +37,10 @@ def first_task(cta: int, lengths: list[int], heads: int, tile_m: int, kind: str)
             local = rest - (through[passed] - tasks[passed])
             seq_blocks = blocks[passed]
             if kind == "single_lpt":
-                return first + passed, local % heads, seq_blocks - 1 - local // heads
+                group_heads = max(l2_bytes // (max(keys[passed], 1) * head_dim * 4), 1)
+                group, within = divmod(local, group_heads * seq_blocks)
+                size = min(group_heads, heads - group * group_heads)
+                return first + passed, group * group_heads + within % size, seq_blocks - 1 - within // size
             return first + passed, local // seq_blocks, local % seq_blocks
         rest -= through[LANES - 1]
         first += LANES
@@ -51,13 +57,13 @@ def _batches():
     yield [rng.randint(0, 5000) for _ in range(100)]
 
 
-@pytest.mark.parametrize("kind", ["single", "single_lpt"])
+@pytest.mark.parametrize("kind, l2_bytes", [("single", None), ("single_lpt", 1 << 25), ("single_lpt", 1 << 21)])
 @pytest.mark.parametrize("tile_m", [64, 128, 192])
 @pytest.mark.parametrize("heads", [1, 3, 32])
-def test_every_task_runs_once_and_the_grid_is_never_short(kind, tile_m, heads):
+def test_every_task_runs_once_and_the_grid_is_never_short(kind, l2_bytes, tile_m, heads):
     for lengths in _batches():
         grid = varlen_grid_tasks(sum(lengths), len(lengths), tile_m, heads)
-        found = [first_task(cta, lengths, heads, tile_m, kind) for cta in range(grid)]
+        found = [first_task(cta, lengths, heads, tile_m, kind, l2_bytes or 1) for cta in range(grid)]
         tasks = [t for t in found if t is not None]
         expected = {(s, h, m) for s, n in enumerate(lengths) for h in range(heads) for m in range(-(-n // tile_m))}
         assert len(tasks) == len(set(tasks)) and set(tasks) == expected, lengths
@@ -79,3 +85,13 @@ def test_each_kind_keeps_its_order(kind):
         assert first_seq == [(0, h, m) for h in range(heads) for m in range(6)]
     else:                  # the last m-block first (the longest under a causal mask), heads fastest
         assert first_seq == [(0, h, m) for m in reversed(range(6)) for h in range(heads)]
+
+
+def test_single_lpt_keeps_a_head_groups_keys_in_l2():
+    # one sequence of 4096 keys at head dim 128: 2 MiB of K and V a head, so an 8 MiB budget takes 4
+    # heads a group; in each group the last m-block first, the group's heads fastest, as the dense order
+    lengths, heads, tile_m = [4096], 10, 128
+    order = [first_task(cta, lengths, heads, tile_m, "single_lpt", 8 << 20) for cta in range(32 * heads)]
+    assert order[:8] == [(0, h, 31) for h in range(4)] + [(0, h, 30) for h in range(4)]
+    assert order[32 * 4: 32 * 4 + 4] == [(0, h, 31) for h in range(4, 8)]
+    assert order[32 * 8: 32 * 8 + 3] == [(0, 8, 31), (0, 9, 31), (0, 8, 30)]   # the last group: 2 heads

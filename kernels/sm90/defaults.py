@@ -139,8 +139,8 @@ def persistent_for_short_keys(config: Config, problem: AttentionProblem, device:
 
 def longest_first_for_varlen(config: Config, problem: AttentionProblem) -> Config:
     """Varlen, one CTA per tile: `single_lpt`, whatever the mask: each sequence's m-blocks from the last
-    (the longest under a causal mask), its heads fastest, the sequences in batch order (scheduler.py,
-    `packed_varlen`). Not yet timed against `single`."""
+    (the longest under a causal mask), in head groups sized to L2, the sequences in batch order
+    (scheduler.py, `packed_varlen`). Not yet timed against `single`."""
     if problem.varlen and config.scheduler == "single":
         return config.replace(scheduler="single_lpt")
     return config

@@ -469,7 +469,8 @@ class FlashAttentionSm90:
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
-    def first_task(self, sched: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor]):
+    def first_task(self, sched: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
+                   mCuSeqlensK: Optional[cute.Tensor]):
         """(task, valid) of this CTA's first task: the scheduler's, or under varlen with one CTA per
         task the CTA's task among the sequences' own (`scheduler.py`, `packed_varlen`): each lane
         counts one sequence's tasks, a shuffle scan sums 32 sequences at a time and a ballot finds
@@ -487,8 +488,10 @@ class FlashAttentionSm90:
             while searching:
                 seq = first + lane
                 blocks = Int32(0)
+                keys = Int32(0)
                 if seq < sched.batch:
                     blocks = (mCuSeqlensQ[seq + 1] - mCuSeqlensQ[seq] + self.tile_m - 1) // self.tile_m
+                    keys = mCuSeqlensK[seq + 1] - mCuSeqlensK[seq]
                 tasks = blocks * heads
                 through = tasks      # tasks of the group's sequences up to this lane's, inclusive
                 for step in cutlass.range_constexpr(5):
@@ -504,8 +507,16 @@ class FlashAttentionSm90:
                     m_block = local % seq_blocks
                     head = local // seq_blocks
                     if const_expr(sched.kind == "single_lpt"):
-                        m_block = seq_blocks - 1 - local // heads
-                        head = local % heads
+                        # heads in groups whose K and V (this sequence's keys) fit the L2 budget, as
+                        # the dense order's; in a group the last m-block first, the heads fastest
+                        seq_keys = cutlass.max(cute.arch.shuffle_sync(keys, passed), 1)
+                        group_heads = cutlass.max(Int32(self.l2_bytes_for_kv) // (seq_keys * (self.head_dim * 4)), 1)
+                        per_group = group_heads * seq_blocks
+                        group = local // per_group
+                        within = local - group * per_group
+                        group_size = cutlass.min(group_heads, heads - group * group_heads)
+                        m_block = seq_blocks - 1 - within // group_size
+                        head = group * group_heads + within % group_size
                     task = ((first + passed) * heads + head) * sched.num_m_blocks + m_block
                     valid = Boolean(True)
                     searching = Boolean(False)
@@ -555,7 +566,7 @@ class FlashAttentionSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
-        task, valid = self.first_task(sched, mCuSeqlensQ)
+        task, valid = self.first_task(sched, mCuSeqlensQ, mCuSeqlensK)
         while valid:
             m_block, head, batch_idx = sched.decode(task)
             seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)
@@ -676,7 +687,7 @@ class FlashAttentionSm90:
                                                 self.kv_stages)
         q_prev = q_state.clone()
         q_prev_pending = Boolean(False)
-        task, valid = self.first_task(sched, mCuSeqlensQ)
+        task, valid = self.first_task(sched, mCuSeqlensQ, mCuSeqlensK)
         while valid:
             m_block, head, batch_idx = sched.decode(task)
             seq = self.sequence_tile(batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK)

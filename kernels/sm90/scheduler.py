@@ -21,9 +21,11 @@ sequence's m-blocks for every sequence would be mostly CTAs with no rows (B32 wi
 among 31 short ones: 96 % of 88k CTAs), each paying a launch, its barriers' setup and a read of
 cu_seqlens. So the grid is `varlen_grid_tasks` (a bound of the sequences' own tasks, at most a few
 beyond them) and each CTA finds its task by a prefix sum over the sequences' m-blocks
-(`varlen_first_task`): single takes each sequence's heads, m-blocks ascending, in batch order;
-single_lpt each sequence's m-blocks from the last, its heads fastest. The persistent kinds keep the
-full grid's order (a persistent CTA passes an empty task in a few instructions).
+(the kernel's `first_task`): single takes each sequence's heads, m-blocks ascending, in batch order;
+single_lpt each sequence's heads in groups whose K and V (that sequence's keys) fit the L2 budget, in
+a group the last m-block first and the heads fastest (the dense order, one sequence at a time). The
+persistent kinds keep the full grid's order (a persistent CTA passes an empty task in a few
+instructions).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class TileScheduler(SchedulerBase):
 
     KINDS = KINDS
     RUNTIME = ("num_m_blocks", "num_heads", "batch", "group_heads")
-    # compile-time: the tasks of a variable-length batch, found by `varlen_first_task` (module
+    # compile-time: the tasks of a variable-length batch, found by the kernel's `first_task` (module
     # docstring); a task then reads as static's (m_block fastest, then head, then batch)
     packed_varlen = False
 
