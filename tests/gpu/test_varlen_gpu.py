@@ -156,3 +156,27 @@ def test_our_kernel_under_its_knobs(knobs, causal):
     assert torch.isnan(out[rows:]).all()
     torch.testing.assert_close(out[:rows].float(), want_out[:rows], atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse[:, :rows], want_lse[:, :rows], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("scheduler", ["single", "single_lpt", "lpt"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_more_sequences_than_a_warp_has_lanes(scheduler, causal):
+    # the one-CTA-per-task kinds find a CTA's task 32 sequences at a time (kernels/sm90/scheduler.py,
+    # `packed_varlen`): 70 sequences, some empty, the long ones in the second and third groups of 32
+    from fa4.kernels import compile_attention, default_config
+    from fa4.kernels.compiling import mask_values
+
+    lengths_q = [0 if i % 9 == 4 else (i * 53) % 400 + (900 if i in (40, 66) else 0) for i in range(70)]
+    lengths_k = [n + (i % 3) * 40 for i, n in enumerate(lengths_q)]
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(lengths_q, lengths_k, 8, 2, 128, torch.bfloat16)
+    _skip_unless_runs(varlen.OURS, q)
+    problem = varlen.varlen_problem(q, k, cu_q, max_q, max_k, causal, True, None, None)
+    kernel = compile_attention(default_config("sm90", problem).replace(scheduler=scheduler), problem)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device="cuda")
+    kernel.run_varlen(q, k, v, out, lse, None, mask_values(problem), cu_q, cu_k, max_q, max_k)
+    torch.cuda.synchronize()
+    want_out, want_lse = varlen.reference_varlen(q, k, v, cu_q, cu_k, causal)
+    rows = int(cu_q[-1])
+    torch.testing.assert_close(out[:rows].float(), want_out[:rows], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse[:, :rows], want_lse[:, :rows], atol=1e-2, rtol=1e-2)
