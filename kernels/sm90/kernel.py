@@ -518,7 +518,9 @@ class FlashAttentionSm90:
                         m_block = seq_blocks - 1 - within // group_size
                         head = group * group_heads + within % group_size
                     task = ((first + passed) * heads + head) * sched.num_m_blocks + m_block
-                    valid = Boolean(True)
+                    # a max_seqlen_q below a sequence's length (unchecked in a CUDA-graph capture) would
+                    # alias another tile: that tile is dropped, as the grid of max_seqlen_q drops it
+                    valid = m_block < sched.num_m_blocks
                     searching = Boolean(False)
                 else:
                     rest = rest - cute.arch.shuffle_sync(through, 31)
