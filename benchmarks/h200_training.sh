@@ -30,6 +30,8 @@
 #   bash benchmarks/h200_training.sh bwd-space    # every fast-space configuration on the grid and 12
 #                                                 # other shapes beside flash-attn-4 (rule refits)
 #   bash benchmarks/h200_training.sh training-pass [KNOB=VALUE ...|deterministic]  # our default backward
+#                                                 # (FA4_BWD_DETERMINISTIC_ORDER=descending ... deterministic:
+#                                                 # the other order of the dQ adds, plan.DESCENDING_TURNS)
 #                                                 # (FA4_BACKWARD=ours; with KNOB=VALUE changed) beside
 #                                                 # every peer's on the 14 grid shapes,
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
@@ -200,6 +202,7 @@ case "$STEP" in
       name="${name}_${kv//=/-}"
     done
     if [ "${FA4_BWD_PROGRAMMATIC_LAUNCH:-}" = 1 ]; then name="${name}_programmatic"; fi
+    if [ -n "${FA4_BWD_DETERMINISTIC_ORDER:-}" ]; then name="${name}_${FA4_BWD_DETERMINISTIC_ORDER}"; fi
     # shellcheck disable=SC2086
     FA4_BACKWARD=ours timeout 560 python3 benchmarks/training_pass.py --json "$OUT/$name.json" $sets \
         2> >(quiet > "$OUT/$name.log") | cut -c1-300

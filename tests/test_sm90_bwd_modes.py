@@ -22,23 +22,34 @@ from fa4.kernels.sm90_bwd.feasibility import heads_per_part
 from fa4.kernels.sm90_bwd.plan import launch_order, section_groups
 
 
-def _programs(config: Config, problem: AttentionProblem):
+def _programs(config: Config, problem: AttentionProblem, descending: bool = False):
     """Each CTA's ordered adds in launch order: [(tile, [(sum, turn), ...])], the sums named as the
     kernel's counters index them: ("dq", batch, query head, query block) with the key block as the
-    turn; ("dkv", batch, KV head, key block) with the part as the turn (split groups only). A CTA
-    walks its query heads, per head the unmasked query blocks, then the masked ones (`block_of`)."""
+    turn (`descending`: the key blocks after it that see the query block, `dq_turn`); ("dkv", batch,
+    KV head, key block) with the part as the turn (split groups only). A CTA walks its query heads,
+    per head the unmasked query blocks, then the masked ones (`block_of`)."""
     steps = key_block_steps(config, problem)
     m_max = -(-max(problem.seqlen_q, 1) // config.tile_m)
     ratio, split = problem.gqa_ratio, config.group_split
     per_part = heads_per_part(config, problem)
     section = section_groups(per_part * max(problem.seqlen_q, 1), problem.head_dim)
     programs = []
+    offset = problem.seqlen_k - problem.seqlen_q
+
+    def turn(n_block, m):   # the kernel's dq_turn
+        if not descending:
+            return n_block
+        last = len(steps) - 1
+        if problem.causal:
+            last = min(((m + 1) * config.tile_m - 1 + offset) // config.tile_n, last)
+        return last - n_block
+
     for n_block, slot, batch in launch_order(config.scheduler, len(steps), problem.heads_kv * split,
-                                             problem.batch, section):
+                                             problem.batch, section, descending):
         head_kv, part = divmod(slot, split)
         heads = range(part * per_part, min(ratio, (part + 1) * per_part))
         m_min = m_max - steps[n_block]
-        adds = [(("dq", batch, head_kv * ratio + h, m), n_block)
+        adds = [(("dq", batch, head_kv * ratio + h, m), turn(n_block, m))
                 for h in heads for m in range(m_min, m_max)]   # the order within a CTA does not matter
         if split > 1:
             adds.append((("dkv", batch, head_kv, n_block), part))
@@ -79,14 +90,15 @@ CASES = [  # (batch, Sq, Sk, Hq, Hkv, causal): odd lengths, Sq != Sk both ways, 
 ]
 
 
-@pytest.mark.parametrize("scheduler, group_split, case", [
-    (s, g, c) for s, g, c in itertools.product(("single", "single_lpt", "sectioned_lpt"), (1, 2, 4), CASES)
+@pytest.mark.parametrize("scheduler, group_split, case, descending", [
+    (s, g, c, d) for s, g, c, d in itertools.product(("single", "single_lpt", "sectioned_lpt"), (1, 2, 4),
+                                                     CASES, (False, True))
     if g <= c[3] // c[4]])
-def test_the_ordered_adds_cannot_deadlock_and_add_in_turn_order(scheduler, group_split, case):
+def test_the_ordered_adds_cannot_deadlock_and_add_in_turn_order(scheduler, group_split, case, descending):
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal = case
     problem = AttentionProblem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 128, "bf16", causal)
     config = Config.make("sm90_bwd", tile_m=64, tile_n=64, scheduler=scheduler, group_split=group_split)
-    programs = _programs(config, problem)
+    programs = _programs(config, problem, descending)
     rng = random.Random(0)
     # one resident CTA (the strictest: launch order alone must let every wait through), a few, all
     for resident in (1, 3, 7, len(programs)):
@@ -94,9 +106,12 @@ def test_the_ordered_adds_cannot_deadlock_and_add_in_turn_order(scheduler, group
             order = _simulate(programs, resident, rng)
             for total, writers in order.items():
                 # dQ: key blocks 0, 1, 2, ... (every key block up to the last that sees the query
-                # block); dK/dV: parts 0 .. split - 1
+                # block), descending: that last one first, down to 0; dK/dV: parts 0 .. split - 1
                 turns = [w[0] if total[0] == "dq" else w[1] % group_split for w in writers]
-                assert turns == list(range(len(turns))), (total, writers)
+                want = list(range(len(turns)))
+                if descending and total[0] == "dq":
+                    want = want[::-1]
+                assert turns == want, (total, writers)
             if group_split > 1:
                 assert sum(1 for t in order if t[0] == "dkv") == batch * heads_kv * len(key_block_steps(config, problem))
 
@@ -159,3 +174,22 @@ def test_programmatic_launch_compiles_with_its_waits(knobs, monkeypatch):
     monkeypatch.setenv("FA4_BWD_PROGRAMMATIC_LAUNCH", "yes")
     with pytest.raises(ValueError, match="0 or 1"):
         sm90_bwd.programmatic_launch()
+
+
+@pytest.mark.parametrize("head_dim, dtype, causal, knobs", [DETERMINISTIC_CONFIGS[i] for i in (0, 1, 4)],
+                         ids=["atomic", "bulk-single_lpt", "fragment-tile_m80-split-sectioned"])
+def test_descending_turns_compile_without_spills(head_dim, dtype, causal, knobs, monkeypatch):
+    """FA4_BWD_DETERMINISTIC_ORDER=descending (`plan.DESCENDING_TURNS`, off until timed): the key blocks
+    launched from the last, each walking its masked query blocks first, the turns from the last key
+    block; compiles with its waits and without spills, and the compile key tells the orders apart."""
+    config, problem = Config.make("sm90_bwd", **knobs), _problem(head_dim, dtype, causal)
+    ascending = sm90_bwd.compile_key(config, problem, deterministic=True)
+    monkeypatch.setenv("FA4_BWD_DETERMINISTIC_ORDER", "descending")
+    assert sm90_bwd.compile_key(config, problem, deterministic=True) != ascending
+    assert sm90_bwd.compile_key(config, problem) == sm90_bwd.compile_key(config, problem, deterministic=False)
+    ordered = sm90_bwd.compile_report(config, problem, only=("main",), deterministic=True)["main"]
+    assert ordered["ptx_markers"]["turns"], ordered["ptx_markers"]
+    assert not (ordered["spill_stores"] or ordered["spill_loads"] or ordered["wgmma_serialized"]), ordered
+    monkeypatch.setenv("FA4_BWD_DETERMINISTIC_ORDER", "sideways")
+    with pytest.raises(ValueError, match="ascending or descending"):
+        sm90_bwd.descending_turns()

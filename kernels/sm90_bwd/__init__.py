@@ -22,7 +22,8 @@ Deterministic gradients (`deterministic=True` at compile time, the caller's requ
 every configuration has both): the main kernel adds each sum in global memory in a fixed order, dQ's
 by key block and a split group's dK and dV by part, each writer waiting for its turn on a counter
 (`kernel.FlashAttentionBackwardSm90.wait_turn`); `.run` allocates the zeroed counters, dQ's (B, Hq,
-query blocks) and dK/dV's (B, Hkv, key blocks) int32.
+query blocks) and dK/dV's (B, Hkv, key blocks) int32. Which key block adds first is a compile-time choice
+(`plan.DESCENDING_TURNS`, `FA4_BWD_DETERMINISTIC_ORDER`), in `compile_key`.
 
 The main kernel as a programmatic dependent launch of the preprocess (`plan.PROGRAMMATIC_LAUNCH`, or
 `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` when compiling): a compile-time choice of the launch, not a knob
@@ -46,7 +47,8 @@ from .defaults import default_config, group_split_for  # noqa: F401  (the rules:
 # the resource model and the one check of a configuration
 from .feasibility import (KNOB_SET, REFERENCE_DEVICE, can_implement, reasons, resource_reasons,  # noqa: F401
                           resources, smem_bytes, validate)
-from .plan import MMA_WARPGROUPS, PROGRAMMATIC_LAUNCH, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS  # noqa: F401
+from .plan import (DESCENDING_TURNS, MMA_WARPGROUPS, PROGRAMMATIC_LAUNCH, REGISTER_SPLIT,  # noqa: F401
+                   SUPPORTED_HEAD_DIMS)
 
 ARCH = "sm90"
 KERNELS = ("preprocess", "main", "postprocess")  # in launch order
@@ -79,13 +81,23 @@ def programmatic_launch() -> bool:
     return PROGRAMMATIC_LAUNCH if not value else value == "1"
 
 
+def descending_turns() -> bool:
+    """Deterministic gradients: whether a query block's dQ adds come last key block first (`plan.
+    DESCENDING_TURNS`), unless `FA4_BWD_DETERMINISTIC_ORDER` is "ascending" or "descending" (an A/B)."""
+    value = os.environ.get("FA4_BWD_DETERMINISTIC_ORDER", "").strip()
+    if value not in ("", "ascending", "descending"):
+        raise ValueError(f"FA4_BWD_DETERMINISTIC_ORDER={value!r}: ascending or descending")
+    return DESCENDING_TURNS if not value else value == "descending"
+
+
 def compile_key(config: Config, problem: AttentionProblem, deterministic: bool = False) -> tuple:
     """What the generated code depends on: the codegen knobs, dtype, head dim, causal, whether the
-    sums are ordered and how the main kernel is launched (never lengths, batch or heads: they are
-    symbolic in the compile)."""
+    sums are ordered (and in which order) and how the main kernel is launched (never lengths, batch or
+    heads: they are symbolic in the compile)."""
     return (KNOB_SET, config.codegen_items(),
             (("dtype", problem.dtype), ("head_dim", problem.head_dim), ("causal", problem.causal))
             + ((("deterministic", True),) if deterministic else ())
+            + ((("descending_turns", True),) if deterministic and descending_turns() else ())
             + ((("programmatic_launch", True),) if programmatic_launch() else ()))
 
 
@@ -136,6 +148,7 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem, determini
         # every knob reaches the kernel under its own name: a new knob needs no line here
         return FlashAttentionBackwardSm90(dtype=dtype, head_dim=d, causal=problem.causal,
                                           deterministic=deterministic,
+                                          descending_turns=deterministic and descending_turns(),
                                           programmatic_launch=programmatic_launch(), **config.to_dict())
     from . import prepost
     if name == "postprocess" and config.dq_accum == "fragment":

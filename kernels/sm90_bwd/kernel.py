@@ -113,7 +113,8 @@ class FlashAttentionBackwardSm90:
 
     def __init__(self, *, dtype: str, head_dim: int, causal: bool, tile_m: int, tile_n: int,
                  q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
-                 group_split: int, deterministic: bool = False, programmatic_launch: bool = False):
+                 group_split: int, deterministic: bool = False, descending_turns: bool = False,
+                 programmatic_launch: bool = False):
         from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
@@ -154,6 +155,9 @@ class FlashAttentionBackwardSm90:
         # the sums in global memory (dQ's, a split group's dK and dV) added in a fixed order: see
         # `wait_turn`
         self.deterministic = deterministic
+        # deterministic: a query block's dQ adds come last key block first (`plan.DESCENDING_TURNS`):
+        # the key blocks launched from the last, each CTA walking its masked query blocks first
+        self.descending_turns = deterministic and descending_turns
         # launched as a programmatic dependent of the preprocess (`plan.PROGRAMMATIC_LAUNCH`): the CTAs
         # start during its tail and load K and V, then wait for its LSE2, D and zeroed dQ accumulator
         self.programmatic_launch = programmatic_launch
@@ -466,6 +470,8 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.sectioned):
             n_block, head_slot, batch_idx = self.sectioned_block(cute.arch.block_idx()[0], mK, seqlen_q,
                                                                  seqlen_k, ratio)
+        if const_expr(self.descending_turns):   # the grid's key blocks from the last (`plan.launch_order`)
+            n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
         m_min, m_max, m_unmasked = self.query_block_range(n_block, seqlen_q, seqlen_k)
 
         if warp_idx < 4:
@@ -478,7 +484,7 @@ class FlashAttentionBackwardSm90:
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
                     self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block, head_slot, batch_idx, ratio,
-                                  m_min, m_max, m_unmasked)
+                                  m_min, m_max, m_unmasked, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             sdK32, sdV32 = None, None
@@ -563,7 +569,15 @@ class FlashAttentionBackwardSm90:
         unmasked blocks [m_unmasked, m_max) first, then the masked ones [m_min, m_unmasked): the MMA
         warps' two loops (`consume`), which the producer and the dQ warp follow."""
         m_count = m_max - m_min
+        if const_expr(self.descending_turns):   # masked first (`walk`): the query blocks ascending
+            return t // m_count, m_min + t % m_count
         return t // m_count, m_min + (t % m_count + m_unmasked - m_min) % m_count
+
+    def walk(self, m_min, m_max, m_unmasked):
+        """The MMA warps' loops over a query head's blocks, (first, end, masked) each: the unmasked
+        blocks, then the masked ones; with descending turns the masked (diagonal) ones first."""
+        loops = ((m_unmasked, m_max, False), (m_min, m_unmasked, True))
+        return loops[::-1] if self.descending_turns else loops
 
     # ---- producer ------------------------------------------------------------------------------
     @cute.jit
@@ -608,7 +622,8 @@ class FlashAttentionBackwardSm90:
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
     def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block: Int32, head_slot: Int32,
-                 batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32):
+                 batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32,
+                 seqlen_q: Int32, seqlen_k: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
         accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
         release the tile once the reduce has read it. Deterministic: the reduce waits for the block's
@@ -630,7 +645,8 @@ class FlashAttentionBackwardSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=both)
             if const_expr(self.deterministic):
-                self.wait_turn(mdQturn, (batch_idx, head, m_block), n_block, cute.arch.lane_idx())
+                self.wait_turn(mdQturn, (batch_idx, head, m_block),
+                               self.dq_turn(n_block, m_block, seqlen_q, seqlen_k), cute.arch.lane_idx())
                 cute.arch.sync_warp()
             cute.copy(tma_atom_dQ, tdQs, tdQg)
             cute.arch.cp_async_bulk_commit_group()
@@ -729,7 +745,7 @@ class FlashAttentionBackwardSm90:
         block_count = Int32(0)   # blocks done: the P/dS stage
         for h in cutlass.range(head_count, unroll=1):
             head = self.query_head(h, head_slot, ratio)
-            for m_from, m_to, masked in ((m_unmasked, m_max, False), (m_min, m_unmasked, True)):
+            for m_from, m_to, masked in self.walk(m_min, m_max, m_unmasked):
                 for m_block in cutlass.range(m_from, m_to, unroll=1):
                     self.block_step(self.step_operands(operands, q_state, block_count), acc_dK, acc_dV,
                                     s_shape, dq_shape, tScS, t0ScS, tdQcdQ, pds_store, dq_store, tdQsdQ,
@@ -833,7 +849,8 @@ class FlashAttentionBackwardSm90:
             L.wgmma(tiled_mma_dkv, acc_dK, tdKrdSt_cur, tdKrQt, zero_init=False, wait_pending=-1)
             L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=0)
             pipe_qdo.consumer_release(q_state)
-            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q)
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q,
+                               seqlen_k)
         else:
             # dQ before dK: its tile goes to shared memory while dK's wgmma runs
             L.wgmma(tiled_mma_dq, acc_dQ, tdQrdS_cur, tdQrKt, zero_init=True, wait_pending=-1)
@@ -906,7 +923,8 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.dq_bulk):
             self.stage_dq(acc_dQ, dq_store, tdQsdQ)
         else:
-            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q)
+            self.accumulate_dq(acc_dQ, tdQcdQ, thr_dq, dq_target, n_block, m_block, head, batch_idx, seqlen_q,
+                               seqlen_k)
         warpgroup.wait_group(0)
         pipe_qdo.consumer_release(q_state)
 
@@ -963,7 +981,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, dq_target, n_block: Int32, m_block: Int32, head: Int32,
-                      batch_idx: Int32, seqlen_q: Int32):
+                      batch_idx: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq);
         `dq_target`: (dQ_accum, dQ_turn or None). Deterministic: every MMA thread's adds wait for the
         block's turn, which passes on once all are done.
@@ -973,7 +991,8 @@ class FlashAttentionBackwardSm90:
         (per-element offsets hoisted out of the block loop spill at 128 x 128)."""
         mdQaccum, mdQturn = dq_target
         if const_expr(self.deterministic):
-            self.wait_turn(mdQturn, (batch_idx, head, m_block), n_block, cute.arch.thread_idx()[0] - 128)
+            self.wait_turn(mdQturn, (batch_idx, head, m_block), self.dq_turn(n_block, m_block, seqlen_q, seqlen_k),
+                           cute.arch.thread_idx()[0] - 128)
             cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
         gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, self.head_dim),
                               (m_block, 0))
@@ -998,6 +1017,18 @@ class FlashAttentionBackwardSm90:
             cute.arch.griddepcontrol_wait()
 
     # ---- the deterministic order ---------------------------------------------------------------
+    @cute.jit
+    def dq_turn(self, n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """This CTA's turn at query block `m_block`'s dQ: its key block (ascending), or with descending
+        turns the key blocks after it that see the query block (the last of them adds first)."""
+        turn = n_block
+        if const_expr(self.descending_turns):
+            last = (seqlen_k + self.tile_n - 1) // self.tile_n - 1
+            if const_expr(self.causal):   # the last key block a row of the block sees (bottom-right)
+                last = cutlass.min(((m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q) // self.tile_n, last)
+            turn = last - n_block
+        return turn
+
     @cute.jit
     def wait_turn(self, turns: cute.Tensor, coord, turn: Int32, thread: Int32):
         """Deterministic: spin (one thread of the caller's group; the caller then syncs the group)

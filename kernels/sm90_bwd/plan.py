@@ -13,6 +13,15 @@ THREADS = 128 * (1 + MMA_WARPGROUPS)
 # turning it on changes every entry's main-kernel SASS, so it would go with a re-tune of the packaged
 # backward entries. `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` overrides it at compile time, for an A/B.
 PROGRAMMATIC_LAUNCH = False
+# Deterministic gradients: the order of a query block's dQ adds. Ascending (off): key block 0 first,
+# the CTAs launched in each scheduler's order. Descending (on): the last key block that sees the query
+# block first, the CTAs launched last key block first (`launch_order(descending=True)`) and each walking
+# its masked (diagonal) query blocks first, so under a causal mask a key block's CTA reaches each query
+# block after the block above it has added there (a block of slack) instead of just behind the block
+# below it (in lockstep, each add waiting for a handoff: 1.27x the plain backward's time on an H100,
+# 1.55x at B1 S1024 causal). Not yet timed; `FA4_BWD_DETERMINISTIC_ORDER=ascending|descending`
+# overrides it at compile time, for an A/B.
+DESCENDING_TURNS = False
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
 # a TMA load's shared-memory destination must be 128-byte aligned: each Q/dO stage's LSE2 and D rows
@@ -53,11 +62,18 @@ def sectioned_tile(index, section, n_blocks, groups, minimum=min):
     return n_block, first + rank - n_block * size
 
 
-def launch_order(scheduler: str, n_blocks: int, head_slots: int, batch: int, section: int = 1):
+def launch_order(scheduler: str, n_blocks: int, head_slots: int, batch: int, section: int = 1,
+                 descending: bool = False):
     """The CTAs' tiles, (key block, head slot, batch), in the order the hardware hands them out: the
     kernel's grid (`kernel.py` `__call__`) x fastest. single: key blocks fastest, then head slots
     (a KV head's parts neighbours), then batches; single_lpt: head slots fastest, key block
-    outermost; sectioned_lpt: `sectioned_tile` on a one-axis grid (`section` groups a section)."""
+    outermost; sectioned_lpt: `sectioned_tile` on a one-axis grid (`section` groups a section).
+    `descending` (deterministic, `DESCENDING_TURNS`): the same order with the key blocks numbered
+    from the last."""
+    if descending:
+        for n_block, slot, batch_idx in launch_order(scheduler, n_blocks, head_slots, batch, section):
+            yield n_blocks - 1 - n_block, slot, batch_idx
+        return
     if scheduler == "sectioned_lpt":
         for index in range(n_blocks * head_slots * batch):
             n_block, group = sectioned_tile(index, section, n_blocks, head_slots * batch)
