@@ -165,7 +165,7 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_sm90_bwd.txt"
     ;;
   bwd-modes)
-    timeout 330 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_deterministic_gpu.py \
+    timeout 520 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_deterministic_gpu.py \
         tests/gpu/test_sm90_bwd_programmatic_gpu.py -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_bwd_modes.txt"
     tail -n 8 "$OUT/tests_bwd_modes.txt"
     ;;
