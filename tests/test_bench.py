@@ -247,3 +247,37 @@ def test_backward_adds_training_rows(tmp_path):
     plain = run_bench("sm90", [problem], db_path=str(db), peers=("sdpa_cudnn",), processes=1,
                       evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True), rounds=1)
     assert "training_rows" not in plain
+
+
+def test_the_dispatched_row_keeps_its_time_where_ours_forced_cannot_run(monkeypatch):
+    """`fa4tune.workers.evaluator.dispatched_row` (the dense and the varlen "dispatched" rows): ours
+    forced failing leaves the row with its reason, unless the GPU is broken (then it raises); a wrong
+    answer is a mismatch and is not timed. CPU tensors, the GPU timers replaced."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fa4tune.workers import timing as timing_mod
+    from fa4tune.workers.evaluator import dispatched_row
+    from fa4tune.workers.timing import TimingSettings
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(timing_mod, "time_cuda", lambda fn, timing: SimpleNamespace(us=10.0, spread=0.0))
+    monkeypatch.setattr(timing_mod, "time_eager", lambda fn: (fn(), 30.0)[1])
+    problem = AttentionProblem(1, 64, 64, 2, 2, 64, "fp16", False)
+
+    def call(backend="auto"):
+        if backend == "ours":
+            raise RuntimeError("ours cannot run here")
+        return torch.zeros(1)
+
+    passed = lambda out, lse: {"passed": True, "max_err": 0.0}   # noqa: E731
+    describe = lambda: ({"eager": "flash_attn_4", "graph": "flash_attn_4"}, None)   # noqa: E731
+    row = dispatched_row(call, passed, describe, problem, TimingSettings(), lambda: True)
+    assert row["outcome"] == "ok" and row["us"] == 10.0 and row["eager_us"] == 30.0
+    assert "ours cannot run here" in row["ours_eager_error"] and row["backend"]["graph"] == "flash_attn_4"
+    with pytest.raises(RuntimeError, match="ours cannot run here"):
+        dispatched_row(call, passed, describe, problem, TimingSettings(), lambda: False)
+    failed = dispatched_row(call, lambda out, lse: {"passed": False, "error": "differs"}, describe, problem,
+                            TimingSettings(), lambda: True)
+    assert failed["outcome"] == "mismatch" and "us" not in failed

@@ -378,7 +378,7 @@ def test_the_benchs_dispatched_row_of_a_varlen_batch_is_attention_varlen(monkeyp
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(timing_mod, "time_cuda", lambda fn, timing: SimpleNamespace(us=12.5, spread=0.01))
     monkeypatch.setattr(timing_mod, "time_eager", lambda fn: (fn(), 20.0)[1])
-    row = time_varlen_dispatched(inputs, problem, TimingSettings())
+    row = time_varlen_dispatched(inputs, problem, TimingSettings(), lambda: True)
     assert row["outcome"] == "ok" and row["us"] == 12.5 and row["eager_us"] == 20.0, row
     assert calls[0] == ((38, 4, 64), "auto") and ((38, 4, 64), "ours") in calls
     assert set(row["backend"]) == {"eager", "graph"}
@@ -387,7 +387,7 @@ def test_the_benchs_dispatched_row_of_a_varlen_batch_is_attention_varlen(monkeyp
         return attention_varlen(*args, **kwargs) + 1.0
 
     monkeypatch.setattr(fa4, "attention_varlen", wrong)
-    assert time_varlen_dispatched(inputs, problem, TimingSettings())["outcome"] == "mismatch"
+    assert time_varlen_dispatched(inputs, problem, TimingSettings(), lambda: True)["outcome"] == "mismatch"
 
 
 def test_a_varlen_batch_written_as_a_table_reads_back_as_itself(tmp_path):

@@ -201,55 +201,26 @@ class KernelEvaluator:
         time is optional: if it fails, the field is left out ("ours_eager_error" says why) and the
         dispatched row stands. A varlen batch's: `fa4.attention_varlen` on its packed tensors
         (`fa4tune.workers.varlen.time_varlen_dispatched`)."""
-        import torch
-
         import fa4
         from fa4.reference import compare
-        from fa4tune.workers.timing import time_cuda, time_eager, tflops
 
         fa4.use_config_db(db_path)  # None: the default layers, as a user's process reads them
         if _is_varlen_batch(problem):   # fa4.attention_varlen, as a user calls it
             from fa4tune.workers.varlen import time_varlen_dispatched
 
-            result = time_varlen_dispatched(self._varlen_inputs(problem), problem, timing)
-            if "ours_eager_error" in result and not self.healthy():
-                raise RuntimeError(result["ours_eager_error"])
-            return result
+            return time_varlen_dispatched(self._varlen_inputs(problem), problem, timing, self.healthy)
         q, k, v, expected, _ = self._cached_inputs(problem)
-        masks = {"window_size": problem.window, "softcap": problem.softcap}
+        options = dict(causal=problem.causal, return_lse=problem.return_lse, window_size=problem.window,
+                       softcap=problem.softcap)
 
-        def call():
-            return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse, **masks)
-
-        with torch.no_grad():
-            first = call()
-            torch.cuda.synchronize()
-            out, lse = first if problem.return_lse else (first, None)
-            check = compare(out, lse, expected)
-            result = {name: value for name, value in check.items() if name not in ("passed", "failures")}
-            plan = fa4.explain(q, k, v, causal=problem.causal, return_lse=problem.return_lse, **masks)
-            result["backend"] = dict(plan.runs)
+        def describe():
+            plan = fa4.explain(q, k, v, **options)
             # the configuration ours runs here, to compare the dispatched row with the default row
-            result["config"] = plan.config.to_dict() if plan.config is not None else None
-            if not check["passed"]:
-                return {**result, "outcome": "mismatch"}
-            measured = time_cuda(call, timing)
-            eager_us = time_eager(call)
-            result.update(outcome="ok", us=round(measured.us, 3), eager_us=round(eager_us, 3),
-                          tflops=round(tflops(problem.flops(), measured.us), 2),
-                          replay_spread=round(measured.spread, 4))
+            return dict(plan.runs), plan.config.to_dict() if plan.config is not None else None
 
-            def call_ours():
-                return fa4.attention(q, k, v, causal=problem.causal, return_lse=problem.return_lse,
-                                     backend="ours", **masks)
-
-            try:
-                result["ours_eager_us"] = round(time_eager(call_ours), 3)
-            except Exception as exc:  # ours forced cannot run here: the dispatched row still holds
-                if not self.healthy():
-                    raise
-                result["ours_eager_error"] = portable_error(exc)
-        return result
+        return dispatched_row(lambda backend="auto": fa4.attention(q, k, v, backend=backend, **options),
+                              lambda out, lse: compare(out, lse, expected), describe, problem, timing,
+                              self.healthy)
 
     def trigger_fault(self) -> None:
         """A real sticky CUDA error (device-side assert from an out-of-bounds index)."""
@@ -272,6 +243,39 @@ class KernelEvaluator:
             return torch.ones(1, device="cuda").add_(1).item() == 2.0
         except Exception:
             return False
+
+
+def dispatched_row(call, check, describe, problem, timing, healthy) -> dict:
+    """The bench's "dispatched" row (`KernelEvaluator.time_dispatched`): `call(backend="auto")` as a
+    user makes it, its output held to the one rule (`check(out, lse)`, `fa4.reference.compare`'s
+    fields), what it runs (`describe()`: ({mode: implementation}, ours' configuration or None)), its
+    GPU time by CUDA-graph replay and its eager wall time per call; "ours_eager_us" with
+    `call(backend="ours")`, or "ours_eager_error" where ours cannot run (a broken GPU raises)."""
+    import torch
+
+    from fa4tune.workers.timing import time_cuda, time_eager, tflops
+
+    with torch.no_grad():
+        first = call()
+        torch.cuda.synchronize()
+        out, lse = first if problem.return_lse else (first, None)
+        checked = check(out, lse)
+        result = {name: value for name, value in checked.items() if name not in ("passed", "failures")}
+        result["backend"], result["config"] = describe()
+        if not checked["passed"]:
+            return {**result, "outcome": "mismatch"}
+        measured = time_cuda(call, timing)
+        eager_us = time_eager(call)
+        result.update(outcome="ok", us=round(measured.us, 3), eager_us=round(eager_us, 3),
+                      tflops=round(tflops(problem.flops(), measured.us), 2),
+                      replay_spread=round(measured.spread, 4))
+        try:
+            result["ours_eager_us"] = round(time_eager(lambda: call(backend="ours")), 3)
+        except Exception as exc:  # ours forced cannot run here: the dispatched row still holds
+            if not healthy():
+                raise
+            result["ours_eager_error"] = portable_error(exc)
+    return result
 
 
 def _is_varlen_batch(problem) -> bool:

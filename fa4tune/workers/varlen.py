@@ -132,40 +132,22 @@ def time_varlen_peers(inputs: VarlenInputs, problem, timing, names, healthy) -> 
     return out
 
 
-def time_varlen_dispatched(inputs: VarlenInputs, problem, timing) -> dict:
-    """The bench's "dispatched" row of a varlen batch: `fa4.attention_varlen` as a user calls it (the
-    database the worker's `fa4.use_config_db` names), its output held to the one rule, what it runs
-    (`fa4.explain_varlen`, the same in both modes), its GPU time by CUDA-graph replay and its wall time
-    per back-to-back eager call; "ours_eager_us" with ours forced, where ours runs."""
-    import torch
-
+def time_varlen_dispatched(inputs: VarlenInputs, problem, timing, healthy) -> dict:
+    """The bench's "dispatched" row of a varlen batch (`fa4tune.workers.evaluator.dispatched_row`):
+    `fa4.attention_varlen` as a user calls it (the database the worker's `fa4.use_config_db` names) on
+    the packed tensors, what it runs by `fa4.explain_varlen` (the same in both modes)."""
     import fa4
     from fa4.reference import compare
-    from fa4tune.workers.outcomes import portable_error
-    from fa4tune.workers.timing import time_cuda, time_eager, tflops
+    from fa4tune.workers.evaluator import dispatched_row
 
     args = (inputs.q, inputs.k, inputs.v, inputs.cu_q, inputs.cu_k, problem.seqlen_q, problem.seqlen_k)
     options = dict(causal=problem.causal, softmax_scale=inputs.scale, return_lse=problem.return_lse, **inputs.masks)
 
-    def call(backend="auto"):
-        return fa4.attention_varlen(*args, backend=backend, **options)
-
-    with torch.no_grad():
-        first = call()
-        torch.cuda.synchronize()
-        out, lse = first if problem.return_lse else (first, None)
-        check = compare(out[None], None if lse is None else lse[None], inputs.expected)
-        result = {name: value for name, value in check.items() if name not in ("passed", "failures")}
+    def describe():
         choice = fa4.explain_varlen(*args, **options)
-        result["backend"] = {"eager": choice.implementation, "graph": choice.implementation}
-        result["config"] = choice.config.to_dict() if choice.config is not None else None
-        if not check["passed"]:
-            return {**result, "outcome": "mismatch"}
-        measured = time_cuda(call, timing)
-        result.update(outcome="ok", us=round(measured.us, 3), eager_us=round(time_eager(call), 3),
-                      tflops=round(tflops(problem.flops(), measured.us), 2), replay_spread=round(measured.spread, 4))
-        try:
-            result["ours_eager_us"] = round(time_eager(lambda: call("ours")), 3)
-        except Exception as exc:   # ours cannot run this batch here: the dispatched row stands
-            result["ours_eager_error"] = portable_error(exc)
-    return result
+        return ({"eager": choice.implementation, "graph": choice.implementation},
+                choice.config.to_dict() if choice.config is not None else None)
+
+    return dispatched_row(lambda backend="auto": fa4.attention_varlen(*args, backend=backend, **options),
+                          lambda out, lse: compare(out[None], None if lse is None else lse[None], inputs.expected),
+                          describe, problem, timing, healthy)

@@ -41,7 +41,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from . import layouts as L
 from .plan import REGISTER_SPLIT
 from ..fast_exp2 import exp2_poly, poly_column
-from .scheduler import TileScheduler, varlen_grid_tasks
+from .scheduler import TileScheduler, head_group_size, longest_first_tile, varlen_grid_tasks
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -488,10 +488,11 @@ class FlashAttentionSm90:
             while searching:
                 seq = first + lane
                 blocks = Int32(0)
-                keys = Int32(0)
+                keys = Int32(0)      # single_lpt's head groups are sized by them
                 if seq < sched.batch:
                     blocks = (mCuSeqlensQ[seq + 1] - mCuSeqlensQ[seq] + self.tile_m - 1) // self.tile_m
-                    keys = mCuSeqlensK[seq + 1] - mCuSeqlensK[seq]
+                    if const_expr(sched.kind == "single_lpt"):
+                        keys = mCuSeqlensK[seq + 1] - mCuSeqlensK[seq]
                 tasks = blocks * heads
                 through = tasks      # tasks of the group's sequences up to this lane's, inclusive
                 for step in cutlass.range_constexpr(5):
@@ -507,16 +508,11 @@ class FlashAttentionSm90:
                     m_block = local % seq_blocks
                     head = local // seq_blocks
                     if const_expr(sched.kind == "single_lpt"):
-                        # heads in groups whose K and V (this sequence's keys) fit the L2 budget, as
-                        # the dense order's; in a group the last m-block first, the heads fastest
-                        seq_keys = cutlass.max(cute.arch.shuffle_sync(keys, passed), 1)
-                        group_heads = cutlass.max(Int32(self.l2_bytes_for_kv) // (seq_keys * (self.head_dim * 4)), 1)
-                        per_group = group_heads * seq_blocks
-                        group = local // per_group
-                        within = local - group * per_group
-                        group_size = cutlass.min(group_heads, heads - group * group_heads)
-                        m_block = seq_blocks - 1 - within // group_size
-                        head = group * group_heads + within % group_size
+                        # the dense order over this sequence's heads: groups whose K and V (its keys)
+                        # fit the L2 budget, in a group the last m-block first, the heads fastest
+                        group_heads = head_group_size(cute.arch.shuffle_sync(keys, passed), self.head_dim,
+                                                      self.l2_bytes_for_kv)
+                        m_block, head = longest_first_tile(local, seq_blocks, heads, group_heads)
                     task = ((first + passed) * heads + head) * sched.num_m_blocks + m_block
                     # a max_seqlen_q below a sequence's length (unchecked in a CUDA-graph capture) would
                     # alias another tile: that tile is dropped, as the grid of max_seqlen_q drops it

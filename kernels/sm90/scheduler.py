@@ -70,9 +70,7 @@ class TileScheduler(SchedulerBase):
                l2_bytes_for_kv: int):
         """The scheduler of a launch: the longest-first orders take heads in groups whose K and V
         (16-bit, `seqlen_k` rows each) fit `l2_bytes_for_kv` (compiled in) together."""
-        cutlass, cute, Int32 = _device()
-        kv_unit_bytes = cutlass.max(seqlen_k, 1) * (head_dim * 2 * 2)
-        group_heads = cutlass.max(Int32(l2_bytes_for_kv) // kv_unit_bytes, 1)
+        group_heads = head_group_size(seqlen_k, head_dim, l2_bytes_for_kv)
         return TileScheduler(kind, num_m_blocks, num_heads, batch, group_heads, num_sms)
 
     def grid_shape(self):
@@ -110,15 +108,8 @@ class TileScheduler(SchedulerBase):
             m_block = task % self.num_m_blocks
             rest = task // self.num_m_blocks
             return m_block, rest % self.num_heads, rest // self.num_heads
-        # longest first: head groups of `group_heads` (batch, head) units; inside a group, m_blocks
-        # from the last (longest under causal) to the first, and the group's heads fastest.
-        units = self.num_heads * self.batch
-        per_group = self.group_heads * self.num_m_blocks
-        group = task // per_group
-        within = task - group * per_group
-        group_size = cutlass.min(self.group_heads, units - group * self.group_heads)
-        m_block = self.num_m_blocks - 1 - within // group_size
-        unit = group * self.group_heads + within % group_size
+        m_block, unit = longest_first_tile(task, self.num_m_blocks, self.num_heads * self.batch,
+                                           self.group_heads)
         return m_block, unit % self.num_heads, unit // self.num_heads
 
 
@@ -128,3 +119,24 @@ def varlen_grid_tasks(total_rows, batch, tile_m: int, num_heads):
     (each sequence's last block wastes at most tile_m - 1 rows). DSL or plain integers."""
     return (total_rows + batch * (tile_m - 1)) // tile_m * num_heads
 
+
+
+def head_group_size(seqlen_k, head_dim: int, l2_bytes_for_kv: int):
+    """Heads (or (batch, head) units) a longest-first group holds: as many whose K and V (16-bit,
+    `seqlen_k` rows each) fit `l2_bytes_for_kv` together, at least one. On the DSL's values."""
+    cutlass, cute, Int32 = _device()
+    kv_unit_bytes = cutlass.max(seqlen_k, 1) * (head_dim * 2 * 2)
+    return cutlass.max(Int32(l2_bytes_for_kv) // kv_unit_bytes, 1)
+
+
+def longest_first_tile(index, m_blocks, units, group_heads):
+    """(m_block, unit) of the `index`-th task of the longest-first order over `units` (heads, or
+    (batch, head) pairs) x `m_blocks`: groups of `group_heads` units, inside a group the m-blocks
+    from the last (the longest under causal) to the first, the group's units fastest. On the DSL's
+    values: the dense single_lpt and lpt orders, and one varlen sequence's (the kernel's `first_task`)."""
+    cutlass, cute, Int32 = _device()
+    per_group = group_heads * m_blocks
+    group = index // per_group
+    within = index - group * per_group
+    group_size = cutlass.min(group_heads, units - group * group_heads)
+    return m_blocks - 1 - within // group_size, group * group_heads + within % group_size

@@ -72,22 +72,25 @@ def kernel_names(config: Config) -> tuple:
     return KERNELS + (("kv_postprocess",) if separate_kv else ())
 
 
+def _compile_switch(variable: str, default: bool, off: str, on: str) -> bool:
+    """A compile-time choice `plan` sets (`default`), unless the environment's `variable` names one
+    side (`off` or `on`): an A/B on the GPU without an edit."""
+    value = os.environ.get(variable, "").strip()
+    if value not in ("", off, on):
+        raise ValueError(f"{variable}={value!r}: {off} or {on}")
+    return default if not value else value == on
+
+
 def programmatic_launch() -> bool:
     """Whether the main kernel is compiled as the preprocess's programmatic dependent: `plan.
     PROGRAMMATIC_LAUNCH`, unless `FA4_BWD_PROGRAMMATIC_LAUNCH` is 0 or 1 (an A/B on the GPU)."""
-    value = os.environ.get("FA4_BWD_PROGRAMMATIC_LAUNCH", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"FA4_BWD_PROGRAMMATIC_LAUNCH={value!r}: 0 or 1")
-    return PROGRAMMATIC_LAUNCH if not value else value == "1"
+    return _compile_switch("FA4_BWD_PROGRAMMATIC_LAUNCH", PROGRAMMATIC_LAUNCH, "0", "1")
 
 
 def descending_turns() -> bool:
     """Deterministic gradients: whether a query block's dQ adds come last key block first (`plan.
     DESCENDING_TURNS`), unless `FA4_BWD_DETERMINISTIC_ORDER` is "ascending" or "descending" (an A/B)."""
-    value = os.environ.get("FA4_BWD_DETERMINISTIC_ORDER", "").strip()
-    if value not in ("", "ascending", "descending"):
-        raise ValueError(f"FA4_BWD_DETERMINISTIC_ORDER={value!r}: ascending or descending")
-    return DESCENDING_TURNS if not value else value == "descending"
+    return _compile_switch("FA4_BWD_DETERMINISTIC_ORDER", DESCENDING_TURNS, "ascending", "descending")
 
 
 def compile_key(config: Config, problem: AttentionProblem, deterministic: bool = False) -> tuple:
