@@ -91,13 +91,14 @@ case "$STEP" in
     ;;
   varlen)
     # 98 tests, about 4 minutes alone (cut at 250 s beside the window suite on 2026-12-03); VARLEN_SECONDS
-    # shortens it to share a call
-    timeout "${VARLEN_SECONDS:-560}" python3 -m pytest -v --tb=line -m gpu tests/gpu/test_varlen_gpu.py -p no:cacheprovider 2>&1 \
+    # shortens it to share a call; VARLEN_TESTS picks cases (pytest's -k)
+    timeout "${VARLEN_SECONDS:-560}" python3 -m pytest -v --tb=line -m gpu tests/gpu/test_varlen_gpu.py -p no:cacheprovider \
+        ${VARLEN_TESTS:+-k "$VARLEN_TESTS"} 2>&1 \
         | quiet > "$OUT/tests_varlen.txt"
     grep -E "FAILED|passed|failed" "$OUT/tests_varlen.txt" | grep -v "%\]" | tail -n 15
     ;;
   grid)
-    timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+    COLUMNS=250 timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
         --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 2>&1 \
         | quiet > "$OUT/bench_grid_training.log"
     tail -n 60 "$OUT/bench_grid_training.log"
@@ -127,16 +128,16 @@ case "$STEP" in
     tail -n 15 "$OUT/tests_window_softcap.txt"
     ;;
   features-search)
-    # tune a PARTS-th of the 17 problems (every PARTS-th from PART; 30 configurations a study, as the wide
-    # set was tuned, peers timed); the part's entries also stay in /tmp/fa4-features, which features-bench
-    # merges into the packaged database on the same warm machine (merge $OUT/features_best_PART.json into
+    # tune a PARTS-th of the 17 problems (every PARTS-th from PART; 30 configurations or STUDY_SECONDS (45) a
+    # study, as the wide set was tuned, peers timed); the part's entries also stay in /tmp/fa4-features, which
+    # features-bench merges into the packaged database on the same warm machine (merge $OUT/features_best_PART.json into
     # fa4/data/best_configs.json here too: `python -m fa4tune.cli db merge -o fa4/data/best_configs.json ...`)
     part=${2:-1}; parts=${3:-2}
     python3 benchmarks/shapes_subset.py benchmarks/h200_features.toml /tmp/features_part.toml --start $((part - 1)) \
         --step "$parts"
-    timeout 540 python3 -m fa4tune.cli search --shapes-file /tmp/features_part.toml --trials 30 --timeout 45 \
-        --storage "$OUT/features_$part.journal" --db "$OUT/features_best_$part.json" 2>&1 | quiet \
-        > "$OUT/features_search_$part.log"
+    timeout 540 python3 -m fa4tune.cli search --shapes-file /tmp/features_part.toml --trials 30 \
+        --timeout "${STUDY_SECONDS:-45}" --storage "$OUT/features_$part.journal" \
+        --db "$OUT/features_best_$part.json" 2>&1 | quiet > "$OUT/features_search_$part.log"
     tail -n 6 "$OUT/features_search_$part.log"
     mkdir -p /tmp/fa4-features && cp "$OUT/features_best_$part.json" /tmp/fa4-features/
     COLUMNS=250 python3 -m fa4tune.cli best --db "$OUT/features_best_$part.json" | tee "$OUT/features_best_$part.txt"
@@ -145,7 +146,7 @@ case "$STEP" in
     if ls /tmp/fa4-features/features_best_*.json > /dev/null 2>&1; then
       python3 -m fa4tune.cli db merge -o fa4/data/best_configs.json /tmp/fa4-features/features_best_*.json | tail -n 3
     fi
-    timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_features.toml --rounds 2 \
+    COLUMNS=250 timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_features.toml --rounds 2 \
         --db fa4/data/best_configs.json --out "$OUT/bench_features.json" --jobs 12 2>&1 \
         | quiet > "$OUT/bench_features.log"
     tail -n 40 "$OUT/bench_features.log"
