@@ -152,6 +152,10 @@ case "$STEP" in
     tail -n 40 "$OUT/bench_features.log"
     # a window's time against the same shape without one, per visible (query, key) pair
     python3 benchmarks/window_cost.py "$OUT/bench_features.json" | tee "$OUT/window_cost.txt"
+    # the bar: tuned (and the untuned default) ÷ flash-attn-4, problem by problem
+    python3 benchmarks/peer_ratio.py "$OUT/bench_features.json" | tee "$OUT/features_bar.txt" | tail -n 4
+    python3 benchmarks/peer_ratio.py "$OUT/bench_features.json" --variant default > "$OUT/features_default.txt"
+    tail -n 3 "$OUT/features_default.txt"
     ;;
   bwd-configs)
     timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \

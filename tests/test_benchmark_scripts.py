@@ -212,3 +212,28 @@ def test_the_stall_regions_split_samples_by_loop():
     assert "no backward branch found" in regions.report("k", straight, top=1)
     with pytest.raises(ValueError, match="not an `ncu --page source --csv` export"):
         regions.read_source_csv("a,b\n1,2")
+
+
+def test_the_peer_ratio_bar_counts_a_problem_ours_did_not_run_as_a_miss():
+    """benchmarks/peer_ratio.py: our variant over the fastest named peer per problem; a problem no peer
+    ran is left out, one our variant did not run fails the bar (a bench that tuned nothing cannot pass)."""
+    bench = _load("peer_ratio")
+
+    def row(shape, variant, us, outcome="ok"):
+        return {"shape": shape, "variant": variant, "us": us, "outcome": outcome}
+
+    rows = [row("a", "tuned", 90.0), row("a", "flash_attn_4", 100.0), row("a", "sdpa_cudnn", 80.0),
+            row("b", "tuned", 45.0), row("b", "flash_attn_4", 50.0),
+            row("c", "tuned", 10.0), row("c", "flash_attn_4", None, "launch_error")]
+    entries = bench.ratios(rows, "tuned", ["flash_attn_4"])
+    assert [e["ratio"] for e in entries] == [pytest.approx(0.9), pytest.approx(0.9), None]
+    table, holds = bench.summarise(entries, 1.0, 0.95, "tuned")
+    assert holds and "at most 1.00 on 2 of 2" in table and "no peer ran on 1: c" in table
+    # with cuDNN named too, problem a is 90 / 80: past the bar
+    table, holds = bench.summarise(bench.ratios(rows, "tuned", ["flash_attn_4", "sdpa_cudnn"]), 1.0, 0.95, "tuned")
+    assert not holds and "a (1.125)" in table
+    # no tuned row where the peer ran: a miss, not a problem left out
+    rows.append(row("d", "tuned", None, "missing"))
+    rows.append(row("d", "flash_attn_4", 30.0))
+    table, holds = bench.summarise(bench.ratios(rows, "tuned", ["flash_attn_4"]), 1.0, 0.95, "tuned")
+    assert not holds and "d (ours: missing)" in table
