@@ -31,6 +31,8 @@ CASES = [
     ([128] * 12, [128] * 12, 8, 8, 128),
     ([3000] + [1, 130, 64] * 5, [3000] + [1, 130, 200] * 5, 8, 2, 64),   # one long among short
     ([77, 0, 400, 260], [300, 5, 0, 260], 4, 1, 256),                     # head dim 256, MQA
+    ([0, 1, 190, 333], [1, 0, 190, 500], 12, 4, 96),                      # head dim 96
+    ([1, 257, 64, 0], [9, 257, 64, 3], 8, 8, 192),                        # head dim 192
 ]
 
 
@@ -62,10 +64,13 @@ def test_matches_the_reference(case, causal, dtype, implementation):
 
 
 @pytest.mark.parametrize("implementation", varlen.implementations())
+# the last: a window wider than every sequence (the mask's, no key block skipped) with a softcap
 @pytest.mark.parametrize("window, softcap, causal", [((128, 0), None, True), ((200, 64), 30.0, False),
-                                                     (None, 30.0, True), ((-1, 16), None, False)])
-def test_windows_and_softcaps_match_the_reference(window, softcap, causal, implementation):
-    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[0], torch.bfloat16)
+                                                     (None, 30.0, True), ((-1, 16), None, False),
+                                                     ((4096, 4096), 20.0, True)])
+@pytest.mark.parametrize("case", [0, 5])
+def test_windows_and_softcaps_match_the_reference(case, window, softcap, causal, implementation):
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[case], torch.bfloat16)
     _skip_unless_runs(implementation, q)
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True,
                                     backend=implementation, window_size=window, softcap=softcap)
