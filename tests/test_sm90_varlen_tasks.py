@@ -95,3 +95,30 @@ def test_single_lpt_keeps_a_head_groups_keys_in_l2():
     assert order[:8] == [(0, h, 31) for h in range(4)] + [(0, h, 30) for h in range(4)]
     assert order[32 * 4: 32 * 4 + 4] == [(0, h, 31) for h in range(4, 8)]
     assert order[32 * 8: 32 * 8 + 3] == [(0, 8, 31), (0, 9, 31), (0, 8, 30)]   # the last group: 2 heads
+
+
+@pytest.mark.parametrize("kind", ["single", "single_lpt"])
+def test_the_kernels_decode_reads_a_found_task_back(kind, monkeypatch):
+    """`first_task` returns static's index ((sequence x heads + head) x m_blocks + m_block);
+    `TileScheduler.decode` must read it back for every packed kind, never the block index (the grid is
+    one-dimensional: read as (m_block, head, batch) it would run sequence 0's head 0 only)."""
+    import types
+
+    from fa4.kernels.sm90 import scheduler
+
+    def no_block_index():
+        raise AssertionError("a packed varlen task was decoded from the block index")
+
+    fake_cute = types.SimpleNamespace(arch=types.SimpleNamespace(block_idx=no_block_index))
+    fake_cutlass = types.SimpleNamespace(max=max, min=min)
+    monkeypatch.setattr(scheduler, "_device", lambda: (fake_cutlass, fake_cute, int))
+    lengths, heads, tile_m = [700, 0, 260, 1000], 3, 128
+    m_blocks = -(-max(lengths) // tile_m)   # the launch's max_seqlen_q's m-blocks
+    sched = scheduler.TileScheduler(kind, m_blocks, heads, len(lengths), 1, 132)
+    sched.packed_varlen = True
+    for cta in range(varlen_grid_tasks(sum(lengths), len(lengths), tile_m, heads)):
+        found = first_task(cta, lengths, heads, tile_m, kind)
+        if found is None:
+            continue
+        seq, head, m_block = found
+        assert sched.decode((seq * heads + head) * m_blocks + m_block) == (m_block, head, seq)

@@ -101,7 +101,9 @@ class TileScheduler(SchedulerBase):
     def decode(self, task):
         """(m_block, head, batch) of a task."""
         cutlass, cute, Int32 = _device()
-        if self.kind == "single":
+        # a packed varlen grid is one-dimensional whatever the kind: its task is the kernel's
+        # `first_task`, in static's order, never the block index
+        if self.kind == "single" and not self.packed_varlen:
             bx, by, bz = cute.arch.block_idx()
             return Int32(bx), Int32(by), Int32(bz)
         if self.kind == "static" or self.packed_varlen:
