@@ -72,6 +72,38 @@ def test_rows_without_keys_rule():
     assert full == [lk == 0 for lq, lk in zip(*CASES["mixed"]) for _ in range(lq)]
 
 
+@pytest.mark.parametrize("causal, right", [(True, None), (False, None), (False, 2), (False, 0)])
+def test_host_hidden_rows_are_the_device_rule(causal, right):
+    # fa4.varlen._peer fixes only these rows where the offsets are on the host
+    for case, tail in (("mixed", 3), ("one", 0), ("sq_gt_sk", 1)):
+        _, _, _, cu_q, cu_k, _, _ = _packed(*CASES[case], tail=tail)
+        total_q = int(cu_q[-1]) + tail
+        want = varlen.rows_without_keys(cu_q, cu_k, total_q, causal, right).nonzero().flatten().tolist()
+        assert varlen.hidden_rows(cu_q.tolist(), cu_k.tolist(), total_q, causal, right).tolist() == want, case
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (False, None), (False, (3, 2))])
+def test_a_peers_rows_without_keys_are_set_alike_with_offsets_on_the_host_or_not(causal, window, monkeypatch):
+    """A peer's varlen output (here NaN everywhere, what an unwritten row may hold) gets O = 0 and LSE =
+    -inf on exactly the rows without keys: by row index from host offsets (eager) as by the device mask
+    over every row (inside a capture); every other row is the peer's, untouched."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES["mixed"], tail=3)
+
+    class NaNPeer:
+        def varlen(self, q, *args):
+            return torch.full_like(q, float("nan")), torch.full((q.shape[1], q.shape[0]), float("nan"))
+
+    monkeypatch.setattr(varlen.backends, "get", lambda name: NaNPeer())
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, None, True, window, None)
+    host_out, host_lse = varlen._peer("nan_peer", *args, offsets=(cu_q.tolist(), cu_k.tolist()))
+    device_out, device_lse = varlen._peer("nan_peer", *args, offsets=None)
+    hidden = varlen.rows_without_keys(cu_q, cu_k, q.shape[0], causal, None if window is None else window[1])
+    assert hidden.any() and not hidden.all()
+    for out, lse in ((host_out, host_lse), (device_out, device_lse)):
+        assert torch.all(out[hidden] == 0) and torch.isnan(out[~hidden]).all()
+        assert torch.all(lse[:, hidden] == -torch.inf) and torch.isnan(lse[:, ~hidden]).all()
+
+
 def test_gradients_match_fp32_autograd_per_sequence():
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([5, 0, 11], [7, 3, 11], dtype=torch.float32)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
