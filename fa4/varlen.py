@@ -322,19 +322,43 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
     kernel = compiled_kernel(config, problem, device)
     cu_q, cu_k = (cu.to(q.device) for cu in (cu_seqlens_q, cu_seqlens_k))
     q, k, v = (_tma_ready(t) for t in (q, k, v))
+    # the rows after the last sequence belong to no sequence: a slice clears them where the offsets are
+    # on the host; inside a capture the kernel does, where it can take them as one more sequence
+    tail_as_sequence = offsets is None and _tail_fits_a_sequence(config, q, cu_q.numel() - 1)
+    if tail_as_sequence:
+        cu_q, cu_k, max_seqlen_q = *tail_sequence(cu_q, cu_k, q.shape[0]), max(max_seqlen_q, q.shape[0])
     kernel.run_varlen(q, k, v, out, lse, softmax_scale, mask_values(problem), cu_q, cu_k, max_seqlen_q,
                       max_seqlen_k)
-    # the rows after the last sequence belong to no tile (device ops when the offsets are not on the host)
     if offsets is not None:
         out[offsets[0][-1]:] = 0
         if return_lse:
             lse[:, offsets[0][-1]:] = -torch.inf
-    else:
+    elif not tail_as_sequence:   # device ops over every row (a pass over O)
         tail = torch.arange(q.shape[0], device=q.device) >= cu_q[-1]
         out.masked_fill_(tail[:, None, None], 0)
         if return_lse:
             lse.masked_fill_(tail[None, :], -torch.inf)
     return (out, lse) if return_lse else out
+
+
+def tail_sequence(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int):
+    """The offsets with the rows after the last sequence as one more sequence without keys (empty when
+    there are none), for which our kernel writes O = 0 and LSE = -inf as for any such sequence. Device
+    ops only: a capture can hold them."""
+    return (torch.cat([cu_seqlens_q, cu_seqlens_q.new_full((1,), total_q)]),
+            torch.cat([cu_seqlens_k, cu_seqlens_k[-1:]]))
+
+
+def _tail_fits_a_sequence(config, q: torch.Tensor, batch: int) -> bool:
+    """Whether the launch can take the tail as a sequence: with one CTA per task (its grid is the
+    sequences' own tasks, `kernels/sm90/scheduler.py`), not a persistent loop over every sequence's
+    max_seqlen_q blocks (which a tail as long as q would stretch), and with the tasks' index, (batch + 1)
+    x heads x q's rows / tile_m, in 32 bits."""
+    from fa4.kernels.sm90.scheduler import PERSISTENT_SCHEDULERS
+
+    if config.scheduler in PERSISTENT_SCHEDULERS:
+        return False
+    return (batch + 1) * q.shape[1] * -(-q.shape[0] // config.tile_m) < 2**31
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:

@@ -204,3 +204,45 @@ def test_a_varlen_kernel_is_called_with_the_packed_tensors_as_batch_one():
                                         AttentionProblem(3, 5, 4, 8, 2, 64, "fp16"), 0, 0.0)
     with pytest.raises(ValueError, match="compiled for a varlen problem"):
         dense.run_varlen(q, k, v, out, None, None, (None, None, None), cu_q, cu_k, 5, 4)
+
+
+@pytest.mark.parametrize("scheduler, kernel_clears_the_tail", [("single_lpt", True), ("single", True),
+                                                                ("static", False), ("lpt", False)])
+def test_inside_a_capture_our_kernel_clears_the_tail_as_a_sequence_without_keys(scheduler, kernel_clears_the_tail,
+                                                                                 monkeypatch):
+    """Inside a capture (no host offsets) the one-CTA-per-task kinds get the rows after the last sequence
+    as one more sequence without keys, for which the kernel writes O = 0 and LSE = -inf: no pass over O.
+    The persistent kinds keep the device mask. A stand-in kernel writes what ours writes."""
+    from fa4.kernels import default_config
+
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES["mixed"], tail=3)
+    problem = varlen.varlen_problem(q, k, cu_q, max_q, max_k, True, True, None, None)
+    config = default_config("sm90", problem).replace(scheduler=scheduler)
+    launches = []
+
+    class StandInKernel:
+        def run_varlen(self, q, k, v, out, lse, scale, masks, cu_q, cu_k, max_q, max_k):
+            launches.append((cu_q.tolist(), cu_k.tolist(), max_q))
+            starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+            for b in range(len(starts_q) - 1):   # a sequence's rows: 1 with keys, O = 0 / LSE = -inf without
+                rows = slice(starts_q[b], starts_q[b + 1])
+                has_keys = starts_k[b + 1] > starts_k[b]
+                out[rows] = 1.0 if has_keys else 0.0
+                lse[:, rows] = 1.0 if has_keys else -torch.inf
+
+    monkeypatch.setattr("fa4.runtime.compiled_kernel", lambda *args: StandInKernel())
+    monkeypatch.setattr("fa4.state.device_description", lambda device: None)
+    monkeypatch.setattr("fa4.kernels.feasible", lambda *args: [])
+    # what the kernel does not write stays NaN (torch.empty could hold zeros by chance)
+    monkeypatch.setattr(torch, "empty", lambda *args, **kw: torch.full(*args, float("nan"), **kw))
+    out, lse = varlen._ours(q, k, v, cu_q, cu_k, max_q, max_k, None, True, None, problem, config)
+    [(launched_q, launched_k, launched_max_q)] = launches
+    total = q.shape[0]
+    if kernel_clears_the_tail:
+        assert launched_q == cu_q.tolist() + [total] and launched_k == cu_k.tolist() + [int(cu_k[-1])]
+        assert launched_max_q == total
+    else:
+        assert launched_q == cu_q.tolist() and launched_max_q == max_q
+    tail = slice(int(cu_q[-1]), total)
+    assert torch.all(out[tail] == 0) and torch.all(lse[:, tail] == -torch.inf)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()

@@ -119,6 +119,27 @@ def test_device_offsets_capture_in_a_cuda_graph(implementation):
     torch.testing.assert_close(captured, eager)
 
 
+@pytest.mark.parametrize("implementation", [name for name in varlen.implementations() if name != varlen.PER_SEQUENCE])
+def test_a_capture_clears_a_tail_longer_than_any_sequence(implementation):
+    # ours takes the rows after the last sequence as one more sequence without keys inside a capture
+    # (fa4.varlen.tail_sequence): here 5000 of them, more than max_seqlen_q's 2048
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES[1], torch.bfloat16, tail=5000)
+    _skip_unless_runs(implementation, q)
+    options = dict(causal=True, backend=implementation, return_lse=True)
+    eager_out, eager_lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    out.fill_(float("nan"))   # what the replay does not write stays NaN
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    rows = int(cu_q[-1])
+    assert torch.all(out[rows:] == 0) and torch.all(lse[:, rows:] == -torch.inf)
+    torch.testing.assert_close(out, eager_out)
+    torch.testing.assert_close(lse, eager_lse)
+
+
 def test_auto_runs_ours_on_an_h100_or_h200_only_where_measured_or_without_a_peer(empty_database):
     # nothing measured: flash-attn-4's varlen kernel where it runs (ours is not known to be as fast,
     # fa4.varlen_dispatch), else ours; `fa4tune search --varlen` measures a batch
