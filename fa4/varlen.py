@@ -14,7 +14,7 @@ sequence.
 Implementations (`backend=`):
 - "ours": our sm90 kernel compiled for varlen (one launch for the whole batch: per tile the sequence's
   offsets are read from cu_seqlens on the GPU; docs/design.md, section 3). H100/H200, fp16/bf16, head
-  dims 64, 128 and 256; forward only (a call that needs gradients runs another implementation). Its
+  dims 64, 96, 128, 192 (also with v at 128) and 256; forward only (a call that needs gradients runs another implementation). Its
   configuration is the one `fa4tune search --varlen` recorded for the batch's bucket (max lengths,
   sequences x KV heads, total query tokens: `fa4.varlen_batch`), else the nearest tuned bucket's, else
   the heuristic default (`fa4.varlen_dispatch`).

@@ -1,5 +1,5 @@
 """The sm90 forward compiled for variable-length batches (`varlen`), on the CPU: both dtypes, head dims
-64, 128 and 256, full and causal masks, a window and a softcap, and the knobs that change the block loop
+64, 96, 128, 192 (and 192/128) and 256, full and causal masks, a window and a softcap, and the knobs that change the block loop
 or the tile's walk (overlap, P operand, tiles, K/V and Q stages, every scheduler, LSE) compile for
 sm_90a without spills or a serialised wgmma. What the family refuses under varlen is refused with a
 reason, and a dense problem's key, label and kernel do not change. The GPU suite
@@ -14,10 +14,11 @@ from fa4.kernels.sm90.feasibility import VARLEN_HEAD_DIMS
 from sm90_compile_checks import assert_compiles_clean
 
 
-def _problem(d, dtype, causal, window=None, softcap=None, heads=(16, 4), return_lse=True, varlen=True):
+def _problem(d, dtype, causal, window=None, softcap=None, heads=(16, 4), return_lse=True, varlen=True,
+             head_dim_v=None):
     # 64 sequences of at most 2048 queries and keys
     return AttentionProblem(64, 2048, 2048, *heads, d, dtype, causal=causal, return_lse=return_lse,
-                            window=window, softcap=softcap, varlen=varlen)
+                            window=window, softcap=softcap, varlen=varlen, head_dim_v=head_dim_v)
 
 
 # (problem, knobs over the heuristic default: None keeps the default)
@@ -29,6 +30,12 @@ CASES = {
     "d128-bf16-causal-window-softcap": (_problem(128, "bf16", True, (255, 0), 30.0), None),
     "d64-fp16-two-sided-window": (_problem(64, "fp16", False, (64, 32)), None),
     "d256-bf16-causal": (_problem(256, "bf16", True, heads=(8, 8)), None),
+    # head dims whose O rows take 4 (96) and 8 (192) threads each, each thread 3 of the row's copies
+    "d96-bf16-causal-window-softcap": (_problem(96, "bf16", True, (255, 0), 30.0), None),
+    "d96-fp16-full-192-rows": (_problem(96, "fp16", False), dict(tile_m=192, tile_n=64, q_stages=1)),
+    "d192-fp16-causal": (_problem(192, "fp16", True, heads=(8, 8)), None),
+    "d192-bf16-full-64-rows": (_problem(192, "bf16", False), dict(tile_m=64, tile_n=64)),
+    "d192-128-bf16-causal": (_problem(192, "bf16", True, head_dim_v=128), None),
     "d128-fp16-causal-ss-no-overlap": (_problem(128, "fp16", True),
                                        dict(softmax_overlap=False, pv_operand="ss", tile_m=128, tile_n=128)),
     "d128-fp16-full-single-3-stages": (_problem(128, "fp16", False),
@@ -55,9 +62,9 @@ def test_what_varlen_cannot_run_is_refused_with_a_reason():
     problem = _problem(128, "fp16", True)
     packed = default_config("sm90", problem).replace(pack_gqa=True)
     assert any("pack_gqa under varlen" in r for r in feasible(packed, problem))
-    assert VARLEN_HEAD_DIMS == (64, 128, 256)
-    for d in (96, 192):
-        assert any("varlen at head dim" in r for r in sm90.can_implement(_problem(d, "fp16", True)))
+    assert VARLEN_HEAD_DIMS == (64, 96, 128, 192, 256)
+    for d in VARLEN_HEAD_DIMS:
+        assert sm90.can_implement(_problem(d, "fp16", True)) == []
     sm100_config = default_config("sm100", _problem(128, "fp16", True, varlen=False))
     assert any("no variable-length" in r for r in feasible(sm100_config, _problem(128, "fp16", True)))
 

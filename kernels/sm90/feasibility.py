@@ -34,8 +34,8 @@ RESERVED_REGISTERS = {1: 40, 2: 24, 3: 32}
 # three consumer warpgroups (192 x 112 and 192 x 128 at D=128, 192 x 192 at D=64), where the others
 # stay clean up to 128
 SS_WITHOUT_OVERLAP_RESERVE = 2
-# varlen stores O with 128-bit copies, head_dim / 8 threads a row, which must divide 128 threads
-VARLEN_HEAD_DIMS = tuple(d for d in SUPPORTED_HEAD_DIMS if 128 % (d // 8) == 0)
+# every head dim: the varlen O store spreads a row over `plan.varlen_threads_per_row` threads
+VARLEN_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
@@ -43,10 +43,6 @@ def can_implement(problem: AttentionProblem) -> list[str]:
     reasons = list(unknown_dims)
     if problem.batch < 1 or problem.seqlen_q < 1 or problem.seqlen_k < 1 or problem.heads_q < 1:
         reasons.append("empty problem: batch, sequence lengths and heads must be >= 1")
-    if problem.varlen and not unknown_dims and 128 % (problem.value_head_dim // 8):
-        reasons.append(f"varlen at head dim {problem.value_head_dim} (of O): the row-predicated O store "
-                       f"spreads a row over head_dim / 8 threads, which must divide a warpgroup (varlen head dims: "
-                       f"{', '.join(str(d) for d in VARLEN_HEAD_DIMS)})")
     return reasons
 
 

@@ -39,7 +39,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper_helpers
 
 from . import layouts as L
-from .plan import REGISTER_SPLIT
+from .plan import REGISTER_SPLIT, varlen_threads_per_row
 from ..fast_exp2 import exp2_poly, poly_column
 from .scheduler import TileScheduler, head_group_size, longest_first_tile, varlen_grid_tasks
 
@@ -1200,9 +1200,9 @@ class FlashAttentionSm90:
     @cute.jit
     def store_o_rows(self, sO, gO, tidx: Int32, rows: Int32):
         """The first `rows` rows of the O tile from shared memory to `gO` in 128-bit copies, a row's
-        head dim spread over head_dim / 8 neighbouring threads (coalesced); the other rows belong to
-        the next sequence (or to no sequence) and are not written."""
-        threads_per_row = self.head_dim_v // 8
+        head dim spread over neighbouring threads (coalesced; `varlen_threads_per_row`); the other rows
+        belong to the next sequence (or to no sequence) and are not written."""
+        threads_per_row = varlen_threads_per_row(self.head_dim_v)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         threads = cute.make_ordered_layout(
             (self.num_consumer_threads // threads_per_row, threads_per_row), order=(1, 0))
