@@ -130,8 +130,10 @@ case "$STEP" in
   features-search)
     # tune a PARTS-th of the 17 problems (every PARTS-th from PART; 30 configurations or STUDY_SECONDS (45) a
     # study, as the wide set was tuned, peers timed); the part's entries also stay in /tmp/fa4-features, which
-    # features-bench merges into the packaged database on the same warm machine (merge $OUT/features_best_PART.json into
-    # fa4/data/best_configs.json here too: `python -m fa4tune.cli db merge -o fa4/data/best_configs.json ...`)
+    # features-bench merges into the packaged database on the same warm machine (merge
+    # $OUT/features_best_PART.json into fa4/data/best_configs.json here too: `python -m fa4tune.cli db merge -o
+    # fa4/data/best_configs.json ...`). A part must fit the 540 s limit: 17 studies of 25 s did not; `17 17`
+    # tunes the last problem alone
     part=${2:-1}; parts=${3:-2}
     python3 benchmarks/shapes_subset.py benchmarks/h200_features.toml /tmp/features_part.toml --start $((part - 1)) \
         --step "$parts"
