@@ -1,7 +1,8 @@
 """One of our variants over a peer, problem by problem, from `fa4tune bench` JSON files: the speed bar.
 
 Per problem of the bench: our row's GPU time (`--variant`, "tuned" unless told), the peers' (each
-`--peer`, flash-attn-4 unless told; the fastest of them where several are named) and the ratio. Then the
+`--peer`; unless told the first registered peer, `fa4.backends.peer_names()`; the fastest of them where
+several are named) and the ratio. Then the
 geometric mean, the worst ratio and how many problems are at most `--bar`. A problem where no named
 peer ran (a launch error, a feature it lacks) is listed and left out of the figures; a problem where
 our row did not run (no tuned entry, an error) counts as a miss, so a bench that tuned nothing cannot
@@ -9,7 +10,7 @@ pass. Exits 0 when every compared problem is at most the bar and the geometric m
 `--geomean-bar`, else 1.
 
     python benchmarks/peer_ratio.py results/h200/features/bench_features.json
-    python benchmarks/peer_ratio.py bench.json --variant default --peer flash_attn_4 --peer sdpa_cudnn
+    python benchmarks/peer_ratio.py bench.json --variant default --peer sdpa_cudnn --peer sdpa_flash
 """
 
 from __future__ import annotations
@@ -86,12 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench_files", nargs="+")
     parser.add_argument("--variant", default="tuned", help="our row: tuned, default or dispatched")
-    parser.add_argument("--peer", action="append", help="a peer's variant name (repeatable; default flash_attn_4)")
+    parser.add_argument("--peer", action="append",
+                        help="a peer's variant name (repeatable; default: the first registered peer)")
     parser.add_argument("--bar", type=float, default=1.00, help="each problem's ratio at most this")
     parser.add_argument("--geomean-bar", type=float, default=0.95)
     args = parser.parse_args(argv)
     rows = [row for path in args.bench_files for row in json.load(open(path))["rows"]]
-    table, holds = summarise(ratios(rows, args.variant, args.peer or ["flash_attn_4"]), args.bar,
+    from fa4 import backends
+
+    table, holds = summarise(ratios(rows, args.variant, args.peer or backends.peer_names()[:1]), args.bar,
                              args.geomean_bar, args.variant)
     print(table)
     return 0 if holds else 1

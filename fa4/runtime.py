@@ -32,6 +32,7 @@ argument is read by `fa4.config_arg`, which also writes it as text for the custo
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import math
 from typing import Any, Mapping
 
@@ -584,8 +585,10 @@ def _assumed_target(device_name: str | None) -> tuple[str, str, str]:
             return arch, name, (f"the inputs are on no GPU: explained for this machine's {name} ({arch}); "
                                 f"{how}")
     db = database()
-    # forward families only: a backward knob set's entries ("sm90_bwd") name no architecture to explain for
-    tuned = sorted({(e.arch, e.device) for e in db.entries if e.arch in kernels.ARCHS}) if db is not None else []
+    # forward families only: a backward knob set's entries ("sm90_bwd") name no architecture to explain for;
+    # the (arch, device) with the most entries first (the database's main card), then by name
+    counted = Counter((e.arch, e.device) for e in db.entries if e.arch in kernels.ARCHS) if db is not None else {}
+    tuned = sorted(counted, key=lambda pair: (-counted[pair], pair))
     if device_name is not None:
         arch = next((a for a, d in tuned if d == device_name), tuned[0][0] if tuned else kernels.ARCHS[0])
         where = f"{arch} on {device_name}"

@@ -669,3 +669,21 @@ def test_torch_compile_with_a_softmax_scale(fake):
     refused = torch.compile(lambda q, k, v: fa4.attention(q, k, v, softmax_scale=-0.3), backend="aot_eager")
     with pytest.raises(InvalidInputError, match="softmax_scale must be positive"):
         refused(q, k, v)
+
+
+def test_inputs_on_no_gpu_are_explained_for_the_card_with_the_most_entries(monkeypatch):
+    """On a machine without a GPU `fa4.explain` assumes the card the database was mostly tuned on (the
+    packaged one holds H200 entries and a few H100 ones): not the first name in sort order."""
+    from types import SimpleNamespace
+
+    from fa4 import runtime
+
+    entries = [SimpleNamespace(arch="sm90", device="NVIDIA H100 80GB HBM3")] * 2 + \
+              [SimpleNamespace(arch="sm90", device="NVIDIA H200")] * 3 + \
+              [SimpleNamespace(arch="sm90_bwd", device="NVIDIA H100 80GB HBM3")] * 5   # not a forward family
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "database", lambda: SimpleNamespace(entries=entries))
+    arch, device_name, note = runtime._assumed_target(None)
+    assert (arch, device_name) == ("sm90", "NVIDIA H200") and "NVIDIA H200, where the tuned database" in note
+    # a named card is taken as named
+    assert runtime._assumed_target("NVIDIA H100 80GB HBM3")[1] == "NVIDIA H100 80GB HBM3"
