@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
 def ratios(bench_rows: list[dict], variant: str, peers: list[str]) -> list[dict]:
@@ -65,7 +62,7 @@ def summarise(entries: list[dict], bar: float, geomean_bar: float, variant: str)
             misses.append(f"{e['shape']} ({e['ratio']:.3f})")
         lines.append(f"| {e['shape']} | {e['ours']:.1f} | {e['peer']:.1f} ({e['fastest_peer']}) | "
                      f"{e['ratio']:.3f} |")
-    mean = geomean(compared)
+    mean = statistics.geometric_mean(compared) if compared else math.nan
     holds = not misses and bool(compared) and mean <= geomean_bar
     lines.append("")
     lines.append(f"geomean {mean:.3f} over {len(compared)} compared problems, worst "

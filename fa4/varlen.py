@@ -354,11 +354,10 @@ def _tail_fits_a_sequence(config, q: torch.Tensor, batch: int) -> bool:
     sequences' own tasks, `kernels/sm90/scheduler.py`), not a persistent loop over every sequence's
     max_seqlen_q blocks (which a tail as long as q would stretch), and with the tasks' index, (batch + 1)
     x heads x q's rows / tile_m, in 32 bits."""
-    from fa4.kernels.sm90.scheduler import PERSISTENT_SCHEDULERS
+    from fa4.kernels.sm90.scheduler import ONE_CTA_PER_TASK
 
-    if config.scheduler in PERSISTENT_SCHEDULERS:
-        return False
-    return (batch + 1) * q.shape[1] * -(-q.shape[0] // config.tile_m) < 2**31
+    return (config.scheduler in ONE_CTA_PER_TASK
+            and (batch + 1) * q.shape[1] * -(-q.shape[0] // config.tile_m) < 2**31)
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -376,8 +375,7 @@ def _peer(name, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                          return_lse, window_size, softcap)
     # its rows without keys, and the rows after the last sequence, hold whatever it left there: ours
     # are O = 0 and LSE = -inf
-    right_bound = 0 if causal else (window_size[1] if window_size is not None else UNBOUNDED)
-    right = None if right_bound == UNBOUNDED else right_bound
+    right = 0 if causal else (None if window_size is None or window_size[1] == UNBOUNDED else window_size[1])
     if offsets is not None:
         # the offsets are on the host: only the rows that see no key are written (none, mostly), not a
         # pass over all of O (about 1.3 us per MB of O on an H100)

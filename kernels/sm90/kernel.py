@@ -41,7 +41,8 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from . import layouts as L
 from .plan import REGISTER_SPLIT, varlen_threads_per_row
 from ..fast_exp2 import exp2_poly, poly_column
-from .scheduler import TileScheduler, head_group_size, longest_first_tile, varlen_grid_tasks
+from .scheduler import (ONE_CTA_PER_TASK, TileScheduler, head_group_size, longest_first_tile,
+                        varlen_grid_tasks)
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -152,7 +153,7 @@ class FlashAttentionSm90:
         self.softcap = softcap
         self.varlen = varlen
         # one CTA per task of the sequences' own (scheduler.py: `packed_varlen`)
-        self.packed_varlen = varlen and scheduler in ("single", "single_lpt")
+        self.packed_varlen = varlen and scheduler in ONE_CTA_PER_TASK
         assert not (varlen and gqa_pack_ratio is not None), "varlen tiles are not packed"
         self.pack_ratio = gqa_pack_ratio  # None: one query head per tile
         self.tile_m = tile_m

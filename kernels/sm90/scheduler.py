@@ -33,6 +33,8 @@ from __future__ import annotations
 from ..scheduling import PERSISTENT_SCHEDULERS, SchedulerBase
 
 KINDS = ("single", "single_lpt", "static", "lpt")
+# one CTA per task: under varlen their grid is the sequences' own tasks (`packed_varlen`)
+ONE_CTA_PER_TASK = tuple(kind for kind in KINDS if kind not in PERSISTENT_SCHEDULERS)
 # K+V bytes of a head group the longest-first orders keep in L2: chosen on the H200; another device
 # gets it scaled to its L2 (the family's `device_key`)
 L2_BYTES_FOR_KV_ON_H200 = 32 * 1024 * 1024
