@@ -383,8 +383,11 @@ def _peer(name, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if rows.numel() == 0:
             return (out, lse) if return_lse else out
         rows = rows.to(q.device)
-        out.index_fill_(0, rows, 0.0)
-        return (out, lse.index_fill_(1, rows, -torch.inf)) if return_lse else out
+        # the peer's autograd keeps its output for the backward (flash-attn-4's does): under a gradient the
+        # rows are filled in a copy, else in place
+        fill = torch.Tensor.index_fill if torch.is_grad_enabled() and out.requires_grad else torch.Tensor.index_fill_
+        out = fill(out, 0, rows, 0.0)
+        return (out, fill(lse, 1, rows, -torch.inf)) if return_lse else out
     # inside a CUDA-graph capture: device ops only, over every row
     hidden = rows_without_keys(device_offsets[0], device_offsets[1], q.shape[0], causal, right)
     out = torch.where(hidden[:, None, None], 0.0, out)

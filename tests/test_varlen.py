@@ -104,6 +104,43 @@ def test_a_peers_rows_without_keys_are_set_alike_with_offsets_on_the_host_or_not
         assert torch.all(lse[:, hidden] == -torch.inf) and torch.isnan(lse[:, ~hidden]).all()
 
 
+def test_a_peers_saved_output_survives_the_rows_without_keys_under_a_gradient(monkeypatch):
+    """flash-attn-4's varlen autograd keeps its output for the backward: setting the rows without keys
+    must not write into it (an H100 run found `index_fill_` did: "modified by an inplace operation"), and
+    no gradient reaches the peer through those rows. Without a gradient they are filled in place."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(*CASES["mixed"], tail=3)
+
+    class SavesItsOutput(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q):
+            out = q * 2
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            ctx.saved_tensors   # raises where the saved output was written in place
+            return grad * 2
+
+    class Peer:
+        def varlen(self, q, *args):
+            return SavesItsOutput.apply(q), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(varlen.backends, "get", lambda name: Peer())
+    leaf = q.clone().requires_grad_()
+    args = (k, v, cu_q, cu_k, max_q, max_k, True, None, False, None, None)
+    out = varlen._peer("saving_peer", leaf, *args, offsets=(cu_q.tolist(), cu_k.tolist()))
+    hidden = varlen.rows_without_keys(cu_q, cu_k, q.shape[0], True)
+    assert hidden.any() and torch.all(out[hidden] == 0)
+    (grad,) = torch.autograd.grad(out, leaf, torch.ones_like(out))
+    assert torch.all(grad[hidden] == 0) and torch.all(grad[~hidden] == 2)
+    plain = q.clone()
+    with torch.no_grad():
+        Peer.varlen = lambda self, q, *args: (plain, None)
+        assert varlen._peer("saving_peer", q, *args, offsets=(cu_q.tolist(), cu_k.tolist())) is plain
+    assert torch.all(plain[hidden] == 0)
+
+
 def test_gradients_match_fp32_autograd_per_sequence():
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([5, 0, 11], [7, 3, 11], dtype=torch.float32)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
