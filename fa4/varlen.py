@@ -384,8 +384,8 @@ def _peer(name, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             return (out, lse) if return_lse else out
         rows = rows.to(q.device)
         # the peer's autograd keeps its output for the backward (flash-attn-4's does): under a gradient the
-        # rows are filled in a copy, else in place
-        fill = torch.Tensor.index_fill if torch.is_grad_enabled() and out.requires_grad else torch.Tensor.index_fill_
+        # rows are filled in a copy, else in place (under no_grad its output requires none)
+        fill = torch.Tensor.index_fill if out.requires_grad else torch.Tensor.index_fill_
         out = fill(out, 0, rows, 0.0)
         return (out, fill(lse, 1, rows, -torch.inf)) if return_lse else out
     # inside a CUDA-graph capture: device ops only, over every row
