@@ -25,7 +25,8 @@ Implementations (`backend=`):
   It reads the offsets on the host (a device-to-host copy when they are on the GPU; inside a CUDA-graph
   capture the offsets must be CPU tensors).
 - "auto" (the default): ours where the database measured it (or predicts it, from the nearest measured
-  batches) at least as fast as the first peer whose kernel runs here, else that peer, else ours, else
+  batches) at least as fast as the first peer whose kernel runs here (inside a capture with the offsets
+  on the GPU, that peer's kernel plus its pass over O, below), else that peer, else ours, else
   per_sequence (`fa4.varlen_dispatch`). `fa4.explain_varlen` says which runs, in which configuration,
   and why, computing and running nothing.
 
@@ -86,7 +87,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if not (capturing and cu_seqlens_q.is_cuda):
         offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size, softcap)
-    choice = _decide(q, k, v, problem, backend, empty=problem is None)
+    # offsets is None: inside a capture with the offsets on the GPU, where a peer clears rows on the device
+    choice = _decide(q, k, v, problem, backend, empty=problem is None, captured=offsets is None)
     implementation = choice.implementation
     if implementation == OURS:
         return _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, return_lse,
@@ -112,12 +114,13 @@ def choose(q: torch.Tensor, backend: str = "auto", k: Optional[torch.Tensor] = N
 def explain_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                    softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto", *,
-                   window_size: Optional[tuple] = None, softcap: Optional[float] = None):
+                   window_size: Optional[tuple] = None, softcap: Optional[float] = None, captured: bool = False):
     """Which implementation `attention_varlen` runs on these inputs, our kernel's configuration and why
     (the database entry, the times measured there, or the neighbours a prediction used): a
     `fa4.varlen_dispatch.VarlenChoice`, whose `str()` is a short report. Computes and launches nothing,
     and reads no offsets (the total query tokens are q's rows); bad inputs raise as `attention_varlen`
-    raises."""
+    raises. `captured`: the choice inside a CUDA-graph capture with the offsets on the GPU (where a
+    peer's path adds a pass over O: `fa4.varlen_dispatch`)."""
     _check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     try:
         window_size = None if window_size is None else window_pair(window_size)
@@ -125,13 +128,13 @@ def explain_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     except ValueError as exc:
         raise InvalidInputError(f"fa4.attention_varlen: {exc}") from None
     problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size, softcap)
-    return _decide(q, k, v, problem, backend, empty=problem is None)
+    return _decide(q, k, v, problem, backend, empty=problem is None, captured=captured)
 
 
-def _decide(q, k, v, problem, backend, empty: bool):
+def _decide(q, k, v, problem, backend, empty: bool, captured: bool = False):
     from fa4.varlen_dispatch import decide
 
-    return decide(q, k, v, problem, backend, empty=empty)
+    return decide(q, k, v, problem, backend, empty=empty, captured=captured)
 
 
 def ours_unsupported(q: torch.Tensor, k: Optional[torch.Tensor] = None,

@@ -17,6 +17,11 @@ ours, the peers' varlen kernels and "per_sequence" on one batch (`backend_us`).
   `fa4.dispatch.TIMING_NOISE` ours is kept); else that peer; else ours where it runs; else
   "per_sequence". With nothing measured the peer runs: ours is not known to be as fast. Host time per
   eager call is not measured for varlen calls: GPU time decides in both modes.
+- Inside a CUDA-graph capture with the offsets on the GPU (`captured`), the peer's path costs more than
+  its kernel: the offsets cannot be read, so its rows without keys are cleared by device ops over every
+  row of O (`fa4.varlen._peer`), which ours does not need (its kernel takes the rows after the last
+  sequence as one more sequence). A measured comparison charges the peer that pass
+  (`device_clear_us`); a prediction cannot (it votes, without times): a note says so.
 """
 
 from __future__ import annotations
@@ -28,6 +33,20 @@ from fa4 import dispatch, prediction
 from fa4.database import bucket
 
 ARCH = "sm90"   # the family with a varlen kernel (`fa4.varlen.ours_unsupported`)
+# What the peer's clearing pass inside a capture costs per MB of O (and LSE), from H100 bench runs of
+# the features grid: `fa4.attention_varlen` through flash-attn-4 captured, less its kernel alone, at 16,384
+# tokens x 32 heads x D128 bf16 (134 MB of O): 196.5 us (1.46 us/MB, results/h100/training/2026-12-07f/)
+# and 184.1 us (1.37, 2026-12-07d/); ours' own pass of the same kind at 30,482 tokens (250 MB): 352.6 us
+# (1.41). A GPU with faster memory (the H200) pays less: there the estimate leans towards ours.
+DEVICE_CLEAR_US_PER_MB = 1.4
+
+
+def device_clear_us(q, v, return_lse: bool) -> float:
+    """The estimated GPU time of clearing a peer's rows without keys inside a capture: a read and a write
+    of every row of O (total_q x Hq x v's head dim) and, where returned, of LSE (fp32)."""
+    out_bytes = q.shape[0] * q.shape[1] * v.shape[-1] * q.element_size()
+    lse_bytes = q.shape[0] * q.shape[1] * 4 if return_lse else 0
+    return DEVICE_CLEAR_US_PER_MB * (out_bytes + lse_bytes) / 1e6
 
 
 @dataclass
@@ -125,10 +144,12 @@ def _database_view(problem, tokens: int, device_name: str, device) -> tuple:
     return result
 
 
-def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False) -> VarlenChoice:
+def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False,
+           captured: bool = False) -> VarlenChoice:
     """What a call runs (module docstring). `problem`: `fa4.varlen.varlen_problem` of the call (None:
     not given, no entry is read). `empty`: no sequence has a query and a key, so there is nothing to
-    launch: ours, where it runs, only writes O = 0 and LSE = -inf. Raises `InvalidInputError` for an
+    launch: ours, where it runs, only writes O = 0 and LSE = -inf. `captured`: the call is inside a
+    CUDA-graph capture with its offsets on the GPU (a peer pays a pass over O). Raises `InvalidInputError` for an
     unknown backend and `UnsupportedInputError` for a forced one that cannot run these inputs."""
     from fa4 import state, varlen
     from fa4.checks import InvalidInputError, UnsupportedInputError
@@ -162,12 +183,18 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False)
     if peer is not None and ours_why_not is None:
         if not choice.measured and region:
             choice.predicted = _predicted(region, problem, tokens, device_name, peer.name)
-        faster = _ours_as_fast(choice, peer)
+        clear_us = (device_clear_us(q, v if v is not None else q, problem.return_lse)
+                    if captured and problem is not None else 0.0)
+        faster = _ours_as_fast(choice, peer, clear_us)
         if faster:
             choice.implementation, choice.why = varlen.OURS, faster
         else:
             choice.implementation = peer.name
-            choice.why = _peer_why(choice, peer)
+            choice.why = _peer_why(choice, peer, clear_us)
+            if captured and not choice.measured:
+                choice.notes.append(f"inside this capture {peer.title}'s path also clears its rows without keys "
+                                    f"by a pass over O (about {clear_us:.0f} us), not counted: nothing was measured "
+                                    "at this bucket")
         return choice
     if peer is not None:
         choice.implementation = peer.name
@@ -194,23 +221,28 @@ def _predicted(region: list, problem, tokens: int, device_name: str, peer_name: 
     return _FOUND["predicted"][key]
 
 
-def _ours_as_fast(choice: VarlenChoice, peer) -> Optional[str]:
-    """Why ours runs instead of `peer` (measured or predicted at least as fast), or None."""
+def _clearing(clear_us: float) -> str:
+    return f" plus about {clear_us:.0f} us clearing its rows without keys inside a capture" if clear_us else ""
+
+
+def _ours_as_fast(choice: VarlenChoice, peer, clear_us: float = 0.0) -> Optional[str]:
+    """Why ours runs instead of `peer` (measured, with `clear_us` added to the peer's time, or predicted
+    at least as fast), or None."""
     if choice.measured:
         ours_us, peer_us = choice.measured.get(dispatch.OURS), choice.measured.get(peer.name)
-        if ours_us is None or peer_us is None or ours_us > peer_us * (1.0 + dispatch.TIMING_NOISE):
+        if ours_us is None or peer_us is None or ours_us > (peer_us + clear_us) * (1.0 + dispatch.TIMING_NOISE):
             return None
         return (f"our varlen kernel, measured at least as fast as {peer.title}'s at this bucket: {ours_us:g} us "
-                f"against {peer_us:g} us")
+                f"against {peer_us:g} us{_clearing(clear_us)}")
     if choice.predicted is not None and choice.predicted.backend == dispatch.OURS:
         return f"our varlen kernel, predicted at least as fast as {peer.title}'s ({choice.predicted.reason})"
     return None
 
 
-def _peer_why(choice: VarlenChoice, peer) -> str:
+def _peer_why(choice: VarlenChoice, peer, clear_us: float = 0.0) -> str:
     if choice.measured and peer.name in choice.measured:
-        return (f"{peer.title}'s varlen kernel, measured faster at this bucket: {choice.measured[peer.name]:g} us "
-                f"against ours {choice.measured.get(dispatch.OURS, float('nan')):g} us")
+        return (f"{peer.title}'s varlen kernel, measured faster at this bucket: {choice.measured[peer.name]:g} us"
+                f"{_clearing(clear_us)} against ours {choice.measured.get(dispatch.OURS, float('nan')):g} us")
     if choice.predicted is not None:
         return f"{peer.title}'s varlen kernel, predicted faster ({choice.predicted.reason})"
     return (f"{peer.title}'s varlen kernel: no varlen batch near this one was measured, so ours is not known to "

@@ -135,7 +135,8 @@ def time_varlen_peers(inputs: VarlenInputs, problem, timing, names, healthy) -> 
 def time_varlen_dispatched(inputs: VarlenInputs, problem, timing, healthy) -> dict:
     """The bench's "dispatched" row of a varlen batch (`fa4tune.workers.evaluator.dispatched_row`):
     `fa4.attention_varlen` as a user calls it (the database the worker's `fa4.use_config_db` names) on
-    the packed tensors, what it runs by `fa4.explain_varlen` (the same in both modes)."""
+    the packed tensors (offsets on the GPU), what it runs by `fa4.explain_varlen` in each mode (inside
+    a capture a peer pays a pass over O, which the choice counts)."""
     import fa4
     from fa4.reference import compare
     from fa4tune.workers.evaluator import dispatched_row
@@ -144,9 +145,9 @@ def time_varlen_dispatched(inputs: VarlenInputs, problem, timing, healthy) -> di
     options = dict(causal=problem.causal, softmax_scale=inputs.scale, return_lse=problem.return_lse, **inputs.masks)
 
     def describe():
-        choice = fa4.explain_varlen(*args, **options)
-        return ({"eager": choice.implementation, "graph": choice.implementation},
-                choice.config.to_dict() if choice.config is not None else None)
+        eager, graph = (fa4.explain_varlen(*args, **options, captured=captured) for captured in (False, True))
+        return ({"eager": eager.implementation, "graph": graph.implementation},
+                eager.config.to_dict() if eager.config is not None else None)
 
     return dispatched_row(lambda backend="auto": fa4.attention_varlen(*args, backend=backend, **options),
                           lambda out, lse: compare(out[None], None if lse is None else lse[None], inputs.expected),
