@@ -263,13 +263,15 @@ case "$STEP" in
     # warm_start` seeds it first), then TPE; the three fastest and the default re-timed, peers timed. The
     # search records into a copy of the packaged database (where the stale winners are); merge it back
     # with `python -m fa4tune.cli db merge -o fa4/data/best_configs.json $OUT/bwd_retune_db_PART.json`
-    # (a current entry beats a stale one)
+    # (a current entry beats a stale one). On another GPU model (an H100) the seeds are the H200 entries
+    # of the same shapes; STUDY_TRIALS (10) and STUDY_SECONDS (60) shorten the studies to tune the whole
+    # grid in one call (`STUDY_TRIALS=6 STUDY_SECONDS=34 ... bwd-retune 1 1`), then `grid` in the next
     part=${2:-1}; parts=${3:-2}
     python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_retune_part.toml --start $((part - 1)) \
         --step "$parts"
     cp fa4/data/best_configs.json "$OUT/bwd_retune_db_$part.json"
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_retune_part.toml \
-        --space benchmarks/sm90_bwd_fast_space.toml --trials 10 --timeout 60 \
+        --space benchmarks/sm90_bwd_fast_space.toml --trials "${STUDY_TRIALS:-10}" --timeout "${STUDY_SECONDS:-60}" \
         --storage "$OUT/bwd_retune_$part.journal" --db "$OUT/bwd_retune_db_$part.json" --format json \
         > "$OUT/bwd_retune_$part.json" 2> >(quiet > "$OUT/bwd_retune_$part.log")
     tail -n 6 "$OUT/bwd_retune_$part.log"
