@@ -19,8 +19,10 @@ PROGRAMMATIC_LAUNCH = False
 # its masked (diagonal) query blocks first, so under a causal mask a key block's CTA reaches each query
 # block after the block above it has added there (a block of slack) instead of just behind the block
 # below it (in lockstep, each add waiting for a handoff: 1.27x the plain backward's time on an H100,
-# 1.55x at B1 S1024 causal). Not yet timed; `FA4_BWD_DETERMINISTIC_ORDER=ascending|descending`
-# overrides it at compile time, for an A/B.
+# 1.55x at B1 S1024 causal). Off: on an H100 (2026-12-07f) descending took 1.154x ascending's time,
+# geomean over the 14 grid shapes: 0.92 at B1 S1024 causal, but up to 1.73 at the large causal ones,
+# whose least-work CTAs (the last key blocks) it launches first. `FA4_BWD_DETERMINISTIC_ORDER=
+# ascending|descending` overrides it at compile time, for an A/B.
 DESCENDING_TURNS = False
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
