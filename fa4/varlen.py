@@ -87,7 +87,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if not (capturing and cu_seqlens_q.is_cuda):
         offsets = _checked_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     problem = varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, return_lse, window_size, softcap)
-    # offsets is None: inside a capture with the offsets on the GPU, where a peer clears rows on the device
+    # offsets is None: inside a capture with the offsets on the GPU, where rows are cleared on the device
     choice = _decide(q, k, v, problem, backend, empty=problem is None, captured=offsets is None)
     implementation = choice.implementation
     if implementation == OURS:
@@ -114,7 +114,8 @@ def choose(q: torch.Tensor, backend: str = "auto", k: Optional[torch.Tensor] = N
 def explain_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                    softmax_scale: Optional[float] = None, return_lse: bool = False, backend: str = "auto", *,
-                   window_size: Optional[tuple] = None, softcap: Optional[float] = None, captured: bool = False):
+                   window_size: Optional[tuple] = None, softcap: Optional[float] = None,
+                   captured: bool = False):
     """Which implementation `attention_varlen` runs on these inputs, our kernel's configuration and why
     (the database entry, the times measured there, or the neighbours a prediction used): a
     `fa4.varlen_dispatch.VarlenChoice`, whose `str()` is a short report. Computes and launches nothing,
@@ -327,7 +328,7 @@ def _ours(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
     q, k, v = (_tma_ready(t) for t in (q, k, v))
     # the rows after the last sequence belong to no sequence: a slice clears them where the offsets are
     # on the host; inside a capture the kernel does, where it can take them as one more sequence
-    tail_as_sequence = offsets is None and _tail_fits_a_sequence(config, q, cu_q.numel() - 1)
+    tail_as_sequence = offsets is None and tail_fits_a_sequence(config, q, cu_q.numel() - 1)
     if tail_as_sequence:
         cu_q, cu_k, max_seqlen_q = *tail_sequence(cu_q, cu_k, q.shape[0]), max(max_seqlen_q, q.shape[0])
     kernel.run_varlen(q, k, v, out, lse, softmax_scale, mask_values(problem), cu_q, cu_k, max_seqlen_q,
@@ -352,7 +353,7 @@ def tail_sequence(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_
             torch.cat([cu_seqlens_k, cu_seqlens_k[-1:]]))
 
 
-def _tail_fits_a_sequence(config, q: torch.Tensor, batch: int) -> bool:
+def tail_fits_a_sequence(config, q: torch.Tensor, batch: int) -> bool:
     """Whether the launch can take the tail as a sequence: with one CTA per task (its grid is the
     sequences' own tasks, `kernels/sm90/scheduler.py`), not a persistent loop over every sequence's
     max_seqlen_q blocks (which a tail as long as q would stretch), and with the tasks' index, (batch + 1)

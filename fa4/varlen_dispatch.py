@@ -19,9 +19,11 @@ ours, the peers' varlen kernels and "per_sequence" on one batch (`backend_us`).
   eager call is not measured for varlen calls: GPU time decides in both modes.
 - Inside a CUDA-graph capture with the offsets on the GPU (`captured`), the peer's path costs more than
   its kernel: the offsets cannot be read, so its rows without keys are cleared by device ops over every
-  row of O (`fa4.varlen._peer`), which ours does not need (its kernel takes the rows after the last
-  sequence as one more sequence). A measured comparison charges the peer that pass
-  (`device_clear_us`); a prediction cannot (it votes, without times): a note says so.
+  row of O (`fa4.varlen._peer`). Ours needs no such pass where its kernel takes the rows after the last
+  sequence as one more sequence (one CTA per task, `fa4.varlen.tail_fits_a_sequence`); with a
+  persistent scheduler it clears them by the same kind of pass (`fa4.varlen._ours`). A measured
+  comparison charges each side its pass (`device_clear_us`); a prediction cannot (it votes, without
+  times): a note says so.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ ARCH = "sm90"   # the family with a varlen kernel (`fa4.varlen.ours_unsupported`
 # the features grid: `fa4.attention_varlen` through flash-attn-4 captured, less its kernel alone, at 16,384
 # tokens x 32 heads x D128 bf16 (134 MB of O): 196.5 us (1.46 us/MB, results/h100/training/2026-12-07f/)
 # and 184.1 us (1.37, 2026-12-07d/); ours' own pass of the same kind at 30,482 tokens (250 MB): 352.6 us
-# (1.41). A GPU with faster memory (the H200) pays less: there the estimate leans towards ours.
+# (1.41). A GPU with faster memory (the H200) pays less: there the estimate leans towards the side
+# without a pass.
 DEVICE_CLEAR_US_PER_MB = 1.4
 
 
@@ -149,8 +152,9 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False,
     """What a call runs (module docstring). `problem`: `fa4.varlen.varlen_problem` of the call (None:
     not given, no entry is read). `empty`: no sequence has a query and a key, so there is nothing to
     launch: ours, where it runs, only writes O = 0 and LSE = -inf. `captured`: the call is inside a
-    CUDA-graph capture with its offsets on the GPU (a peer pays a pass over O). Raises `InvalidInputError` for an
-    unknown backend and `UnsupportedInputError` for a forced one that cannot run these inputs."""
+    CUDA-graph capture with its offsets on the GPU (a pass over O: module docstring). Raises
+    `InvalidInputError` for an unknown backend and `UnsupportedInputError` for a forced one that cannot
+    run these inputs."""
     from fa4 import state, varlen
     from fa4.checks import InvalidInputError, UnsupportedInputError
 
@@ -185,12 +189,15 @@ def decide(q, k, v, problem=None, backend: str = "auto", *, empty: bool = False,
             choice.predicted = _predicted(region, problem, tokens, device_name, peer.name)
         clear_us = (device_clear_us(q, v if v is not None else q, problem.return_lse)
                     if captured and problem is not None else 0.0)
-        faster = _ours_as_fast(choice, peer, clear_us)
+        # ours clears by the same pass only where its kernel cannot take the tail as a sequence
+        ours_clears = clear_us and not varlen.tail_fits_a_sequence(choice.config, q, problem.batch)
+        ours_clear_us = clear_us if ours_clears else 0.0
+        faster = _ours_as_fast(choice, peer, clear_us, ours_clear_us)
         if faster:
             choice.implementation, choice.why = varlen.OURS, faster
         else:
             choice.implementation = peer.name
-            choice.why = _peer_why(choice, peer, clear_us)
+            choice.why = _peer_why(choice, peer, clear_us, ours_clear_us)
             if captured and not choice.measured:
                 choice.notes.append(f"inside this capture {peer.title}'s path also clears its rows without keys "
                                     f"by a pass over O (about {clear_us:.0f} us), not counted: nothing was measured "
@@ -225,24 +232,26 @@ def _clearing(clear_us: float) -> str:
     return f" plus about {clear_us:.0f} us clearing its rows without keys inside a capture" if clear_us else ""
 
 
-def _ours_as_fast(choice: VarlenChoice, peer, clear_us: float = 0.0) -> Optional[str]:
-    """Why ours runs instead of `peer` (measured, with `clear_us` added to the peer's time, or predicted
-    at least as fast), or None."""
+def _ours_as_fast(choice: VarlenChoice, peer, clear_us: float = 0.0, ours_clear_us: float = 0.0) -> Optional[str]:
+    """Why ours runs instead of `peer` (measured, each time with its pass over O inside a capture added:
+    `clear_us` the peer's, `ours_clear_us` ours', or predicted at least as fast), or None."""
     if choice.measured:
         ours_us, peer_us = choice.measured.get(dispatch.OURS), choice.measured.get(peer.name)
-        if ours_us is None or peer_us is None or ours_us > (peer_us + clear_us) * (1.0 + dispatch.TIMING_NOISE):
+        if (ours_us is None or peer_us is None
+                or ours_us + ours_clear_us > (peer_us + clear_us) * (1.0 + dispatch.TIMING_NOISE)):
             return None
-        return (f"our varlen kernel, measured at least as fast as {peer.title}'s at this bucket: {ours_us:g} us "
-                f"against {peer_us:g} us{_clearing(clear_us)}")
+        return (f"our varlen kernel, measured at least as fast as {peer.title}'s at this bucket: {ours_us:g} us"
+                f"{_clearing(ours_clear_us)} against {peer_us:g} us{_clearing(clear_us)}")
     if choice.predicted is not None and choice.predicted.backend == dispatch.OURS:
         return f"our varlen kernel, predicted at least as fast as {peer.title}'s ({choice.predicted.reason})"
     return None
 
 
-def _peer_why(choice: VarlenChoice, peer, clear_us: float = 0.0) -> str:
+def _peer_why(choice: VarlenChoice, peer, clear_us: float = 0.0, ours_clear_us: float = 0.0) -> str:
     if choice.measured and peer.name in choice.measured:
         return (f"{peer.title}'s varlen kernel, measured faster at this bucket: {choice.measured[peer.name]:g} us"
-                f"{_clearing(clear_us)} against ours {choice.measured.get(dispatch.OURS, float('nan')):g} us")
+                f"{_clearing(clear_us)} against ours {choice.measured.get(dispatch.OURS, float('nan')):g} us"
+                f"{_clearing(ours_clear_us)}")
     if choice.predicted is not None:
         return f"{peer.title}'s varlen kernel, predicted faster ({choice.predicted.reason})"
     return (f"{peer.title}'s varlen kernel: no varlen batch near this one was measured, so ours is not known to "
