@@ -37,6 +37,8 @@
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-fragment # GPU tests of dq_accum=fragment, then the default with
 #                                                 # it beside the default on the grid and 12 other shapes
+#   bash benchmarks/h200_training.sh bwd-fused    # GPU tests of dq_accum=bulk_fused, then the default with it
+#                                                 # beside the default on 8 head-dim-64 shapes
 #   bash benchmarks/h200_training.sh bwd-ncu      # Nsight Compute: our default backward beside flash-attn-4's
 #                                                 # on the three grid shapes furthest behind
 #   bash benchmarks/h200_training.sh bwd-stalls   # the same beside warp-stall samples per SASS instruction of
@@ -55,7 +57,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-fused|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
@@ -233,6 +235,23 @@ case "$STEP" in
         --config rule --config "rule dq_accum=fragment" --json "$OUT/bwd_fragment.json" \
         2> >(quiet > "$OUT/bwd_fragment.log") | tee "$OUT/bwd_fragment.txt"
     ;;
+  bwd-fused)
+    # dq_accum=bulk_fused (the main kernel converts dQ; head dim 64): its GPU tests (every case of its
+    # variants, the NaN-filled dQ, deterministic), then the default with it beside the default and
+    # flash-attn-4 on the head-dim-64 shapes of the grid and of the other set, and two more without a mask
+    timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_sm90_bwd_deterministic_gpu.py \
+        -p no:cacheprovider -k "bulk_fused or writes_every_row" 2>&1 | quiet > "$OUT/tests_bwd_fused.txt"
+    tail -n 8 "$OUT/tests_bwd_fused.txt"
+    d64_shapes=""
+    for s in 1,2048,32,8,64,full 1,2048,32,8,64,causal 8,512,16,16,64,full 8,512,16,16,64,causal \
+             4,4096,32,8,64,causal 16,2048,16,16,64,causal 8,1024,16,16,64,full 2,4096,16,4,64,full; do
+      d64_shapes="$d64_shapes --shape $s"
+    done
+    # shellcheck disable=SC2086
+    timeout 300 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 280 $d64_shapes \
+        --config rule --config "rule dq_accum=bulk_fused" --config "rule dq_accum=bulk" \
+        --json "$OUT/bwd_fused.json" 2> >(quiet > "$OUT/bwd_fused.log") | tee "$OUT/bwd_fused.txt"
+    ;;
   bwd-ncu)
     FA4_BACKWARD=ours PROFILE_ARGS=--backward timeout 560 bash benchmarks/h200_profile.sh \
         "b1-s8192-hq32-hkv8-d128-bf16-full b8-s512-hq16-hkv16-d64-bf16-full b2-s16384-hq8-hkv1-d128-bf16-causal" \
@@ -267,9 +286,15 @@ case "$STEP" in
     # of the same shapes; STUDY_TRIALS (10) and STUDY_SECONDS (60) shorten the studies to tune the whole
     # grid in one call (`STUDY_SECONDS=30 ... bwd-retune 1 1`; the H200's grid search evaluated 18-54
     # configurations a study in 12-47 s with 12 workers), then `grid` in the next
+    # (RETUNE_START / RETUNE_STOP: the grid's problems [start, stop) instead, e.g. 8 13 for its head-dim-64 ones)
     part=${2:-1}; parts=${3:-2}
-    python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_retune_part.toml --start $((part - 1)) \
-        --step "$parts"
+    if [ -n "${RETUNE_START:-}" ]; then
+      python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_retune_part.toml --start "$RETUNE_START" \
+          --stop "${RETUNE_STOP:-14}"
+    else
+      python3 benchmarks/shapes_subset.py benchmarks/h200_grid.toml /tmp/bwd_retune_part.toml --start $((part - 1)) \
+          --step "$parts"
+    fi
     cp fa4/data/best_configs.json "$OUT/bwd_retune_db_$part.json"
     timeout 540 python3 -m fa4tune.cli search --backward --shapes-file /tmp/bwd_retune_part.toml \
         --space benchmarks/sm90_bwd_fast_space.toml --trials "${STUDY_TRIALS:-10}" --timeout "${STUDY_SECONDS:-60}" \
