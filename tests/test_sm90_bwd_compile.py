@@ -106,12 +106,17 @@ SAMPLE = [
     # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=2, scheduler="sectioned_lpt"),
      _problem(128)),
+    # dQ converted in the main kernel (the 40 / 232 register split): beside a split group's reduce-adds
+    (dict(tile_m=128, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2, group_split=2), _problem(64)),
+    (dict(tile_m=64, dq_accum="bulk_fused", scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
-# all four accumulators at 128 x 128 and head dim 128)
+# all four accumulators at 128 x 128 and head dim 128) or serialise their wgmma (dQ converted in the
+# main kernel at head dim 128: the MMA warpgroups' 232 registers)
 REFUSED = [
     (dict(tile_m=128, tile_n=128), _problem(64, "fp16")),
     (dict(tile_m=128, tile_n=128, sdp_swap=True, q_stages=1), _problem(128)),
+    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2), _problem(128)),
 ]
 
 
@@ -152,10 +157,13 @@ def _whole_space_to_compile() -> list[Config]:
     and two Q/dO stages (one, where dV's fp32 tile reuses dK's bytes, is the sample's). single_lpt is
     single reading its block indices from other grid axes: the same instructions but for which
     SR_CTAID register each S2R reads (SASS of three configurations, 2026-12-06), so the plain order
-    stands for both here and single_lpt is the sample's."""
+    stands for both here and single_lpt is the sample's. dq_accum "bulk_fused" is "bulk"'s block loop
+    with converters beside it: its configurations with two Q/dO stages and two P/dS buffers."""
     configs = []
     for config in load_space("sm90_bwd").configs():
         if config.scheduler == "single_lpt":
+            continue
+        if config.dq_accum == "bulk_fused" and (config.q_stages, config.pds_stages) != (2, 2):
             continue
         if config.group_split == 1 or (config.group_split == 2 and config.scheduler == "single"
                                        and config.pds_stages == 1 and config.q_stages == 2):
