@@ -106,17 +106,18 @@ SAMPLE = [
     # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=2, scheduler="sectioned_lpt"),
      _problem(128)),
-    # dQ converted in the main kernel (the 40 / 232 register split): beside a split group's reduce-adds
+    # dQ converted in the main kernel (warps 2 and 3 beside the dQ warp, the MMA warps after the
+    # epilogue): beside a split group's reduce-adds, at 80 x 128, and with 64-key CTAs
     (dict(tile_m=128, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2, group_split=2), _problem(64)),
-    (dict(tile_m=64, dq_accum="bulk_fused", scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
+    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2, scheduler="sectioned_lpt"),
+     _problem(128)),
+    (dict(tile_m=64, tile_n=64, dq_accum="bulk_fused", scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
-# all four accumulators at 128 x 128 and head dim 128) or serialise their wgmma (dQ converted in the
-# main kernel at head dim 128: the MMA warpgroups' 232 registers)
+# all four accumulators at 128 x 128 and head dim 128)
 REFUSED = [
     (dict(tile_m=128, tile_n=128), _problem(64, "fp16")),
     (dict(tile_m=128, tile_n=128, sdp_swap=True, q_stages=1), _problem(128)),
-    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2), _problem(128)),
 ]
 
 

@@ -153,8 +153,9 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         # deterministic: the turn counters of dQ's query blocks and of dK/dV's key blocks
         dq_turn=rows(cute.sym_int(), element=cutlass.Int32),
         # dq_accum "bulk_fused": the counts of completed adds, (B, Hq, query blocks, parts)
+        # (32-bit strides: its index math is the converter warps', at 24 registers)
         dq_count=make_fake_tensor(cutlass.Int32, (batch, heads_q, cute.sym_int(), DQ_PARTS),
-                                  stride=(cute.sym_int64(), cute.sym_int64(), DQ_PARTS, 1), assumed_align=4),
+                                  stride=(cute.sym_int(), cute.sym_int(), DQ_PARTS, 1), assumed_align=4),
         dkv_turn=rows(cute.sym_int(), heads=heads_kv, element=cutlass.Int32),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 

@@ -43,10 +43,6 @@ ACCUMULATOR_REGISTER_LIMIT = 208
 # Q/dO stage count; with sdp_swap, one P/dS buffer, no mask or one CTA a group the same accumulators
 # compile clean, as do sectioned grids since the unmasked blocks' loop comes first: 2026-12-06)
 DIRECT_SPLIT_REGISTER_LIMIT = 192
-# dq_accum "bulk_fused" runs the MMA warpgroups under 232 registers (plan.FUSED_DQ_REGISTER_SPLIT: the
-# producer warpgroup's converters need 40): at head dim 128 that serialises their wgmma (and spills at
-# 64 x 128) with every tile; at 64 every configuration compiles clean (tests/test_sm90_bwd_compile.py)
-FUSED_DQ_HEAD_DIMS = (64,)
 
 
 def can_implement(problem: AttentionProblem) -> list[str]:
@@ -145,9 +141,6 @@ def resource_reasons(config: Config, problem: AttentionProblem,
             reasons.append(f"tile_m={config.tile_m} computes dQ^T = K^T dS^T, which reaches the "
                            f"accumulator by a bulk path only (dq_accum 'bulk', 'fragment' or 'bulk_fused'); "
                            f"dq_accum={config.dq_accum!r}")
-    if config.dq_accum == "bulk_fused" and problem.head_dim not in FUSED_DQ_HEAD_DIMS:
-        reasons.append(f"registers: dq_accum 'bulk_fused' leaves the MMA warpgroups 232 registers, too few "
-                       f"at head dim {problem.head_dim} (only at {FUSED_DQ_HEAD_DIMS})")
     score_limit = SCORE_REGISTER_LIMIT[config.sdp_swap]
     if res["score_registers"] > score_limit:
         reasons.append(f"registers: S and dP hold {res['score_registers']} fp32 registers per MMA "

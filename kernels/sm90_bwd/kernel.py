@@ -69,7 +69,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from cutlass.tensor_utils import LayoutEnum
 
 from ..sm90 import layouts as L
-from .plan import DQ_PARTS, row_stage_floats, section_groups, sectioned_tile
+from .plan import DQ_LOADS_IN_FLIGHT, DQ_PARTS, row_stage_floats, section_groups, sectioned_tile
 
 LOG2_E = math.log2(math.e)
 
@@ -119,7 +119,7 @@ class FlashAttentionBackwardSm90:
                  q_stages: int, dq_accum: str, sdp_swap: bool, scheduler: str, pds_stages: int,
                  group_split: int, deterministic: bool = False, descending_turns: bool = False,
                  programmatic_launch: bool = False):
-        from .plan import FUSED_DQ_REGISTER_SPLIT, MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
+        from .plan import MMA_WARPGROUPS, REGISTER_SPLIT, SUPPORTED_HEAD_DIMS, WGMMA_M
         for name, value, implemented in [(n, v, IMPLEMENTED[n]) for n, v in (
                 ("tile_m", tile_m), ("tile_n", tile_n), ("q_stages", q_stages), ("dq_accum", dq_accum),
                 ("sdp_swap", sdp_swap), ("scheduler", scheduler), ("pds_stages", pds_stages),
@@ -170,8 +170,6 @@ class FlashAttentionBackwardSm90:
         self.num_mma_threads = 128 * MMA_WARPGROUPS
         self.num_threads = 128 + self.num_mma_threads
         self.producer_regs, self.mma_regs = REGISTER_SPLIT
-        if self.dq_fused:   # warps 2 and 3 convert dQ: the producer warpgroup needs more than 24
-            self.producer_regs, self.mma_regs = FUSED_DQ_REGISTER_SPLIT
         # how the two MMA warpgroups split each product (M, N, K atoms): a 64-row wgmma per
         # warpgroup, so a 64-row side is split along the other dimension
         if sdp_swap:
@@ -231,9 +229,10 @@ class FlashAttentionBackwardSm90:
         class SharedStorage:
             mbar_qdo: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            # "bulk_fused": (query head, query block, its last key block) of the blocks warp 1
-            # announces, two slots (in the bytes before sQ's 1024-byte alignment: no buffer moves)
-            dq_added: cute.struct.MemRange[Int32, 8]
+            # "bulk_fused": (query head, query block, its last key block, its counts' index) of the
+            # blocks warp 1 announces, two slots for warps 2 and 3 and one for the MMA warpgroups (the CTA's last
+            # block), in the bytes before sQ's 1024-byte alignment: no buffer moves
+            dq_added: cute.struct.MemRange[Int32, 12]
             sQ: buffer(self.sQ_layout)
             sdO: buffer(self.sdO_layout)
             sK: buffer(self.sK_layout)
@@ -484,7 +483,7 @@ class FlashAttentionBackwardSm90:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sAdded = None
         if const_expr(self.dq_fused):
-            sAdded = storage.dq_added.get_tensor(cute.make_layout((2, 3), stride=(4, 1)))
+            sAdded = storage.dq_added.get_tensor(cute.make_layout((3, 4), stride=(4, 1)))
         sLSE2, sDelta = None, None
         if const_expr(self.sdp_swap):
             sLSE2 = storage.sLSE2.get_tensor(sRow_layout)
@@ -510,7 +509,7 @@ class FlashAttentionBackwardSm90:
                              m_min, m_max, m_unmasked)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, sAdded, n_block, head_slot, batch_idx,
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, mdQcount, sAdded, n_block, head_slot, batch_idx,
                                   ratio, m_min, m_max, m_unmasked, seqlen_q, seqlen_k)
             if const_expr(self.dq_fused):
                 if warp_idx >= 2:
@@ -525,14 +524,14 @@ class FlashAttentionBackwardSm90:
                 if const_expr(self.dkv32_in_qdo):
                     sdV32 = storage.sQ.get_tensor(sdKV32_layout.outer, swizzle=sdKV32_layout.inner,
                                                   dtype=Float32)
-            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS,
-                         sdQ, sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
-                         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
-                         seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
-                         m_unmasked)
+            blocks = self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS,
+                                  sdQ, sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
+                                  tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
+                                  seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
+                                  m_unmasked)
             if const_expr(self.dq_fused):
-                self.convert_last_dq_block(mdQsum, mdQ, mdQcount, sAdded, softmax_scale, n_block, head_slot,
-                                           batch_idx, ratio, m_min, m_max, seqlen_q)
+                self.convert_last_dq_block(mdQsum, mdQ, mdQcount, sAdded, softmax_scale, n_block, batch_idx, blocks,
+                                           seqlen_q)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
@@ -655,7 +654,7 @@ class FlashAttentionBackwardSm90:
 
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
-    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, sAdded, n_block: Int32, head_slot: Int32,
+    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, mdQcount, sAdded, n_block: Int32, head_slot: Int32,
                  batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32,
                  seqlen_q: Int32, seqlen_k: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
@@ -690,6 +689,8 @@ class FlashAttentionBackwardSm90:
                     sAdded[t % 2, 0] = head
                     sAdded[t % 2, 1] = m_block
                     sAdded[t % 2, 2] = self.last_key_block(m_block, seqlen_q, seqlen_k)
+                    if const_expr(mdQcount is not None):   # where the block's counts are
+                        sAdded[t % 2, 3] = cute.crd2idx((batch_idx, head, m_block, 0), mdQcount.layout)
             if const_expr(self.deterministic):
                 self.wait_turn(mdQturn, (batch_idx, head, m_block),
                                self.dq_turn(n_block, m_block, seqlen_q, seqlen_k), cute.arch.lane_idx())
@@ -702,10 +703,18 @@ class FlashAttentionBackwardSm90:
                 self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.lane_idx())
         cute.arch.cp_async_bulk_wait_group(0, read=True)
         if const_expr(self.dq_fused):
+            last_slot = cutlass.max(blocks - 1, 0) % 2
             if blocks > 0:
-                if blocks > 1:   # warps 2 and 3 have taken the last word they get
-                    cute.arch.barrier(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
+                if cute.arch.lane_idx() == 0:   # the last block's word, in the MMA warpgroups' slot
+                    for field in cutlass.range_constexpr(4):
+                        sAdded[2, field] = sAdded[last_slot, field]
                 self.announce_dq_added(BAR_DQ_LAST_ADDED, False)
+            # warps 2 and 3 end at a word without a query head (they hold no count of their words)
+            if blocks > 1:   # they have taken their last block's word
+                cute.arch.barrier(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
+            if cute.arch.lane_idx() == 0:
+                sAdded[last_slot, 0] = Int32(-1)
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
 
     @cute.jit
     def announce_dq_added(self, barrier_id: cutlass.Constexpr, wait_for_taken):
@@ -736,39 +745,41 @@ class FlashAttentionBackwardSm90:
         lane = cute.arch.lane_idx()
         parts = DQ_PARTS // 2
         first_part = (warp_idx - 2) * parts
-        _, head_count = self.query_heads(head_slot, ratio)
-        for t in cutlass.range(head_count * cutlass.max(m_max - m_min, 0) - 1, unroll=1):
-            cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
-            head, m_block, last = sAdded[t % 2, 0], sAdded[t % 2, 1], sAdded[t % 2, 2]
+        # every block's word but the last's, then one without a query head: the end (no block count
+        # held over the loop: 24 registers)
+        t = Int32(0)
+        cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
+        head = sAdded[0, 0]
+        while head >= 0:
+            m_block, last, counts = sAdded[t % 2, 1], sAdded[t % 2, 2], sAdded[t % 2, 3]
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
-            completed = self.completes_dq_parts(mdQcount, batch_idx, head, m_block, last, n_block, first_part,
-                                                parts, lane)
-            # a bit per completed part (warp-uniform), the parts converted in a loop (24 registers)
-            completed = cute.arch.vote_ballot_sync(completed != 0)
-            for p in cutlass.range(parts, unroll=1):
-                if (completed >> p) & 1 != 0:
-                    self.convert_dq_part(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block,
-                                         first_part + p, lane, seqlen_q, False)
+            completed = self.completes_dq_parts(mdQcount, counts, last, n_block, first_part, parts, lane)
+            # a bit per completed part (warp-uniform); this warp's parts are neighbouring rows: one
+            # loop over them
+            completed = cute.arch.vote_ballot_sync(completed != 0) & ((1 << parts) - 1)
+            if completed != 0:
+                self.convert_dq_parts(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block, first_part, parts,
+                                      completed, lane, seqlen_q)
+            t += 1
+            cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
+            head = sAdded[t % 2, 0]
 
     @cute.jit
     def convert_last_dq_block(self, mdQsum, mdQ, mdQcount, sAdded, softmax_scale: Float32, n_block: Int32,
-                              head_slot: Int32, batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32,
-                              seqlen_q: Int32):
-        """The MMA warpgroups, after their epilogue: the CTA's last block, one part an MMA warp, each
-        thread's loads all in flight (the CTA ends after it: its SM waits on these few microseconds)."""
-        _, head_count = self.query_heads(head_slot, ratio)
-        blocks = head_count * cutlass.max(m_max - m_min, 0)
+                              batch_idx: Int32, blocks: Int32, seqlen_q: Int32):
+        """The MMA warpgroups, after their epilogue: the CTA's last block (of `blocks`, their block
+        count; its word in `sAdded`'s third slot, so that nothing more stays live over the block
+        loop), one part an MMA warp, each thread's loads all in flight (the CTA ends after it: its SM
+        waits on these few microseconds)."""
         if blocks > 0:
             tidx, _, _ = cute.arch.thread_idx()
             part = cute.arch.make_warp_uniform((tidx - 128) // 32)
             lane = cute.arch.lane_idx()
             cute.arch.barrier(barrier_id=BAR_DQ_LAST_ADDED, number_of_threads=32 + self.num_mma_threads)
-            slot = (blocks - 1) % 2
-            head, m_block, last = sAdded[slot, 0], sAdded[slot, 1], sAdded[slot, 2]
-            completed = self.completes_dq_parts(mdQcount, batch_idx, head, m_block, last, n_block, part, 1, lane)
+            head, m_block, last, counts = sAdded[2, 0], sAdded[2, 1], sAdded[2, 2], sAdded[2, 3]
+            completed = self.completes_dq_parts(mdQcount, counts, last, n_block, part, 1, lane)
             if cute.arch.shuffle_sync(completed, 0) != 0:
-                self.convert_dq_part(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block, part, lane, seqlen_q,
-                                     True)
+                self.convert_dq_part(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block, part, lane, seqlen_q)
 
     @cute.jit
     def last_key_block(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -780,21 +791,20 @@ class FlashAttentionBackwardSm90:
         return last
 
     @cute.jit
-    def completes_dq_parts(self, mdQcount, batch_idx: Int32, head: Int32, m_block: Int32, last: Int32,
-                           n_block: Int32, first_part: Int32, parts: cutlass.Constexpr, lane: Int32):
+    def completes_dq_parts(self, mdQcount, counts: Int32, last: Int32, n_block: Int32, first_part: Int32,
+                           parts: cutlass.Constexpr, lane: Int32):
         """Whether this CTA's add completed part `first_part + lane` of the query block's dQ (lanes <
         `parts`; 1 or 0), `last` being the last key block that adds into it: the last add by turn
         (deterministic: `dq_turn`'s order), else by count: each adder counts each part once its add
         is complete, and the one that counts last converts the part. After a 1 the warp may read
         the part's sum."""
         completed = Int32(0)
-        if const_expr(self.deterministic):   # the turns order the adds: is this CTA's the last one?
+        if const_expr(mdQcount is None):   # deterministic: the turns order the adds; is this CTA's the last?
             if n_block == (0 if const_expr(self.descending_turns) else last):
                 completed = Int32(1)
         else:
             if lane < parts:
-                counter = mdQcount.iterator + cute.crd2idx((batch_idx, head, m_block, first_part + lane),
-                                                           mdQcount.layout)
+                counter = mdQcount.iterator + (counts + first_part + lane)   # the block's counts from `counts`
                 # warp 1's complete reduce (seen through the named barrier) before the count
                 cute.arch.fence_acq_rel_gpu()
                 if cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu") == last:
@@ -805,37 +815,63 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def convert_dq_part(self, mdQsum, mdQ, softmax_scale: Float32, batch_idx: Int32, head: Int32,
-                        m_block: Int32, part: Int32, lane: Int32, seqlen_q: Int32,
-                        all_in_flight: cutlass.Constexpr):
-        """One warp: dQ = dQ_sum * softmax_scale in the kernel's dtype for part `part` of the query
-        block (tile_m / DQ_PARTS rows, rows < Sq), 4 fp32 a lane at a time (L2 loads: other SMs
-        added them); every load of a lane issued before its stores (`all_in_flight`: the MMA warps'
-        registers), or one at a time (the producer warpgroup's 24)."""
+                        m_block: Int32, part: Int32, lane: Int32, seqlen_q: Int32):
+        """One MMA warp: dQ = dQ_sum * softmax_scale in the kernel's dtype for part `part` of the
+        query block (tile_m / DQ_PARTS rows, rows < Sq), 4 fp32 a lane a row (L2 loads: other SMs
+        added them), `DQ_LOADS_IN_FLIGHT` loads of the lane issued before their stores (all of them
+        spill registers the block loop holds: ptxas keeps its bounds for after it)."""
         chunks_per_row = self.head_dim // 4     # 16 or 32: a lane keeps its column
         rows_per_step = 32 // chunks_per_row
         steps = self.tile_m // DQ_PARTS // rows_per_step
-        in_flight = steps if const_expr(all_in_flight) else 1
-        first_row = m_block * self.tile_m + part * (self.tile_m // DQ_PARTS) + lane // chunks_per_row
+        in_flight = math.gcd(steps, DQ_LOADS_IN_FLIGHT)
+        row = m_block * self.tile_m + part * (self.tile_m // DQ_PARTS) + lane // chunks_per_row
         column = lane % chunks_per_row
-        # the lane's first 4 values and where each step's are (a pointer step, no row products)
-        sums = cute.local_tile(mdQsum[first_row, None, head, batch_idx], (4,), (column,))
-        grads = cute.local_tile(mdQ[first_row, None, head, batch_idx], (4,), (column,))
-        sums_step = mdQsum.stride[0] * rows_per_step
-        grads_step = mdQ.stride[0] * rows_per_step
+        sums = cute.local_tile(mdQsum[row, None, head, batch_idx], (4,), (column,))
+        grads = cute.local_tile(mdQ[row, None, head, batch_idx], (4,), (column,))
         load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=128,
                                    load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
         values = cute.make_rmem_tensor((4, in_flight), Float32)
-        for g in cutlass.range(steps // in_flight, unroll=1):
+        sums_offset = cutlass.Int64(0)
+        grads_offset = cutlass.Int64(0)
+        for _ in cutlass.range(steps // in_flight, unroll=1):
             for i in cutlass.range_constexpr(in_flight):
-                step = g * in_flight + i
-                if first_row + step * rows_per_step < seqlen_q:
-                    src = cute.make_tensor(sums.iterator + step * sums_step, sums.layout)
-                    cute.copy(load, src, values[None, i])
+                if row + i * rows_per_step < seqlen_q:
+                    offset = cute.assume(sums_offset + mdQsum.stride[0] * (i * rows_per_step), divby=4)
+                    cute.copy(load, cute.make_tensor(sums.iterator + offset, sums.layout), values[None, i])
             for i in cutlass.range_constexpr(in_flight):
-                step = g * in_flight + i
-                if first_row + step * rows_per_step < seqlen_q:
-                    dst = cute.make_tensor(grads.iterator + step * grads_step, grads.layout)
-                    dst.store((values[None, i].load() * softmax_scale).to(self.dtype))
+                if row + i * rows_per_step < seqlen_q:
+                    offset = cute.assume(grads_offset + mdQ.stride[0] * (i * rows_per_step), divby=4)
+                    cute.make_tensor(grads.iterator + offset, grads.layout).store(
+                        (values[None, i].load() * softmax_scale).to(self.dtype))
+            row += in_flight * rows_per_step
+            sums_offset += mdQsum.stride[0] * (in_flight * rows_per_step)
+            grads_offset += mdQ.stride[0] * (in_flight * rows_per_step)
+
+    @cute.jit
+    def convert_dq_parts(self, mdQsum, mdQ, softmax_scale: Float32, batch_idx: Int32, head: Int32,
+                         m_block: Int32, first_part: Int32, parts: cutlass.Constexpr, completed: Int32,
+                         lane: Int32, seqlen_q: Int32):
+        """One warp of the producer warpgroup (24 registers): `convert_dq_part` for the parts
+        `first_part + p` whose bit p is set in `completed`, in one loop over their rows with one load
+        in flight and the lane's offsets stepped (no row products, nothing unrolled)."""
+        chunks_per_row = self.head_dim // 4
+        rows_per_step = 32 // chunks_per_row
+        steps_per_part = self.tile_m // DQ_PARTS // rows_per_step
+        row = m_block * self.tile_m + first_part * (self.tile_m // DQ_PARTS) + lane // chunks_per_row
+        column = lane % chunks_per_row
+        sums = cute.local_tile(mdQsum[row, None, head, batch_idx], (4,), (column,))
+        grads = cute.local_tile(mdQ[row, None, head, batch_idx], (4,), (column,))
+        load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=128,
+                                   load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
+        values = cute.make_rmem_tensor((4,), Float32)
+        for step in cutlass.range(parts * steps_per_part, unroll=1):
+            if (completed >> (step // steps_per_part)) & 1 != 0 and row + step * rows_per_step < seqlen_q:
+                # (the offsets are multiples of the strides: 16-byte and 8-byte aligned as the first)
+                offset = cute.assume(mdQsum.stride[0] * (step * rows_per_step), divby=4)
+                cute.copy(load, cute.make_tensor(sums.iterator + offset, sums.layout), values)
+                offset = cute.assume(mdQ.stride[0] * (step * rows_per_step), divby=4)
+                cute.make_tensor(grads.iterator + offset, grads.layout).store(
+                    (values.load() * softmax_scale).to(self.dtype))
 
     # ---- MMA warpgroups ------------------------------------------------------------------------
     @cute.jit
@@ -941,6 +977,7 @@ class FlashAttentionBackwardSm90:
         else:
             self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
                                  tiled_mma_dkv, tidx, n_block, head_kv, batch_idx, head_slot)
+        return block_count   # the blocks done
 
     def step_operands(self, operands, q_state, block_count: Int32):
         """The block step's operands: the Q/dO stage `q_state` points at, the P/dS stage of the

@@ -6,10 +6,6 @@ DTYPES = ("fp16", "bf16")
 MMA_WARPGROUPS = 2
 # setmaxnreg split (producer warpgroup, each MMA warpgroup): 128 * (24 + 2 * 240) <= 64K
 REGISTER_SPLIT = (24, 240)
-# dq_accum "bulk_fused": warps 2 and 3 of the producer warpgroup convert dQ blocks (loads, a loop, two
-# pointers): 24 registers spilled 40-72 bytes there; the split that frees 16 more (the launch's 168 a
-# thread is the pool: 128 * (40 + 2 * 232) = 384 * 168)
-FUSED_DQ_REGISTER_SPLIT = (40, 232)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
 # The main kernel as a programmatic dependent launch of the preprocess (its CTAs start in the
 # preprocess's tail and load K and V first). Off: on an H100 (2026-12-07, the 14 grid shapes through
@@ -31,6 +27,8 @@ DESCENDING_TURNS = False
 # dq_accum "bulk_fused": a query block's rows in this many parts, each with its own count of completed
 # adds, converted by the CTA that counts last (one part an MMA warp in the CTA's last block)
 DQ_PARTS = 8
+# the MMA warps' loads in flight a lane when they convert the CTA's last block
+DQ_LOADS_IN_FLIGHT = 2
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
 # a TMA load's shared-memory destination must be 128-byte aligned: each Q/dO stage's LSE2 and D rows

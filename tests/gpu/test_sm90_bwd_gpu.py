@@ -48,8 +48,8 @@ COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accu
                 # the fragment-ordered dQ with a split group's dK/dV converter beside it, and unswapped
                 dict(dq_accum="fragment", group_split=2), dict(tile_m=64, dq_accum="fragment"),
                 dict(tile_m=64, sdp_swap=False, dq_accum="fragment"),
-                # dQ converted in the main kernel (head dim 64): beside a split group's dK/dV converter,
-                # 64-row blocks, the longest-first and sectioned orders
+                # dQ converted in the main kernel: beside a split group's dK/dV converter, 64-row
+                # blocks, the longest-first and sectioned orders
                 dict(dq_accum="bulk_fused", group_split=2), dict(tile_m=64, dq_accum="bulk_fused"),
                 dict(dq_accum="bulk_fused", scheduler="single_lpt"),
                 dict(dq_accum="bulk_fused", scheduler="sectioned_lpt")]
@@ -144,7 +144,7 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
 
 
 @pytest.mark.parametrize("tile_m, dq_accum", [(m, a) for a in ("bulk", "fragment") for m in (64, 80, 128)]
-                         + [(128, "bulk_fused")])
+                         + [(m, "bulk_fused") for m in (80, 128)])
 def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m, dq_accum):
     """dQ's fp32 accumulator comes from torch.empty and is zeroed by the preprocess: run on memory the
     caching allocator hands back full of NaN (a block of the accumulator's size, freed just before),
