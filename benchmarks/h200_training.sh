@@ -37,8 +37,8 @@
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-fragment # GPU tests of dq_accum=fragment, then the default with
 #                                                 # it beside the default on the grid and 12 other shapes
-#   bash benchmarks/h200_training.sh bwd-fused    # GPU tests of dq_accum=bulk_fused, then the default with it
-#                                                 # beside the default on 8 head-dim-64 shapes
+#   bash benchmarks/h200_training.sh bwd-fused tests|time  # GPU tests of dq_accum=bulk_fused; the default
+#                                                 # with it beside the default on the 14 grid shapes
 #   bash benchmarks/h200_training.sh bwd-ncu      # Nsight Compute: our default backward beside flash-attn-4's
 #                                                 # on the three grid shapes furthest behind
 #   bash benchmarks/h200_training.sh bwd-stalls   # the same beside warp-stall samples per SASS instruction of
@@ -236,21 +236,20 @@ case "$STEP" in
         2> >(quiet > "$OUT/bwd_fragment.log") | tee "$OUT/bwd_fragment.txt"
     ;;
   bwd-fused)
-    # dq_accum=bulk_fused (the main kernel converts dQ; head dim 64): its GPU tests (every case of its
-    # variants, the NaN-filled dQ, deterministic), then the default with it beside the default and
-    # flash-attn-4 on the head-dim-64 shapes of the grid and of the other set, and two more without a mask
-    timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_sm90_bwd_deterministic_gpu.py \
-        -p no:cacheprovider -k "bulk_fused or writes_every_row" 2>&1 | quiet > "$OUT/tests_bwd_fused.txt"
-    tail -n 8 "$OUT/tests_bwd_fused.txt"
-    d64_shapes=""
-    for s in 1,2048,32,8,64,full 1,2048,32,8,64,causal 8,512,16,16,64,full 8,512,16,16,64,causal \
-             4,4096,32,8,64,causal 16,2048,16,16,64,causal 8,1024,16,16,64,full 2,4096,16,4,64,full; do
-      d64_shapes="$d64_shapes --shape $s"
-    done
-    # shellcheck disable=SC2086
-    timeout 300 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 280 $d64_shapes \
-        --config rule --config "rule dq_accum=bulk_fused" --config "rule dq_accum=bulk" \
-        --json "$OUT/bwd_fused.json" 2> >(quiet > "$OUT/bwd_fused.log") | tee "$OUT/bwd_fused.txt"
+    # dq_accum=bulk_fused (the main kernel converts dQ). `bwd-fused tests`: its GPU tests (every case of
+    # its variants, the NaN-filled dQ, deterministic); `bwd-fused time`: the default with it (and with
+    # bulk) beside the default and flash-attn-4 on the grid's 14 shapes
+    if [ "${2:-tests}" = tests ]; then
+      timeout 560 python3 -m pytest -v --tb=line -m gpu tests/gpu/test_sm90_bwd_gpu.py \
+          tests/gpu/test_sm90_bwd_deterministic_gpu.py -p no:cacheprovider -k "bulk_fused or writes_every_row" 2>&1 \
+          | quiet > "$OUT/tests_bwd_fused.txt"
+      grep -E "FAILED|passed|failed" "$OUT/tests_bwd_fused.txt" | grep -v "%\]" | tail -n 15
+    else
+      # shellcheck disable=SC2086
+      timeout 560 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 520 $grid_shapes \
+          --config rule --config "rule dq_accum=bulk_fused" --config "rule dq_accum=bulk" \
+          --json "$OUT/bwd_fused.json" 2> >(quiet > "$OUT/bwd_fused.log") | tee "$OUT/bwd_fused.txt"
+    fi
     ;;
   bwd-ncu)
     FA4_BACKWARD=ours PROFILE_ARGS=--backward timeout 560 bash benchmarks/h200_profile.sh \
