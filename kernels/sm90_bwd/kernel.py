@@ -229,10 +229,10 @@ class FlashAttentionBackwardSm90:
         class SharedStorage:
             mbar_qdo: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            # "bulk_fused": (query head, query block, its last key block, its counts' index) of the
-            # blocks warp 1 announces, two slots for warps 2 and 3 and one for the MMA warpgroups (the CTA's last
+            # "bulk_fused": (query head, query block, its last key block, its counts' index, batch)
+            # of the blocks warp 1 announces, two slots for warps 2 and 3 and one for the MMA warpgroups (the CTA's last
             # block), in the bytes before sQ's 1024-byte alignment: no buffer moves
-            dq_added: cute.struct.MemRange[Int32, 12]
+            dq_added: cute.struct.MemRange[Int32, 24]
             sQ: buffer(self.sQ_layout)
             sdO: buffer(self.sdO_layout)
             sK: buffer(self.sK_layout)
@@ -483,7 +483,7 @@ class FlashAttentionBackwardSm90:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sAdded = None
         if const_expr(self.dq_fused):
-            sAdded = storage.dq_added.get_tensor(cute.make_layout((3, 4), stride=(4, 1)))
+            sAdded = storage.dq_added.get_tensor(cute.make_layout((3, 5), stride=(8, 1)))
         sLSE2, sDelta = None, None
         if const_expr(self.sdp_swap):
             sLSE2 = storage.sLSE2.get_tensor(sRow_layout)
@@ -691,6 +691,8 @@ class FlashAttentionBackwardSm90:
                     sAdded[t % 2, 2] = self.last_key_block(m_block, seqlen_q, seqlen_k)
                     if const_expr(mdQcount is not None):   # where the block's counts are
                         sAdded[t % 2, 3] = cute.crd2idx((batch_idx, head, m_block, 0), mdQcount.layout)
+                    # (read back with the block, the converters' addresses are not kept over their loop)
+                    sAdded[t % 2, 4] = batch_idx
             if const_expr(self.deterministic):
                 self.wait_turn(mdQturn, (batch_idx, head, m_block),
                                self.dq_turn(n_block, m_block, seqlen_q, seqlen_k), cute.arch.lane_idx())
@@ -706,7 +708,7 @@ class FlashAttentionBackwardSm90:
             last_slot = cutlass.max(blocks - 1, 0) % 2
             if blocks > 0:
                 if cute.arch.lane_idx() == 0:   # the last block's word, in the MMA warpgroups' slot
-                    for field in cutlass.range_constexpr(4):
+                    for field in cutlass.range_constexpr(5):
                         sAdded[2, field] = sAdded[last_slot, field]
                 self.announce_dq_added(BAR_DQ_LAST_ADDED, False)
             # warps 2 and 3 end at a word without a query head (they hold no count of their words)
@@ -751,7 +753,7 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
         head = sAdded[0, 0]
         while head >= 0:
-            m_block, last, counts = sAdded[t % 2, 1], sAdded[t % 2, 2], sAdded[t % 2, 3]
+            m_block, last, counts, batch_idx = sAdded[t % 2, 1], sAdded[t % 2, 2], sAdded[t % 2, 3], sAdded[t % 2, 4]
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
             completed = self.completes_dq_parts(mdQcount, counts, last, n_block, first_part, parts, lane)
             # a bit per completed part (warp-uniform); this warp's parts are neighbouring rows: one
