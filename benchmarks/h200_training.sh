@@ -238,15 +238,17 @@ case "$STEP" in
   bwd-fused)
     # dq_accum=bulk_fused (the main kernel converts dQ). `bwd-fused tests`: its GPU tests (every case of
     # its variants, the NaN-filled dQ, deterministic); `bwd-fused time`: the default with it (and with
-    # bulk) beside the default and flash-attn-4 on the grid's 14 shapes
+    # bulk) beside the default and flash-attn-4 on the grid's 14 shapes (FUSED_SECONDS cuts either: both
+    # in one call)
     if [ "${2:-tests}" = tests ]; then
-      timeout 560 python3 -m pytest -v --tb=line -m gpu tests/gpu/test_sm90_bwd_gpu.py \
+      timeout "${FUSED_SECONDS:-560}" python3 -m pytest -v --tb=line -m gpu tests/gpu/test_sm90_bwd_gpu.py \
           tests/gpu/test_sm90_bwd_deterministic_gpu.py -p no:cacheprovider -k "bulk_fused or writes_every_row" 2>&1 \
           | quiet > "$OUT/tests_bwd_fused.txt"
       grep -E "FAILED|passed|failed" "$OUT/tests_bwd_fused.txt" | grep -v "%\]" | tail -n 15
     else
       # shellcheck disable=SC2086
-      timeout 560 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 520 $grid_shapes \
+      timeout "${FUSED_SECONDS:-560}" python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout "${FUSED_SECONDS:-560}" \
+          $grid_shapes \
           --config rule --config "rule dq_accum=bulk_fused" --config "rule dq_accum=bulk" \
           --json "$OUT/bwd_fused.json" 2> >(quiet > "$OUT/bwd_fused.log") | tee "$OUT/bwd_fused.txt"
     fi
