@@ -37,8 +37,6 @@
 #                                                 # CUDA-graph replay (benchmarks/training_pass.py, ~3 min)
 #   bash benchmarks/h200_training.sh bwd-fragment # GPU tests of dq_accum=fragment, then the default with
 #                                                 # it beside the default on the grid and 12 other shapes
-#   bash benchmarks/h200_training.sh bwd-fused tests|time  # GPU tests of dq_accum=bulk_fused; the default
-#                                                 # with it beside the default on the 14 grid shapes
 #   bash benchmarks/h200_training.sh bwd-ncu      # Nsight Compute: our default backward beside flash-attn-4's
 #                                                 # on the three grid shapes furthest behind
 #   bash benchmarks/h200_training.sh bwd-stalls   # the same beside warp-stall samples per SASS instruction of
@@ -57,7 +55,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-fused|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
@@ -234,24 +232,6 @@ case "$STEP" in
     timeout 360 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 $grid_shapes $other_shapes \
         --config rule --config "rule dq_accum=fragment" --json "$OUT/bwd_fragment.json" \
         2> >(quiet > "$OUT/bwd_fragment.log") | tee "$OUT/bwd_fragment.txt"
-    ;;
-  bwd-fused)
-    # dq_accum=bulk_fused (the main kernel converts dQ). `bwd-fused tests`: its GPU tests (every case of
-    # its variants, the NaN-filled dQ, deterministic); `bwd-fused time`: the default with it (and with
-    # bulk) beside the default and flash-attn-4 on the grid's 14 shapes (FUSED_SECONDS cuts either: both
-    # in one call)
-    if [ "${2:-tests}" = tests ]; then
-      timeout "${FUSED_SECONDS:-560}" python3 -m pytest -v --tb=line -m gpu tests/gpu/test_sm90_bwd_gpu.py \
-          tests/gpu/test_sm90_bwd_deterministic_gpu.py -p no:cacheprovider -k "bulk_fused or writes_every_row" 2>&1 \
-          | quiet > "$OUT/tests_bwd_fused.txt"
-      grep -E "FAILED|passed|failed" "$OUT/tests_bwd_fused.txt" | grep -v "%\]" | tail -n 15
-    else
-      # shellcheck disable=SC2086
-      timeout "${FUSED_SECONDS:-560}" python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout "${FUSED_SECONDS:-560}" \
-          $grid_shapes \
-          --config rule --config "rule dq_accum=bulk_fused" --config "rule dq_accum=bulk" \
-          --json "$OUT/bwd_fused.json" 2> >(quiet > "$OUT/bwd_fused.log") | tee "$OUT/bwd_fused.txt"
-    fi
     ;;
   bwd-ncu)
     FA4_BACKWARD=ours PROFILE_ARGS=--backward timeout 560 bash benchmarks/h200_profile.sh \

@@ -132,13 +132,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q_stages", (1, 2), 2,
          "depth of the shared-memory ring of Q and dO tiles the backward's producer warp fills by TMA",
          codegen=True, archs=SM90_BWD),
-    Knob("dq_accum", ("atomic", "bulk", "fragment", "bulk_fused"), "atomic",
+    Knob("dq_accum", ("atomic", "bulk", "fragment"), "atomic",
          "how each block's dQ = dS K reaches the fp32 dQ accumulator in global memory: atomic = one "
          "red.global.add.f32 per element from the MMA warpgroups; bulk = an fp32 shared-memory tile "
          "that a producer warp adds with one TMA reduce-add; fragment = the same, the tile and the "
          "accumulator in the MMA fragment's own order (128-bit shared-memory stores; the postprocess "
-         "puts each element back in its row); bulk_fused = bulk, and the CTA whose add completes a "
-         "query block's sum converts it to dQ (no dQ postprocess kernel)",
+         "puts each element back in its row)",
          codegen=True, archs=SM90_BWD),
     Knob("sdp_swap", (False, True), False,
          "compute S^T = K Q^T and dP^T = V dO^T (keys as the wgmma's M, tile_n = 128): P^T and dS^T "

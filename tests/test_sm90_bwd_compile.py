@@ -106,12 +106,6 @@ SAMPLE = [
     # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", pds_stages=2, group_split=2, scheduler="sectioned_lpt"),
      _problem(128)),
-    # dQ converted in the main kernel (warps 2 and 3 beside the dQ warp, the MMA warps after the
-    # epilogue): beside a split group's reduce-adds, at 80 x 128, and with 64-key CTAs
-    (dict(tile_m=128, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2, group_split=2), _problem(64)),
-    (dict(tile_m=80, sdp_swap=True, dq_accum="bulk_fused", pds_stages=2, scheduler="sectioned_lpt"),
-     _problem(128)),
-    (dict(tile_m=64, tile_n=64, dq_accum="bulk_fused", scheduler="single_lpt"), _problem(64, "fp16", causal=False)),
 ]
 # refused for registers, and compiled anyway: they spill (S and dP through shared memory at 128 x 128;
 # all four accumulators at 128 x 128 and head dim 128)
@@ -158,13 +152,10 @@ def _whole_space_to_compile() -> list[Config]:
     and two Q/dO stages (one, where dV's fp32 tile reuses dK's bytes, is the sample's). single_lpt is
     single reading its block indices from other grid axes: the same instructions but for which
     SR_CTAID register each S2R reads (SASS of three configurations, 2026-12-06), so the plain order
-    stands for both here and single_lpt is the sample's. dq_accum "bulk_fused" is "bulk"'s block loop
-    with converters beside it: its configurations with two Q/dO stages and two P/dS buffers."""
+    stands for both here and single_lpt is the sample's."""
     configs = []
     for config in load_space("sm90_bwd").configs():
         if config.scheduler == "single_lpt":
-            continue
-        if config.dq_accum == "bulk_fused" and (config.q_stages, config.pds_stages) != (2, 2):
             continue
         if config.group_split == 1 or (config.group_split == 2 and config.scheduler == "single"
                                        and config.pds_stages == 1 and config.q_stages == 2):

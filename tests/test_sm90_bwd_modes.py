@@ -138,8 +138,6 @@ DETERMINISTIC_CONFIGS = [
     (128, "bf16", True, dict(tile_m=80, sdp_swap=True, dq_accum="fragment", group_split=2,
                              scheduler="sectioned_lpt")),
     (64, "fp16", True, dict(group_split=2, scheduler="single_lpt")),                     # atomic, split
-    # the last adder by turn converts dQ in the main kernel
-    (64, "bf16", True, dict(dq_accum="bulk_fused", sdp_swap=True, tile_m=128, pds_stages=2, group_split=2)),
 ]
 
 

@@ -14,9 +14,7 @@ of the kernel's padding): LSE2 and D, (B, Hq, Sq rounded up to tile_m) fp32, wri
 preprocess; dQ_accum, (B, Sq, Hq, D) fp32 (dq_accum "fragment": (B, Hq, Sq padded, D), each query
 block's elements in the main kernel's fragment order), zeroed by the preprocess (as flash-attn-4's
 does: the bytes of a memset without a kernel of its own), accumulated by the main kernel, converted by
-the postprocess (dq_accum "bulk_fused": by the main kernel, the CTA whose add completes a part of a
-query block converting it, with counts of completed adds, (B, Hq, query blocks, `plan.DQ_PARTS`)
-int32, that the preprocess zeroes); with `group_split` > 1 also dK_accum and dV_accum, (B, Sk, Hkv, D) fp32, zeroed,
+the postprocess; with `group_split` > 1 also dK_accum and dV_accum, (B, Sk, Hkv, D) fp32, zeroed,
 reduced into by the main kernel's CTAs and converted by the row postprocess ("kv_postprocess" where
 the dQ postprocess is the fragment one).
 
@@ -49,7 +47,7 @@ from .defaults import default_config, group_split_for  # noqa: F401  (the rules:
 # the resource model and the one check of a configuration
 from .feasibility import (KNOB_SET, REFERENCE_DEVICE, can_implement, reasons, resource_reasons,  # noqa: F401
                           resources, smem_bytes, validate)
-from .plan import (DESCENDING_TURNS, DQ_PARTS, MMA_WARPGROUPS, PROGRAMMATIC_LAUNCH, REGISTER_SPLIT,  # noqa: F401
+from .plan import (DESCENDING_TURNS, MMA_WARPGROUPS, PROGRAMMATIC_LAUNCH, REGISTER_SPLIT,  # noqa: F401
                    SUPPORTED_HEAD_DIMS)
 
 ARCH = "sm90"
@@ -69,19 +67,9 @@ PTX_MARKERS = {
 
 def kernel_names(config: Config) -> tuple:
     """The kernels a configuration compiles: `KERNELS`, and a split group's dK/dV converter where the
-    dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve.
-    dq_accum "bulk_fused" converts dQ in the main kernel: its postprocess serves a split group's dK and
-    dV only."""
-    if config.dq_accum == "bulk_fused":
-        return KERNELS[:2] + (("postprocess",) if config.group_split > 1 else ())
+    dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve."""
     separate_kv = config.dq_accum == "fragment" and config.group_split > 1
     return KERNELS + (("kv_postprocess",) if separate_kv else ())
-
-
-def counts_dq_adds(config: Config, deterministic: bool) -> bool:
-    """Whether the main kernel counts each query block's completed dQ adds (dq_accum "bulk_fused": the
-    CTA that counts last converts; deterministic runs know the last adder by its turn instead)."""
-    return config.dq_accum == "bulk_fused" and not deterministic
 
 
 def _compile_switch(variable: str, default: bool, off: str, on: str) -> bool:
@@ -152,10 +140,6 @@ def _fake_arguments(problem: AttentionProblem, tvm_ffi: bool):
         dv_accum=bshd(seq_k, heads_kv, cutlass.Float32, divisibility=4),
         # deterministic: the turn counters of dQ's query blocks and of dK/dV's key blocks
         dq_turn=rows(cute.sym_int(), element=cutlass.Int32),
-        # dq_accum "bulk_fused": the counts of completed adds, (B, Hq, query blocks, parts)
-        # (32-bit strides: its index math is the converter warps', at 24 registers)
-        dq_count=make_fake_tensor(cutlass.Int32, (batch, heads_q, cute.sym_int(), DQ_PARTS),
-                                  stride=(cute.sym_int(), cute.sym_int(), DQ_PARTS, 1), assumed_align=4),
         dkv_turn=rows(cute.sym_int(), heads=heads_kv, element=cutlass.Int32),
         stream=make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
@@ -173,8 +157,7 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem, determini
     if name == "postprocess" and config.dq_accum == "fragment":
         return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
     if name == "preprocess":
-        return prepost.Preprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch(),
-                                  count_tile_m=config.tile_m if counts_dq_adds(config, deterministic) else 0)
+        return prepost.Preprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch())
     return prepost.Postprocess(dtype=dtype, head_dim=d)   # postprocess, kv_postprocess
 
 
@@ -193,14 +176,11 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
         # a split group's CTAs add dK and dV into fp32 accumulators; one CTA a group stores them
         dk, dv = (a["dk"], a["dv"]) if config.group_split == 1 else (a["dk_accum"], a["dv_accum"])
         dq_accum = a["dq_accum_padded" if config.dq_accum == "fragment" else "dq_accum"]
-        turns = (a["dq_turn"], a["dkv_turn"] if config.group_split > 1 else None) if deterministic else (None, None)
-        counts = (a["dq_count"],) if counts_dq_adds(config, deterministic) else ()
         arguments = dict(
-            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], dq_accum, a["stream"]) + counts,
+            preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], dq_accum, a["stream"]),
             main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], dq_accum, dk, dv,
                   cutlass.Float32(1.0), a["stream"])
-            + (turns + (a["dq"], counts[0] if counts else None) if config.dq_accum == "bulk_fused"
-               else turns[:1 + (config.group_split > 1)] if deterministic else ()),
+            + ((a["dq_turn"],) + ((a["dkv_turn"],) if config.group_split > 1 else ()) if deterministic else ()),
             postprocess=(dq_accum, a["dq"], cutlass.Float32(1.0), a["stream"]),
             kv_postprocess=(a["dk_accum"], a["dk"], cutlass.Float32(1.0), a["stream"]))
         for name in only or kernel_names(config):
@@ -255,39 +235,21 @@ class CompiledBackward:
         if self.config.group_split > 1:
             dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
             dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-        fused = self.config.dq_accum == "bulk_fused"
-        counts = ()
-        if counts_dq_adds(self.config, self.deterministic):   # zeroed by the preprocess
-            counts = (torch.empty((batch, heads_q, padded // self.config.tile_m, DQ_PARTS), dtype=torch.int32,
-                                  device=q.device),)
-        if fused:
-            # the main kernel converts the rows of every query block a key block sees; under a causal
-            # mask with Sq > Sk the blocks whose rows all come before the first visible one see none
-            seqlen_k = k.shape[1]
-            unseen = seqlen_q
-            if seqlen_k > 0:
-                unseen = (seqlen_q - seqlen_k) // self.config.tile_m * self.config.tile_m if self.problem.causal else 0
-            if unseen > 0:
-                dq[:, :unseen].zero_()
-        self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum, *counts)
+        self.compiled["preprocess"](out, dout, lse, lse2, delta, dq_accum)
         if dlse is not None:
             # D = rowsum(dO * O) - dLSE: since dS = P * (dP - D), the LSE's gradient enters the
             # backward only through D; one elementwise op on (B, Hq, Sq) beside the main kernel's
             # O(Sq * Sk) work. Rows that see no key have P = 0, so their D does not matter.
             delta[:, :, :seqlen_q].sub_(dlse.float())
-        extras = turns
-        if fused:   # the turns' places filled, then dQ and the counts
-            extras = (turns + (None, None))[:2] + (dq, counts[0] if counts else None)
         if self.config.group_split == 1:
-            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale, *extras)
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk, dv, scale, *turns)
         else:
-            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale, *extras)
+            self.compiled["main"](q, k, v, dout, lse2, delta, dq_accum, dk_accum, dv_accum, scale, *turns)
             # the row postprocess converts any (B, S, H, D) fp32 accumulator: dK is scaled, dV is not
             convert = self.compiled.get("kv_postprocess", self.compiled["postprocess"])
             convert(dk_accum, dk, scale)
             convert(dv_accum, dv, 1.0)
-        if not fused:
-            self.compiled["postprocess"](dq_accum, dq, scale)
+        self.compiled["postprocess"](dq_accum, dq, scale)
 
 
 def compile_backward(config: Config, problem: AttentionProblem,

@@ -5,7 +5,7 @@ check: `compile_backward`, the tests, the benchmarks and the runtime all ask `re
 Shared memory mirrors the main kernel's SharedStorage (kernel.py `shared_storage`) byte for byte: the
 mbarrier arrays (Q/dO full and empty per stage, K/V full and empty), then 1024-byte aligned buffers
 sQ and sdO (q_stages x tile_m x D each), sK and sV (tile_n x D each), sP (unless sdp_swap) and sdS
-(pds_stages x tile_m x tile_n each), sdQ (tile_m x D fp32, any dq_accum but "atomic") and the rows' LSE2 and D
+(pds_stages x tile_m x tile_n each), sdQ (tile_m x D fp32, dq_accum "bulk" or "fragment") and the rows' LSE2 and D
 (q_stages x tile_m fp32 each, sdp_swap). The test holds it to the traced struct
 (tests/test_sm90_bwd_compile.py).
 
@@ -139,7 +139,7 @@ def resource_reasons(config: Config, problem: AttentionProblem,
                            f"rows can only be a wgmma's N (S^T = K Q^T)")
         if config.dq_accum == "atomic":
             reasons.append(f"tile_m={config.tile_m} computes dQ^T = K^T dS^T, which reaches the "
-                           f"accumulator by a bulk path only (dq_accum 'bulk', 'fragment' or 'bulk_fused'); "
+                           f"accumulator by a bulk path only (dq_accum 'bulk' or 'fragment'); "
                            f"dq_accum={config.dq_accum!r}")
     score_limit = SCORE_REGISTER_LIMIT[config.sdp_swap]
     if res["score_registers"] > score_limit:

@@ -69,7 +69,7 @@ import cutlass.utils.hopper_helpers as hopper_helpers
 from cutlass.tensor_utils import LayoutEnum
 
 from ..sm90 import layouts as L
-from .plan import DQ_LOADS_IN_FLIGHT, DQ_PARTS, row_stage_floats, section_groups, sectioned_tile
+from .plan import row_stage_floats, section_groups, sectioned_tile
 
 LOG2_E = math.log2(math.e)
 
@@ -80,14 +80,10 @@ BAR_EPILOGUE = 3
 BAR_DQ_EMPTY = 4   # the dQ warp's last reduce has read the dQ tile: the MMA warpgroups may write it
 BAR_DQ_FULL = 5    # the MMA warpgroups have written this block's dQ tile
 BAR_DQ_TURN = 6    # deterministic, dq_accum "atomic": the MMA warpgroups wait for, and pass on, a dQ tile's turn
-# dq_accum "bulk_fused" (`convert_dq_blocks`): warp 1 tells the converters that a block's add is complete
-BAR_DQ_ADDED = 7        # ... to warps 2 and 3 (every block but the CTA's last)
-BAR_DQ_ADDED_TAKEN = 8  # warps 2 and 3 have taken the last such word: warp 1 may give the next
-BAR_DQ_LAST_ADDED = 9   # ... to the MMA warpgroups, after their epilogue (the CTA's last block)
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
 IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2),
-               "dq_accum": ("atomic", "bulk", "fragment", "bulk_fused"), "sdp_swap": (False, True),
+               "dq_accum": ("atomic", "bulk", "fragment"), "sdp_swap": (False, True),
                "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
@@ -138,17 +134,15 @@ class FlashAttentionBackwardSm90:
                              f"query rows can only be the N of a wgmma")
         if self.dq_swap and dq_accum == "atomic":
             raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the "
-                             f"accumulator by a bulk path only (dq_accum 'bulk', 'fragment' or 'bulk_fused'); got {dq_accum!r}")
+                             f"accumulator by a bulk path only (dq_accum 'bulk' or 'fragment'); got {dq_accum!r}")
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.q_stages = q_stages
-        self.dq_bulk = dq_accum in ("bulk", "fragment", "bulk_fused")
+        self.dq_bulk = dq_accum in ("bulk", "fragment")
         self.dq_fragment = dq_accum == "fragment"
-        # the CTA whose add completes a part of a query block's dQ sum converts it (`convert_dq_part`)
-        self.dq_fused = dq_accum == "bulk_fused"
         self.sdp_swap = sdp_swap
         self.longest_first = scheduler == "single_lpt"
         self.sectioned = scheduler == "sectioned_lpt"
@@ -229,10 +223,6 @@ class FlashAttentionBackwardSm90:
         class SharedStorage:
             mbar_qdo: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            # "bulk_fused": (query head, query block, its last key block, its counts' index, batch)
-            # of the blocks warp 1 announces, two slots for warps 2 and 3 and one for the MMA warpgroups (the CTA's last
-            # block), in the bytes before sQ's 1024-byte alignment: no buffer moves
-            dq_added: cute.struct.MemRange[Int32, 24]
             sQ: buffer(self.sQ_layout)
             sdO: buffer(self.sdO_layout)
             sK: buffer(self.sK_layout)
@@ -324,24 +314,14 @@ class FlashAttentionBackwardSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQaccum: cute.Tensor,
                  mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32,
-                 stream: cuda.CUstream, mdQturn: cute.Tensor = None, mdKVturn: cute.Tensor = None,
-                 mdQ: cute.Tensor = None, mdQcount: cute.Tensor = None):
+                 stream: cuda.CUstream, mdQturn: cute.Tensor = None, mdKVturn: cute.Tensor = None):
         """Q, dO: (B, Sq, Hq, D); K, V, dK, dV: (B, Sk, Hkv, D) (dK, dV: fp32 accumulators, zeroed,
         when `group_split` > 1); LSE2, D: (B, Hq, Sq padded to tile_m) fp32 (the preprocess's);
         dQ_accum: (B, Sq, Hq, D) fp32, zeroed. Deterministic only: dQ_turn, (B, Hq, query blocks)
-        int32, and (`group_split` > 1) dKV_turn, (B, Hkv, key blocks) int32, zeroed. "bulk_fused"
-        only: dQ, (B, Sq, Hq, D) in the kernel's dtype (written: the rows of every query block a
-        key block sees), and unless deterministic (whose turns count the adds) dQ_count, (B, Hq,
-        query blocks, DQ_PARTS) int32, zeroed."""
+        int32, and (`group_split` > 1) dKV_turn, (B, Hkv, key blocks) int32, zeroed."""
         if const_expr(self.deterministic != (mdQturn is not None)
                       or (self.deterministic and self.group_split > 1) != (mdKVturn is not None)):
             raise TypeError("the turn counters come with deterministic (dKV's with group_split > 1) only")
-        if const_expr(self.dq_fused != (mdQ is not None)
-                      or (self.dq_fused and not self.deterministic) != (mdQcount is not None)):
-            raise TypeError("dQ and its add counts come with dq_accum 'bulk_fused' only (the counts "
-                            "unless deterministic)")
-        if const_expr(self.dq_fused and mdQ.element_type != self.dtype):
-            raise TypeError("dQ must have the kernel's dtype")
         for t in (mQ, mK, mV, mdO):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("Q, K, V and dO must all have the kernel's dtype")
@@ -353,9 +333,6 @@ class FlashAttentionBackwardSm90:
         # (B, S, H, D) -> (S, D, H, B); (B, H, S) -> (S, H, B)
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [L.permute_modes(t, [1, 3, 2, 0])
                                                for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)]
-        mdQsum = None   # "bulk_fused": the accumulator itself, which its converters read
-        if const_expr(self.dq_fused):
-            mdQsum, mdQ = mdQaccum, L.permute_modes(mdQ, [1, 3, 2, 0])
         mLSE2, mDelta = [L.permute_modes(t, [2, 1, 0]) for t in (mLSE2, mDelta)]
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -424,7 +401,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(
             tma_Q, tma_dO, tma_K, tma_V, tma_dK, tma_dV, tma_LSE2, tma_Delta, tma_dQ,
             tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,
-            tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ, mdQturn, mdKVturn, mdQsum, mdQ, mdQcount,
+            tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ, mdQturn, mdKVturn,
             softmax_scale, scale_log2, seqlen_q, seqlen_k, ratio,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
@@ -441,7 +418,7 @@ class FlashAttentionBackwardSm90:
                mdQaccum: cute.Tensor, tma_atom_Q: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
                tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, tma_atom_dK: cute.CopyAtom,
                tma_atom_dV: cute.CopyAtom, tma_atom_LSE2, tma_atom_Delta, tma_atom_dQ,
-               mdQturn, mdKVturn, mdQsum, mdQ, mdQcount, softmax_scale: Float32, scale_log2: Float32,
+               mdQturn, mdKVturn, softmax_scale: Float32, scale_log2: Float32,
                seqlen_q: Int32, seqlen_k: Int32, ratio: Int32,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
                tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
@@ -481,9 +458,6 @@ class FlashAttentionBackwardSm90:
         sdQ = None
         if const_expr(self.dq_bulk):
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        sAdded = None
-        if const_expr(self.dq_fused):
-            sAdded = storage.dq_added.get_tensor(cute.make_layout((3, 5), stride=(8, 1)))
         sLSE2, sDelta = None, None
         if const_expr(self.sdp_swap):
             sLSE2 = storage.sLSE2.get_tensor(sRow_layout)
@@ -509,12 +483,8 @@ class FlashAttentionBackwardSm90:
                              m_min, m_max, m_unmasked)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, mdQcount, sAdded, n_block, head_slot, batch_idx,
-                                  ratio, m_min, m_max, m_unmasked, seqlen_q, seqlen_k)
-            if const_expr(self.dq_fused):
-                if warp_idx >= 2:
-                    self.convert_dq_blocks(mdQsum, mdQ, mdQcount, sAdded, softmax_scale, warp_idx, n_block,
-                                           head_slot, batch_idx, ratio, m_min, m_max, seqlen_q)
+                    self.store_dq(mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block, head_slot, batch_idx, ratio,
+                                  m_min, m_max, m_unmasked, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             sdK32, sdV32 = None, None
@@ -524,14 +494,11 @@ class FlashAttentionBackwardSm90:
                 if const_expr(self.dkv32_in_qdo):
                     sdV32 = storage.sQ.get_tensor(sdKV32_layout.outer, swizzle=sdKV32_layout.inner,
                                                   dtype=Float32)
-            blocks = self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS,
-                                  sdQ, sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
-                                  tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
-                                  seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
-                                  m_unmasked)
-            if const_expr(self.dq_fused):
-                self.convert_last_dq_block(mdQsum, mdQ, mdQcount, sAdded, softmax_scale, n_block, batch_idx, blocks,
-                                           seqlen_q)
+            self.consume(mdK, mdV, mLSE2, mDelta, mdQaccum, mdQturn, mdKVturn, sQ, sdO, sK, sV, sP, sdS,
+                         sdQ, sLSE2, sDelta, sdK32, sdV32, tma_atom_dK, tma_atom_dV, pipe_qdo, pipe_kv,
+                         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, softmax_scale, scale_log2,
+                         seqlen_q, seqlen_k, ratio, n_block, head_slot, batch_idx, m_min, m_max,
+                         m_unmasked)
 
     # ---- block ranges --------------------------------------------------------------------------
     @cute.jit
@@ -654,23 +621,19 @@ class FlashAttentionBackwardSm90:
 
     # ---- the dQ warp ---------------------------------------------------------------------------
     @cute.jit
-    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, mdQcount, sAdded, n_block: Int32, head_slot: Int32,
+    def store_dq(self, mdQaccum, sdQ, tma_atom_dQ, mdQturn, n_block: Int32, head_slot: Int32,
                  batch_idx: Int32, ratio: Int32, m_min: Int32, m_max: Int32, m_unmasked: Int32,
                  seqlen_q: Int32, seqlen_k: Int32):
         """dq_accum="bulk": per block, wait for the MMA warpgroups' dQ tile and add it to the fp32
         accumulator with one TMA reduce-add (rows >= Sq fall outside the tensor and are not added);
         release the tile once the reduce has read it. Deterministic: the reduce waits for the block's
-        turn and passes it on once complete. "bulk_fused": once a block's add is complete, the
-        converters hear of it (`announce_dq_added`): warps 2 and 3 of every block but the last (its
-        query head, block and last key block in `sAdded`'s slot t % 2), the MMA warpgroups of the
-        last (from its slot too)."""
+        turn and passes it on once complete."""
         d = self.head_dim
         both = self.num_mma_threads + 32
         self.wait_for_the_preprocess()   # the accumulator it adds into is zeroed there
         _, head_count = self.query_heads(head_slot, ratio)
         m_count = cutlass.max(m_max - m_min, 0)
-        blocks = head_count * m_count
-        for t in cutlass.range(blocks, unroll=1):
+        for t in cutlass.range(head_count * m_count, unroll=1):
             head_index, m_block = self.block_of(t, m_min, m_max, m_unmasked)
             head = self.query_head(head_index, head_slot, ratio)
             if const_expr(self.dq_fragment):
@@ -681,18 +644,6 @@ class FlashAttentionBackwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)   # the last reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=both)
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=both)
-            if const_expr(self.dq_fused):
-                if t > 0:   # block t - 1's reduce, issued a block step ago
-                    self.announce_dq_added(BAR_DQ_ADDED, t > 1)
-                # the slot warps 2 and 3 took block t - 2 from (announce_dq_added waited for that)
-                if cute.arch.lane_idx() == 0:
-                    sAdded[t % 2, 0] = head
-                    sAdded[t % 2, 1] = m_block
-                    sAdded[t % 2, 2] = self.last_key_block(m_block, seqlen_q, seqlen_k)
-                    if const_expr(mdQcount is not None):   # where the block's counts are
-                        sAdded[t % 2, 3] = cute.crd2idx((batch_idx, head, m_block, 0), mdQcount.layout)
-                    # (read back with the block, the converters' addresses are not kept over their loop)
-                    sAdded[t % 2, 4] = batch_idx
             if const_expr(self.deterministic):
                 self.wait_turn(mdQturn, (batch_idx, head, m_block),
                                self.dq_turn(n_block, m_block, seqlen_q, seqlen_k), cute.arch.lane_idx())
@@ -704,176 +655,6 @@ class FlashAttentionBackwardSm90:
                 cute.arch.sync_warp()
                 self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.lane_idx())
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if const_expr(self.dq_fused):
-            last_slot = cutlass.max(blocks - 1, 0) % 2
-            if blocks > 0:
-                if cute.arch.lane_idx() == 0:   # the last block's word, in the MMA warpgroups' slot
-                    for field in cutlass.range_constexpr(5):
-                        sAdded[2, field] = sAdded[last_slot, field]
-                self.announce_dq_added(BAR_DQ_LAST_ADDED, False)
-            # warps 2 and 3 end at a word without a query head (they hold no count of their words)
-            if blocks > 1:   # they have taken their last block's word
-                cute.arch.barrier(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
-            if cute.arch.lane_idx() == 0:
-                sAdded[last_slot, 0] = Int32(-1)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
-
-    @cute.jit
-    def announce_dq_added(self, barrier_id: cutlass.Constexpr, wait_for_taken):
-        """"bulk_fused", warp 1: wait until the last reduce-add is complete (not only read) and tell
-        its converters: warps 2 and 3 (BAR_DQ_ADDED, once they have taken the previous word when
-        `wait_for_taken`) or the MMA warpgroups (BAR_DQ_LAST_ADDED)."""
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
-        # the reduce wrote through the async proxy; the converters read through the generic one
-        cute.arch.fence_proxy("async.global")
-        if const_expr(barrier_id == BAR_DQ_ADDED):
-            if wait_for_taken:
-                cute.arch.barrier(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
-        else:
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_LAST_ADDED, number_of_threads=32 + self.num_mma_threads)
-
-    # ---- dq_accum "bulk_fused": the converters -------------------------------------------------
-    @cute.jit
-    def convert_dq_blocks(self, mdQsum, mdQ, mdQcount, sAdded, softmax_scale: Float32, warp_idx: Int32,
-                          n_block: Int32, head_slot: Int32, batch_idx: Int32, ratio: Int32, m_min: Int32,
-                          m_max: Int32, seqlen_q: Int32):
-        """Warps 2 and 3: for every block of the CTA but the last (the MMA warpgroups take that one:
-        `convert_last_dq_block`), once warp 1 says its add is complete (with its query head, block
-        and last key block in `sAdded`), count it in each of the block's parts this warp owns (half
-        of them) and convert those it completed. With 24 registers a thread: the conversion's loads
-        go one at a time, off the MMA warps' path."""
-        self.wait_for_the_preprocess()   # the add counts are zeroed there
-        lane = cute.arch.lane_idx()
-        parts = DQ_PARTS // 2
-        first_part = (warp_idx - 2) * parts
-        # every block's word but the last's, then one without a query head: the end (no block count
-        # held over the loop: 24 registers)
-        t = Int32(0)
-        cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
-        head = sAdded[0, 0]
-        while head >= 0:
-            m_block, last, counts, batch_idx = sAdded[t % 2, 1], sAdded[t % 2, 2], sAdded[t % 2, 3], sAdded[t % 2, 4]
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_ADDED_TAKEN, number_of_threads=3 * 32)
-            completed = self.completes_dq_parts(mdQcount, counts, last, n_block, first_part, parts, lane)
-            # a bit per completed part (warp-uniform); this warp's parts are neighbouring rows: one
-            # loop over them
-            completed = cute.arch.vote_ballot_sync(completed != 0) & ((1 << parts) - 1)
-            if completed != 0:
-                self.convert_dq_parts(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block, first_part, parts,
-                                      completed, lane, seqlen_q)
-            t += 1
-            cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=3 * 32)
-            head = sAdded[t % 2, 0]
-
-    @cute.jit
-    def convert_last_dq_block(self, mdQsum, mdQ, mdQcount, sAdded, softmax_scale: Float32, n_block: Int32,
-                              batch_idx: Int32, blocks: Int32, seqlen_q: Int32):
-        """The MMA warpgroups, after their epilogue: the CTA's last block (of `blocks`, their block
-        count; its word in `sAdded`'s third slot, so that nothing more stays live over the block
-        loop), one part an MMA warp, each thread's loads all in flight (the CTA ends after it: its SM
-        waits on these few microseconds)."""
-        if blocks > 0:
-            tidx, _, _ = cute.arch.thread_idx()
-            part = cute.arch.make_warp_uniform((tidx - 128) // 32)
-            lane = cute.arch.lane_idx()
-            cute.arch.barrier(barrier_id=BAR_DQ_LAST_ADDED, number_of_threads=32 + self.num_mma_threads)
-            head, m_block, last, counts = sAdded[2, 0], sAdded[2, 1], sAdded[2, 2], sAdded[2, 3]
-            completed = self.completes_dq_parts(mdQcount, counts, last, n_block, part, 1, lane)
-            if cute.arch.shuffle_sync(completed, 0) != 0:
-                self.convert_dq_part(mdQsum, mdQ, softmax_scale, batch_idx, head, m_block, part, lane, seqlen_q)
-
-    @cute.jit
-    def last_key_block(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """The last key block a row of query block `m_block` sees (bottom-right causal): key blocks
-        0 .. this one all add into its dQ (`query_block_range`'s m_min never decreases)."""
-        last = (seqlen_k + self.tile_n - 1) // self.tile_n - 1
-        if const_expr(self.causal):
-            last = cutlass.min(((m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q) // self.tile_n, last)
-        return last
-
-    @cute.jit
-    def completes_dq_parts(self, mdQcount, counts: Int32, last: Int32, n_block: Int32, first_part: Int32,
-                           parts: cutlass.Constexpr, lane: Int32):
-        """Whether this CTA's add completed part `first_part + lane` of the query block's dQ (lanes <
-        `parts`; 1 or 0), `last` being the last key block that adds into it: the last add by turn
-        (deterministic: `dq_turn`'s order), else by count: each adder counts each part once its add
-        is complete, and the one that counts last converts the part. After a 1 the warp may read
-        the part's sum."""
-        completed = Int32(0)
-        if const_expr(mdQcount is None):   # deterministic: the turns order the adds; is this CTA's the last?
-            if n_block == (0 if const_expr(self.descending_turns) else last):
-                completed = Int32(1)
-        else:
-            if lane < parts:
-                counter = mdQcount.iterator + (counts + first_part + lane)   # the block's counts from `counts`
-                # warp 1's complete reduce (seen through the named barrier) before the count
-                cute.arch.fence_acq_rel_gpu()
-                if cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu") == last:
-                    completed = Int32(1)
-        # every adder's writes before this warp's reads of the sum
-        cute.arch.fence_acq_rel_gpu()
-        return completed
-
-    @cute.jit
-    def convert_dq_part(self, mdQsum, mdQ, softmax_scale: Float32, batch_idx: Int32, head: Int32,
-                        m_block: Int32, part: Int32, lane: Int32, seqlen_q: Int32):
-        """One MMA warp: dQ = dQ_sum * softmax_scale in the kernel's dtype for part `part` of the
-        query block (tile_m / DQ_PARTS rows, rows < Sq), 4 fp32 a lane a row (L2 loads: other SMs
-        added them), `DQ_LOADS_IN_FLIGHT` loads of the lane issued before their stores (all of them
-        spill registers the block loop holds: ptxas keeps its bounds for after it)."""
-        chunks_per_row = self.head_dim // 4     # 16 or 32: a lane keeps its column
-        rows_per_step = 32 // chunks_per_row
-        steps = self.tile_m // DQ_PARTS // rows_per_step
-        in_flight = math.gcd(steps, DQ_LOADS_IN_FLIGHT)
-        row = m_block * self.tile_m + part * (self.tile_m // DQ_PARTS) + lane // chunks_per_row
-        column = lane % chunks_per_row
-        sums = cute.local_tile(mdQsum[row, None, head, batch_idx], (4,), (column,))
-        grads = cute.local_tile(mdQ[row, None, head, batch_idx], (4,), (column,))
-        load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=128,
-                                   load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
-        values = cute.make_rmem_tensor((4, in_flight), Float32)
-        sums_offset = cutlass.Int64(0)
-        grads_offset = cutlass.Int64(0)
-        for _ in cutlass.range(steps // in_flight, unroll=1):
-            for i in cutlass.range_constexpr(in_flight):
-                if row + i * rows_per_step < seqlen_q:
-                    offset = cute.assume(sums_offset + mdQsum.stride[0] * (i * rows_per_step), divby=4)
-                    cute.copy(load, cute.make_tensor(sums.iterator + offset, sums.layout), values[None, i])
-            for i in cutlass.range_constexpr(in_flight):
-                if row + i * rows_per_step < seqlen_q:
-                    offset = cute.assume(grads_offset + mdQ.stride[0] * (i * rows_per_step), divby=4)
-                    cute.make_tensor(grads.iterator + offset, grads.layout).store(
-                        (values[None, i].load() * softmax_scale).to(self.dtype))
-            row += in_flight * rows_per_step
-            sums_offset += mdQsum.stride[0] * (in_flight * rows_per_step)
-            grads_offset += mdQ.stride[0] * (in_flight * rows_per_step)
-
-    @cute.jit
-    def convert_dq_parts(self, mdQsum, mdQ, softmax_scale: Float32, batch_idx: Int32, head: Int32,
-                         m_block: Int32, first_part: Int32, parts: cutlass.Constexpr, completed: Int32,
-                         lane: Int32, seqlen_q: Int32):
-        """One warp of the producer warpgroup (24 registers): `convert_dq_part` for the parts
-        `first_part + p` whose bit p is set in `completed`, in one loop over their rows with one load
-        in flight and the lane's offsets stepped (no row products, nothing unrolled)."""
-        chunks_per_row = self.head_dim // 4
-        rows_per_step = 32 // chunks_per_row
-        steps_per_part = self.tile_m // DQ_PARTS // rows_per_step
-        row = m_block * self.tile_m + first_part * (self.tile_m // DQ_PARTS) + lane // chunks_per_row
-        column = lane % chunks_per_row
-        sums = cute.local_tile(mdQsum[row, None, head, batch_idx], (4,), (column,))
-        grads = cute.local_tile(mdQ[row, None, head, batch_idx], (4,), (column,))
-        load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=128,
-                                   load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
-        values = cute.make_rmem_tensor((4,), Float32)
-        for step in cutlass.range(parts * steps_per_part, unroll=1):
-            if (completed >> (step // steps_per_part)) & 1 != 0 and row + step * rows_per_step < seqlen_q:
-                # (the offsets are multiples of the strides: 16-byte and 8-byte aligned as the first)
-                offset = cute.assume(mdQsum.stride[0] * (step * rows_per_step), divby=4)
-                cute.copy(load, cute.make_tensor(sums.iterator + offset, sums.layout), values)
-                offset = cute.assume(mdQ.stride[0] * (step * rows_per_step), divby=4)
-                cute.make_tensor(grads.iterator + offset, grads.layout).store(
-                    (values.load() * softmax_scale).to(self.dtype))
 
     # ---- MMA warpgroups ------------------------------------------------------------------------
     @cute.jit
@@ -979,7 +760,6 @@ class FlashAttentionBackwardSm90:
         else:
             self.epilogue_reduce(acc_dK, acc_dV, sdK32, sdV32, mdK, mdV, mdKVturn, tma_atom_dK, tma_atom_dV,
                                  tiled_mma_dkv, tidx, n_block, head_kv, batch_idx, head_slot)
-        return block_count   # the blocks done
 
     def step_operands(self, operands, q_state, block_count: Int32):
         """The block step's operands: the Q/dO stage `q_state` points at, the P/dS stage of the

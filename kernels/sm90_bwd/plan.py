@@ -24,11 +24,6 @@ PROGRAMMATIC_LAUNCH = False
 # whose least-work CTAs (the last key blocks) it launches first. `FA4_BWD_DETERMINISTIC_ORDER=
 # ascending|descending` overrides it at compile time, for an A/B.
 DESCENDING_TURNS = False
-# dq_accum "bulk_fused": a query block's rows in this many parts, each with its own count of completed
-# adds, converted by the CTA that counts last (one part an MMA warp in the CTA's last block)
-DQ_PARTS = 8
-# the MMA warps' loads in flight a lane when they convert the CTA's last block
-DQ_LOADS_IN_FLIGHT = 2
 # a wgmma's M: 64 rows a warpgroup (a tile side that is no multiple of it can only be an N)
 WGMMA_M = 64
 # a TMA load's shared-memory destination must be 128-byte aligned: each Q/dO stage's LSE2 and D rows

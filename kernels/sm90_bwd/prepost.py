@@ -6,8 +6,7 @@
   row, and a row that sees no key (LSE = -inf), gets LSE2 = +inf (so P = exp2(S * scale_log2 -
   LSE2) = 0 without a branch) and D = 0. It also zeroes the row's fp32 dQ accumulator, which the main
   kernel adds into (as flash-attn-4's preprocess does): the same bytes a memset would write, without
-  a kernel of its own between this one and the main one. With dq_accum "bulk_fused" it also zeroes
-  the main kernel's counts of completed adds, `DQ_PARTS` int32 per query block.
+  a kernel of its own between this one and the main one.
 - `FragmentPostprocess` (dq_accum="fragment"): the same conversion from an accumulator in the main
   kernel's fragment order (its class docstring).
 - `Postprocess`: dQ = dQ_accum * softmax_scale in the inputs' dtype. The scale is applied here, once
@@ -53,23 +52,16 @@ class _RowKernel:
 class Preprocess(_RowKernel):
     """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
 
-    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False,
-                 count_tile_m: int = 0):
+    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim)
         # the main kernel is its programmatic dependent (`plan.PROGRAMMATIC_LAUNCH`)
         self.programmatic_launch = programmatic_launch
-        # dq_accum "bulk_fused": the main kernel's tile_m, whose query blocks' add counts this zeroes
-        self.count_tile_m = count_tile_m
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mDelta: cute.Tensor, mdQaccum: cute.Tensor, stream: cuda.CUstream,
-                 mdQcount: cute.Tensor = None):
+                 mDelta: cute.Tensor, mdQaccum: cute.Tensor, stream: cuda.CUstream):
         """O, dO (B, Sq, Hq, D); LSE (B, Hq, Sq) fp32; LSE2, Delta (B, Hq, Sq_padded) fp32 (written);
-        dQ_accum (B, Sq, Hq, D) fp32, or (B, Sq_padded, Hq, D) for dq_accum="fragment" (zeroed);
-        dQ_count (B, Hq, Sq_padded / tile_m, DQ_PARTS) int32 for "bulk_fused" (zeroed)."""
-        if const_expr((mdQcount is not None) != (self.count_tile_m > 0)):
-            raise TypeError("dQ_count comes with count_tile_m (dq_accum 'bulk_fused') only")
+        dQ_accum (B, Sq, Hq, D) fp32, or (B, Sq_padded, Hq, D) for dq_accum="fragment" (zeroed)."""
         if const_expr(mO.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError("O and dO must have the kernel's dtype")
         if const_expr(mdQaccum.element_type != Float32):
@@ -78,12 +70,12 @@ class Preprocess(_RowKernel):
         mLSE, mLSE2, mDelta = [L.permute_modes(t, [2, 1, 0]) for t in (mLSE, mLSE2, mDelta)]
         padded_rows = mLSE2.shape[0]
         grid = ((padded_rows + self.rows - 1) // self.rows, mO.shape[2], mO.shape[3])
-        self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mdQaccum, mdQcount).launch(grid=grid, block=[THREADS, 1, 1],
-                                                                             stream=stream)
+        self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mdQaccum).launch(grid=grid, block=[THREADS, 1, 1],
+                                                                   stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mDelta: cute.Tensor, mdQaccum: cute.Tensor, mdQcount: cute.Tensor):
+               mDelta: cute.Tensor, mdQaccum: cute.Tensor):
         if const_expr(self.programmatic_launch):
             # the main kernel's CTAs may start once every CTA here has started (they wait for this
             # grid's end before reading what it writes)
@@ -113,10 +105,6 @@ class Preprocess(_RowKernel):
                     lse2 = lse * Float32(LOG2_E)
             mLSE2[row, head, batch] = lse2
             mDelta[row, head, batch] = dot
-            if const_expr(self.count_tile_m > 0):
-                # the first DQ_PARTS rows of each query block zero its counts
-                if row % self.count_tile_m < mdQcount.shape[3]:
-                    mdQcount[batch, head, row // self.count_tile_m, row % self.count_tile_m] = Int32(0)
 
 
 class Postprocess(_RowKernel):

@@ -47,12 +47,7 @@ COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accu
                 dict(dq_accum="atomic", group_split=2),
                 # the fragment-ordered dQ with a split group's dK/dV converter beside it, and unswapped
                 dict(dq_accum="fragment", group_split=2), dict(tile_m=64, dq_accum="fragment"),
-                dict(tile_m=64, sdp_swap=False, dq_accum="fragment"),
-                # dQ converted in the main kernel: beside a split group's dK/dV converter, 64-row
-                # blocks, the longest-first and sectioned orders
-                dict(dq_accum="bulk_fused", group_split=2), dict(tile_m=64, dq_accum="bulk_fused"),
-                dict(dq_accum="bulk_fused", scheduler="single_lpt"),
-                dict(dq_accum="bulk_fused", scheduler="sectioned_lpt")]
+                dict(tile_m=64, sdp_swap=False, dq_accum="fragment")]
 
 
 def _kind(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
@@ -143,8 +138,8 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
     assert not failures, failures
 
 
-@pytest.mark.parametrize("tile_m, dq_accum", [(m, a) for a in ("bulk", "fragment") for m in (64, 80, 128)]
-                         + [(m, "bulk_fused") for m in (80, 128)])
+@pytest.mark.parametrize("dq_accum", ["bulk", "fragment"])
+@pytest.mark.parametrize("tile_m", [64, 80, 128])
 def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m, dq_accum):
     """dQ's fp32 accumulator comes from torch.empty and is zeroed by the preprocess: run on memory the
     caching allocator hands back full of NaN (a block of the accumulator's size, freed just before),
@@ -232,27 +227,6 @@ def test_rows_that_see_no_key_get_zero_gradients(causal):
     if causal:  # the first Sq - Sk rows see no key under the bottom-right mask
         assert torch.count_nonzero(dq[:, :500]) == 0
     assert torch.count_nonzero(dq[:, 500:]) > 0
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_the_main_kernel_writes_every_row_of_dq_it_converts(causal):
-    """dq_accum="bulk_fused": the CTA that completes each part of a query block's dQ converts it, and
-    `.run` zeroes the blocks no key block sees (causal, Sq > Sk): on a dQ filled with NaN beforehand,
-    every row is written, the rows that see no key are zero and the rest pass flash-attn's rule."""
-    q, k, v, dout = _inputs(2, 700, 200, 8, 2, 64, torch.bfloat16, seed=9)
-    problem = AttentionProblem(2, 700, 200, 8, 2, 64, "bf16", causal)
-    config = sm90_bwd.default_config(problem).replace(dq_accum="bulk_fused")
-    assert sm90_bwd.reasons(config, problem) == []
-    scale = softmax_scale(64)
-    out, lse = attention_fp32(q, k, v, causal, scale)
-    grads = [torch.full_like(q, float("nan")), torch.empty_like(k), torch.empty_like(v)]
-    _compiled(64, "bf16", causal, config).run(q, k, v, out.to(q.dtype), dout, lse, *grads, scale)
-    torch.cuda.synchronize()
-    assert all(torch.isfinite(g).all() for g in grads)
-    if causal:
-        assert torch.count_nonzero(grads[0][:, :500]) == 0
-    failures = check_grads(grads, q, k, v, dout, causal)
-    assert not failures, failures
 
 
 def test_strided_views_of_packed_qkv():
