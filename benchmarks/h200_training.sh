@@ -98,9 +98,12 @@ case "$STEP" in
     grep -E "FAILED|passed|failed" "$OUT/tests_varlen.txt" | grep -v "%\]" | tail -n 15
     ;;
   grid)
-    COLUMNS=250 timeout 560 python3 -m fa4tune.cli bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+    # -v and a time stamp a line: a run cut by the call's limit still shows which rows it finished and
+    # when (on a fresh H200 on 2026-12-07 it printed nothing else in 560 s)
+    COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
         --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 2>&1 \
-        | quiet > "$OUT/bench_grid_training.log"
+        | quiet | while IFS= read -r line; do printf '%s %s\n' "$(date +%T)" "$line"; done \
+        > "$OUT/bench_grid_training.log"
     tail -n 60 "$OUT/bench_grid_training.log"
     ;;
   extras)
