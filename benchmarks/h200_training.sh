@@ -4,7 +4,8 @@
 #   bash benchmarks/h200_training.sh tests    # GPU tests: the autograd path (auto and FA4_BACKWARD=ours),
 #                                             # transformers, the forward's new head dims
 #   bash benchmarks/h200_training.sh varlen   # GPU tests of attention_varlen (ours, the peer's, per sequence)
-#   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid
+#   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid, in parts
+#                                             # of 4 shapes: run it again until the table has all 14
 #   bash benchmarks/h200_training.sh extras   # transformers prefill; attention_varlen's implementations
 #   bash benchmarks/h200_training.sh head-dims # GPU tests of the default at head dims 96, 192, 256 (336
 #                                              # tests in 8 shards, a whole call: 250 s was too short)
@@ -98,12 +99,20 @@ case "$STEP" in
     grep -E "FAILED|passed|failed" "$OUT/tests_varlen.txt" | grep -v "%\]" | tail -n 15
     ;;
   grid)
-    # -v and a time stamp a line: a run cut by the call's limit still shows which rows it finished and
-    # when (on a fresh H200 on 2026-12-07 it printed nothing else in 560 s)
+    # on a fresh H200 (2026-12-07) the whole grid printed nothing in 560 s: the bench runs in parts of
+    # 4 shapes, writing its file after each, and `grid` again on the same warm machine resumes it
+    # (--resume keeps the shapes the file holds); carry the file back (BENCH_RESUME=path) to resume on
+    # another machine of the same model. -v and a time stamp a line show how far a cut run got.
+    if [ -n "${BENCH_RESUME:-}" ]; then cp "$BENCH_RESUME" "$OUT/bench_grid_training.json"; fi
+    if [ -f /tmp/bench_grid_training.json ] && [ ! -f "$OUT/bench_grid_training.json" ]; then
+      cp /tmp/bench_grid_training.json "$OUT/bench_grid_training.json"
+    fi
     COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
-        --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 2>&1 \
+        --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 \
+        --shapes-per-part 4 --resume 2>&1 \
         | quiet | while IFS= read -r line; do printf '%s %s\n' "$(date +%T)" "$line"; done \
-        > "$OUT/bench_grid_training.log"
+        >> "$OUT/bench_grid_training.log"
+    cp "$OUT/bench_grid_training.json" /tmp/bench_grid_training.json 2>/dev/null   # for the next call here
     tail -n 60 "$OUT/bench_grid_training.log"
     ;;
   extras)

@@ -17,6 +17,7 @@ both), True or False keeps one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 if TYPE_CHECKING:   # pandas and torch load on first use, not on `import fa4tune`
@@ -209,12 +210,14 @@ def search(shapes=None, *, model: Optional[str] = None, shapes_file: Optional[st
 def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: Optional[str] = None,
                   out: Optional[str] = None, csv: Optional[str] = None, jobs: int = 4, l2: str = "warm",
                   peers: bool = True, rounds: Optional[int] = None, backward: bool = False,
-                  progress=None) -> dict:
+                  progress=None, shapes_per_part: int = 0, resume: bool = False) -> dict:
     """`fa4tune bench` after option parsing: time every variant of every problem `rounds` times
     (interleaved; each row keeps its lowest, `fa4tune.benchmark.runner`), write the bench file (`out`,
     default the results directory's bench.json; `csv` too when given); returns its document.
     `rounds` None: `fa4tune.benchmark.runner.ROUNDS`. `backward`: the training pass too (forward +
-    backward and backward alone, the document's `training_rows`)."""
+    backward and backward alone, the document's `training_rows`). `shapes_per_part` > 0: the shapes
+    that many at a time, the file written after each part; `resume`: keep the shapes the file already
+    holds from a run of the same settings (another run's file is refused, naming the difference)."""
     from fa4tune import paths
     from fa4tune.benchmark import runner as bench_runner
     from fa4.backends import peer_names
@@ -228,10 +231,20 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
     arch = resolve_arch(arch, gpus, need_gpu=True)
     progress.message(f"fa4tune bench: arch {arch} ({gpus[0]['name']}); {len(problems)} shape(s), "
                      f"{rounds} round{'s' if rounds != 1 else ''}")
+    path = out or paths.bench_path()
+    previous = None
+    if resume and Path(path).exists():
+        import json
+
+        previous = json.loads(Path(path).read_text())
+        why = bench_runner.resumable(previous, arch, gpus[0]["name"], rounds, backward, l2)
+        if why:
+            raise ValueError(f"--resume: {path} is another run's ({'; '.join(why)})")
     doc = bench_runner.run_bench(arch, problems, db_path=db, timing=TimingSettings(l2=l2),
                                  peers=peer_names() if peers else (), gpus=[gpus[0]["index"]], processes=jobs,
-                                 progress=progress, rounds=rounds, backward=backward)
-    path = out or paths.bench_path()
+                                 progress=progress, rounds=rounds, backward=backward,
+                                 shapes_per_part=shapes_per_part, previous=previous,
+                                 partial=lambda part: bench_runner.write_bench(part, path))
     bench_runner.write_bench(doc, path, csv)
     progress.message(f"wrote {path}" + (f" and {csv}" if csv else ""))
     return doc

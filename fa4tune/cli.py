@@ -862,9 +862,14 @@ def _cannot_write(target: str, exc: OSError) -> str:
 @click.option("--backward", is_flag=True, default=False,
               help="time the training pass too: forward + backward and backward alone, fa4.attention "
                    "and every peer (gradients validated)")
+@click.option("--shapes-per-part", type=click.IntRange(min=0), default=0, show_default=True,
+              help="run the shapes this many at a time (each part's rounds interleaved within it) and write "
+                   "--out after each part, so a run cut short keeps the shapes it finished (0: one part)")
+@click.option("--resume", is_flag=True, default=False,
+              help="keep the shapes an earlier run of the same settings wrote to --out and time the rest")
 def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, mask, window, softcap, shapes_file,
           model, shapes, arch, db_path,
-          out_path, csv_path, fmt, jobs, l2, peers, rounds, backward):
+          out_path, csv_path, fmt, jobs, l2, peers, rounds, backward, shapes_per_part, resume):
     """Tuned vs default vs peers, same timing, for a list of shapes; writes bench.json."""
     from fa4tune import paths
     from fa4tune.api import NoGpuError, run_bench_set
@@ -890,7 +895,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     try:
         doc = run_bench_set(problems, gpus=detect_gpus(), arch=arch, db=db_path, out=out_path, csv=csv_path,
                             jobs=jobs, l2=l2, peers=peers, rounds=rounds, backward=backward,
-                            progress=_verbosity().progress())
+                            progress=_verbosity().progress(), shapes_per_part=shapes_per_part, resume=resume)
     except NoGpuError as exc:
         click.echo(f"fa4tune bench: {exc}", err=True)
         sys.exit(2)

@@ -281,3 +281,49 @@ def test_the_dispatched_row_keeps_its_time_where_ours_forced_cannot_run(monkeypa
     failed = dispatched_row(call, lambda out, lse: {"passed": False, "error": "differs"}, describe, problem,
                             TimingSettings(), lambda: True)
     assert failed["outcome"] == "mismatch" and "us" not in failed
+
+
+def test_a_run_in_parts_writes_each_part_and_a_resumed_run_keeps_them(tmp_path):
+    """shapes_per_part: the document so far goes to `partial` after every part but the last, so a run
+    cut short keeps the shapes it finished; `previous` (such a document) keeps those shapes' rows as
+    they are and times only the rest; a document of other settings is not resumable."""
+    db = tmp_path / "db.json"
+    problems = [AttentionProblem(batch=1, seqlen_q=s, seqlen_k=s, heads_q=8, heads_kv=2, head_dim=64,
+                                 dtype="bf16", causal=True) for s in (512, 1024, 2048)]
+    parts = []
+    common = dict(db_path=str(db), peers=("sdpa_cudnn",), processes=1, evaluator=EVALUATOR, api="test_search_fakes",
+                  progress=Progress(quiet=True), rounds=1, backward=True)
+    whole = run_bench("sm90", problems, shapes_per_part=2, partial=parts.append, **common)
+    assert [sorted({r["shape"] for r in p["rows"]}) == sorted({r["shape"] for r in p["training_rows"]})
+            for p in parts] == [True]
+    assert len({r["shape"] for r in parts[0]["rows"]}) == 2
+    assert len({r["shape"] for r in whole["rows"]}) == 3
+    # resumed from the first part: its two shapes' rows are the part's, untouched; the third is timed
+    first = json.loads(json.dumps(parts[0]))
+    first["rows"][0]["us"] = 12345.0   # a value no run of the fake makes: kept, not re-timed
+    resumed = run_bench("sm90", problems, previous=first, **common)
+    assert resumed["resumed"] == [first["date"]]
+    assert resumed["rows"][0]["us"] == 12345.0
+    assert [r["shape"] for r in resumed["rows"]] == [r["shape"] for r in whole["rows"]]
+    assert [r["shape"] for r in resumed["training_rows"]] == [r["shape"] for r in whole["training_rows"]]
+    device = first["device"]["name"]
+    assert bench_mod.resumable(first, "sm90", device, 1, True, "warm") == [] or \
+        all("kernels" in why for why in bench_mod.resumable(first, "sm90", device, 1, True, "warm"))
+    assert any("rounds" in why for why in bench_mod.resumable(first, "sm90", device, 2, True, "warm"))
+    assert any("GPU" in why for why in bench_mod.resumable(first, "sm90", "another GPU", 1, True, "warm"))
+    assert any("backward" in why for why in bench_mod.resumable(first, "sm90", device, 1, False, "warm"))
+
+
+def test_resume_refuses_another_runs_file(tmp_path):
+    """`fa4tune bench --resume` on a file another run's settings wrote: refused before anything runs,
+    naming the difference (here the round count and the pass)."""
+    from fa4tune.api import run_bench_set
+
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"arch": "sm90", "device": {"name": "Fake H200"}, "timing": {"rounds": 2, "l2": "warm"},
+                               "kernel_fingerprint": "x", "rows": [], "date": "then"}))
+    problem = AttentionProblem(batch=1, seqlen_q=512, seqlen_k=512, heads_q=8, heads_kv=2, head_dim=64,
+                               dtype="bf16", causal=True)
+    with pytest.raises(ValueError, match="another run's.*rounds 2.*backward False"):
+        run_bench_set([problem], gpus=[{"index": 0, "name": "Fake H200"}], arch="sm90", out=str(out), rounds=1,
+                      backward=True, resume=True, progress=Progress(quiet=True))

@@ -15,6 +15,12 @@ estimate of the kernel's time (the estimator of the search's re-time step, `fa4t
 single-round run on an H200 (a compile running on the host), one kernel was timed 442.2 and 521.7 us
 as two rows of a shape.
 
+Parts (`--shapes-per-part N`): the shapes N at a time, each part's rounds interleaved within it, the
+file written after each part, so a run cut short (a 10-minute device call) keeps the shapes it
+finished; `--resume` keeps the shapes a file of the same settings holds (`resumable`: architecture,
+GPU model, rounds, pass, L2 state, kernel fingerprint) and times the rest, and the document then
+lists the earlier runs' dates in "resumed".
+
 Output file (JSON, default `bench.json` in the results directory, `fa4tune.paths`; `--csv` writes the
 rows as CSV too):
 
@@ -70,7 +76,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from fa4 import backends
 from fa4.config_text import display_label
@@ -106,10 +112,16 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
               gpus=(0,), processes: int = 4, evaluator: str = DEFAULT_EVALUATOR, api: str = "fa4.kernels",
               trial_timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
               progress: Optional[Progress] = None, time_dispatched: bool = True, rounds: int = ROUNDS,
-              backward: bool = False) -> dict:
+              backward: bool = False, shapes_per_part: int = 0, partial: Optional[Callable[[dict], None]] = None,
+              previous: Optional[dict] = None) -> dict:
     """Measure every variant of every problem `rounds` times; returns the document described above.
-    `peers`: the peers to time (None: every one, `fa4.backends.peer_names()`)."""
-    from fa4.database import BestConfigDB, entry_key, max_distance
+    `peers`: the peers to time (None: every one, `fa4.backends.peer_names()`).
+
+    `shapes_per_part` > 0 runs the problems that many at a time (each part's rounds interleaved within
+    it) and hands `partial` the document so far after each part, so a run cut short keeps the shapes it
+    finished. `previous`: such a document of this run's settings (`resumable`); its shapes are kept as
+    they are and not timed again."""
+    from fa4.database import BestConfigDB, max_distance
 
     if rounds < 1:
         raise ValueError(f"a bench needs at least one round, not {rounds}")
@@ -124,77 +136,122 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     unusable = db.unusable_entries(kernels.feasible)
     for (layer, key), reasons in unusable.items():
         progress.message(f"bench: entry {key}{f' ({layer})' if layer else ''} cannot be used: {'; '.join(reasons)}")
-    limit = max_distance()
+    keys = [shape_key(arch, p) for p in problems]
     rows: list[dict] = []
-    specs: list[_Task] = []  # one round's tasks, in submission order
+    training_rows: list[dict] = []
+    kept = set()
+    if previous is not None:
+        kept = {r["shape"] for r in previous["rows"]} & set(keys)
+        rows += [r for r in previous["rows"] if r["shape"] in kept]
+        training_rows += [r for r in previous.get("training_rows", []) if r["shape"] in kept]
+        progress.message(f"bench: {len(kept)} of {len(keys)} shape(s) kept from the run resumed")
+    todo = [p for p, key in zip(problems, keys) if key not in kept]
+    step = shapes_per_part if shapes_per_part > 0 else max(len(todo), 1)
+    ours_eager: dict[str, list[Optional[float]]] = {}  # shape -> ours' eager us per round, from its dispatched task
+
+    def document(device: dict) -> dict:
+        order = {"tuned": 0, "default": 1, **{p: 2 + i for i, p in enumerate(peers)}, DISPATCHED: 2 + len(peers)}
+        rows.sort(key=lambda r: (keys.index(r["shape"]), order.get(r["variant"], 99)))
+        training_rows.sort(key=lambda r: keys.index(r["shape"]))
+        _ours_eager(rows, ours_eager)
+        _speedups(rows)
+        for r in rows:   # whoever made the note: a worker, a peer's import, the database's reasons
+            if r["error"]:
+                r["error"] = portable_note(r["error"])
+        return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
+                "versions": versions(), "kernel_fingerprint": fingerprint,
+                "timing": {**timing.describe(), "rounds": rounds}, "rows": [dict(r) for r in rows],
+                "dispatch": dispatched(rows, device.get("name", "")),
+                **({"training_rows": [dict(r) for r in training_rows]} if backward else {}),
+                **({"resumed": [*previous.get("resumed", []), previous["date"]]} if previous is not None else {})}
+
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
                     trial_timeout_s=trial_timeout_s, compile_timeout_s=compile_timeout_s) as pool:
         device = pool.device
-        for problem in problems:
-            key = shape_key(arch, problem)
-            base = {"shape": key, "problem": problem.to_dict()}
-            lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint, max_distance=limit,
-                               broken=frozenset(unusable))
-            variants = []
-            if lookup.entry is not None:
-                variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
-                                 {"lookup": lookup.kind, "db_key": lookup.entry.key}))
-            else:
-                why = [f"{len(lookup.stale)} stale"] if lookup.stale else []
-                why += [f"{k} skipped: {'; '.join(r)}" for (_, k), r in unusable.items()
-                        if k == entry_key(arch, device.get("name", ""), problem)]
-                why += list(lookup.passed_over)
-                rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
-                             "error": "no usable database entry" + (f" ({'; '.join(why)})" if why else "")})
-            variants.append(("default", kernels.default_config(arch, problem), {}))
-            for variant, config, extra in variants:
-                reasons = kernels.feasible(config, problem)
-                row = {**base, "variant": variant, "config": config.to_dict(), **extra}
-                if reasons:
-                    rows.append({**row, "outcome": "infeasible", "error": "; ".join(reasons)})
+        for start in range(0, len(todo), step):
+            specs: list[_Task] = []  # one round's tasks, in submission order
+            for problem in todo[start:start + step]:
+                rows += _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timing, peers,
+                                     backward, time_dispatched, db_path, specs)
+            results = _run_rounds(pool, specs, rounds, progress)
+            for spec, outs in zip(specs, results):
+                row = spec.row
+                if spec.kind == "training":
+                    training_rows.extend(_training_row(row, name, outs) for name in [TRAINING_FA4, *peers])
                     continue
-                payload = {"arch": arch, "config": config.to_dict(), "problem": problem.to_dict(),
-                           "timing": timing.to_dict(), "validate": True}
-                specs.append(_Task("trial", payload, row, kernels.compile_key(config, problem)))
-            if peers:
-                specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                             "names": list(peers), "eager": True}, {**base, "variant": "peers"}))
-            if backward:
-                specs.append(_Task("training", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                                "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"}))
-            if time_dispatched:
-                specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                                "db_path": db_path}, {**base, "variant": DISPATCHED}))
-        results = _run_rounds(pool, specs, rounds, progress)
-    ours_eager: dict[str, list[Optional[float]]] = {}  # shape -> ours' eager us per round, from its dispatched task
-    training_rows: list[dict] = []
-    for spec, outs in zip(specs, results):
-        row = spec.row
-        if spec.kind == "training":
-            training_rows += [_training_row(row, name, outs) for name in [TRAINING_FA4, *peers]]
+                if spec.kind == "peers":
+                    rows.extend(_lowest([_peer_row(row, name, result) for result in outs]) for name in peers)
+                    continue
+                rows.append(_lowest([_task_row(row, result) for result in outs]))
+                if spec.kind == DISPATCHED:
+                    ours_eager[row["shape"]] = [result.get("ours_eager_us") for result in outs]
+                    failed = next((result["ours_eager_error"] for result in outs if result.get("ours_eager_error")),
+                                  None)
+                    if failed:
+                        progress.message(f"bench {row['shape']}: fa4.attention forced to our kernel "
+                                         f"could not be timed eagerly ({failed})")
+            if partial is not None and start + step < len(todo):
+                partial(document(device))
+    return document(device)
+
+
+def resumable(previous: dict, arch: str, device_name: str, rounds: int, backward: bool, l2: str) -> list[str]:
+    """Why a bench document cannot be resumed by a run of these settings (empty: it can): another
+    architecture, GPU model, round count, pass or L2 state, or kernel sources (`kernel_fingerprint`)."""
+    why = []
+    found = {"arch": previous.get("arch"), "GPU": (previous.get("device") or {}).get("name"),
+             "rounds": (previous.get("timing") or {}).get("rounds"), "backward": "training_rows" in previous,
+             "L2": (previous.get("timing") or {}).get("l2"), "kernels": previous.get("kernel_fingerprint")}
+    wanted = {"arch": arch, "GPU": device_name, "rounds": rounds, "backward": backward, "L2": l2,
+              "kernels": kernel_fingerprint(arch)}
+    for name, value in wanted.items():
+        if found[name] != value:
+            why.append(f"{name} {found[name]!r}, this run's {value!r}")
+    return why
+
+
+def _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timing, peers, backward,
+                 time_dispatched, db_path, specs: list) -> list[dict]:
+    """A shape's tasks, appended to `specs` (tuned and default configurations, peers, training pass,
+    dispatched), and the rows it gets without a task (no usable entry, infeasible)."""
+    from fa4.database import entry_key, max_distance
+
+    key = shape_key(arch, problem)
+    base = {"shape": key, "problem": problem.to_dict()}
+    rows = []
+    lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint, max_distance=max_distance(),
+                       broken=frozenset(unusable))
+    variants = []
+    if lookup.entry is not None:
+        variants.append(("tuned", Config.from_dict(arch, lookup.entry.config),
+                         {"lookup": lookup.kind, "db_key": lookup.entry.key}))
+    else:
+        why = [f"{len(lookup.stale)} stale"] if lookup.stale else []
+        why += [f"{k} skipped: {'; '.join(r)}" for (_, k), r in unusable.items()
+                if k == entry_key(arch, device.get("name", ""), problem)]
+        why += list(lookup.passed_over)
+        rows.append({**base, "variant": "tuned", "outcome": MISSING, "lookup": lookup.kind,
+                     "error": "no usable database entry" + (f" ({'; '.join(why)})" if why else "")})
+    variants.append(("default", kernels.default_config(arch, problem), {}))
+    for variant, config, extra in variants:
+        reasons = kernels.feasible(config, problem)
+        row = {**base, "variant": variant, "config": config.to_dict(), **extra}
+        if reasons:
+            rows.append({**row, "outcome": "infeasible", "error": "; ".join(reasons)})
             continue
-        if spec.kind == "peers":
-            for name in peers:
-                rows.append(_lowest([_peer_row(row, name, result) for result in outs]))
-            continue
-        rows.append(_lowest([_task_row(row, result) for result in outs]))
-        if spec.kind == DISPATCHED:
-            ours_eager[row["shape"]] = [result.get("ours_eager_us") for result in outs]
-            failed = next((result["ours_eager_error"] for result in outs if result.get("ours_eager_error")), None)
-            if failed:
-                progress.message(f"bench {row['shape']}: fa4.attention forced to our kernel "
-                                 f"could not be timed eagerly ({failed})")
-    order = {"tuned": 0, "default": 1, **{p: 2 + i for i, p in enumerate(peers)}, DISPATCHED: 2 + len(peers)}
-    rows.sort(key=lambda r: ([shape_key(arch, p) for p in problems].index(r["shape"]), order.get(r["variant"], 99)))
-    _ours_eager(rows, ours_eager)
-    _speedups(rows)
-    for r in rows:   # whoever made the note: a worker, a peer's import, the database's reasons
-        if r["error"]:
-            r["error"] = portable_note(r["error"])
-    return {"schema": BENCH_SCHEMA, "date": utc_now(), "arch": arch, "device": device,
-            "versions": versions(), "kernel_fingerprint": fingerprint,
-            "timing": {**timing.describe(), "rounds": rounds}, "rows": rows, "dispatch": dispatched(rows, device.get("name", "")),
-            **({"training_rows": training_rows} if backward else {})}
+        payload = {"arch": arch, "config": config.to_dict(), "problem": problem.to_dict(),
+                   "timing": timing.to_dict(), "validate": True}
+        specs.append(_Task("trial", payload, row, kernels.compile_key(config, problem)))
+    if peers:
+        specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                     "names": list(peers), "eager": True}, {**base, "variant": "peers"}))
+    if backward:
+        specs.append(_Task("training", {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                        "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"}))
+    if time_dispatched:
+        specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
+                                        "db_path": db_path}, {**base, "variant": DISPATCHED}))
+    return rows
 
 
 def _run_rounds(pool: WorkerPool, specs: list[_Task], rounds: int, progress: Progress) -> list[list[dict]]:
