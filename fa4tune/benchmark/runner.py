@@ -121,7 +121,7 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     it) and hands `partial` the document so far after each part, so a run cut short keeps the shapes it
     finished. `previous`: such a document of this run's settings (`resumable`); its shapes are kept as
     they are and not timed again."""
-    from fa4.database import BestConfigDB, max_distance
+    from fa4.database import BestConfigDB
 
     if rounds < 1:
         raise ValueError(f"a bench needs at least one round, not {rounds}")
