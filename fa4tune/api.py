@@ -234,9 +234,7 @@ def run_bench_set(problems: list, *, gpus: list[dict], arch: str = "auto", db: O
     path = out or paths.bench_path()
     previous = None
     if resume and Path(path).exists():
-        import json
-
-        previous = json.loads(Path(path).read_text())
+        previous = bench_runner.read_bench(path)   # a file that is not a bench output: refused, untouched
         why = bench_runner.resumable(previous, arch, gpus[0]["name"], rounds, backward, l2)
         if why:
             raise ValueError(f"--resume: {path} is another run's ({'; '.join(why)})")

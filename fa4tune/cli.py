@@ -806,16 +806,13 @@ def db_import_bench(bench_path, db_path):
     on other kernel sources than the bench ran are left alone. The database is read, changed and
     written in one locked step."""
     from fa4.database import DatabaseError, default_path, update
-    from fa4tune.benchmark.runner import backend_times, import_backend_times
+    from fa4tune.benchmark.runner import backend_times, import_backend_times, read_bench
 
     target = db_path or str(default_path())
     try:
-        with open(bench_path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise click.ClickException(f"cannot read {bench_path}: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or "date" not in doc:
-        raise click.ClickException(f"{bench_path} is not a fa4tune bench output (no rows or date)")
+        doc = read_bench(bench_path)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
     try:
         backend_times(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

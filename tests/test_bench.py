@@ -327,3 +327,10 @@ def test_resume_refuses_another_runs_file(tmp_path):
     with pytest.raises(ValueError, match="another run's.*rounds 2.*backward False"):
         run_bench_set([problem], gpus=[{"index": 0, "name": "Fake H200"}], arch="sm90", out=str(out), rounds=1,
                       backward=True, resume=True, progress=Progress(quiet=True))
+    # a file that holds no bench output is refused as well, and left as it was
+    for text, why in (("[1, 2]", "not a fa4tune bench output"), ("not json", "cannot read")):
+        out.write_text(text)
+        with pytest.raises(ValueError, match=why):
+            run_bench_set([problem], gpus=[{"index": 0, "name": "Fake H200"}], arch="sm90", out=str(out),
+                          rounds=1, backward=True, resume=True, progress=Progress(quiet=True))
+        assert out.read_text() == text

@@ -438,6 +438,19 @@ def import_backend_times(doc: dict, db) -> tuple[list[str], list[str]]:
     return updated, skipped
 
 
+def read_bench(path: str | Path) -> dict:
+    """A bench document from `path`; ValueError naming the file when it cannot be read or holds no
+    bench output (no rows or date)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or "date" not in doc:
+        raise ValueError(f"{path} is not a fa4tune bench output (no rows or date)")
+    return doc
+
+
 def write_bench(doc: dict, path: str | Path, csv_path: str | Path | None = None) -> None:
     """The document as JSON (sorted keys), and its rows as CSV when asked; both written atomically."""
     atomic_write(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
