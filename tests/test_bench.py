@@ -249,6 +249,31 @@ def test_backward_adds_training_rows(tmp_path):
     assert "training_rows" not in plain
 
 
+def test_a_shapes_runtime_tasks_share_one_worker(tmp_path, monkeypatch):
+    """The peers, training and dispatched tasks compile on first call with the GPU held: one routing key
+    per shape (so a later round runs where they are compiled), none shared between shapes or with a trial."""
+    submitted = []
+    real = bench_mod._run_rounds
+
+    def recording(pool, specs, rounds, progress):
+        submitted.extend(specs)
+        return real(pool, specs, rounds, progress)
+
+    monkeypatch.setattr(bench_mod, "_run_rounds", recording)
+    problems = [AttentionProblem(batch=1, seqlen_q=s, seqlen_k=s, heads_q=8, heads_kv=2, head_dim=64,
+                                 dtype="bf16", causal=True) for s in (512, 1024)]
+    run_bench("sm90", problems, db_path=str(tmp_path / "db.json"), peers=("sdpa_cudnn",), processes=2,
+              evaluator=EVALUATOR, api="test_search_fakes", progress=Progress(quiet=True), rounds=2, backward=True)
+    keys: dict[str, set] = {}
+    for spec in submitted:
+        keys.setdefault(spec.row["shape"], set()).add((spec.kind, spec.compile_key))
+    assert len(keys) == 2
+    runtime = [{key for kind, key in tasks if kind in ("peers", "training", "dispatched")} for tasks in keys.values()]
+    assert all(len(k) == 1 and None not in k for k in runtime) and runtime[0] != runtime[1]
+    trials = {key for tasks in keys.values() for kind, key in tasks if kind == "trial"}
+    assert not trials & (runtime[0] | runtime[1])
+
+
 def test_the_dispatched_row_keeps_its_time_where_ours_forced_cannot_run(monkeypatch):
     """`fa4tune.workers.evaluator.dispatched_row` (the dense and the varlen "dispatched" rows): ours
     forced failing leaves the row with its reason, unless the GPU is broken (then it raises); a wrong

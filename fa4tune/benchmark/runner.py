@@ -242,15 +242,21 @@ def _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timi
         payload = {"arch": arch, "config": config.to_dict(), "problem": problem.to_dict(),
                    "timing": timing.to_dict(), "validate": True}
         specs.append(_Task("trial", payload, row, kernels.compile_key(config, problem)))
+    # The shape's runtime tasks compile inside the GPU lock, on first call (a peer's JIT, fa4.attention's
+    # forward and backward): routed to one worker, every round after the first finds them compiled
+    # there, where another worker would compile them again with the GPU held.
+    same_worker = ("runtime", key)
     if peers:
         specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                     "names": list(peers), "eager": True}, {**base, "variant": "peers"}))
+                                     "names": list(peers), "eager": True}, {**base, "variant": "peers"},
+                           same_worker))
     if backward:
         specs.append(_Task("training", {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                        "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"}))
+                                        "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"},
+                           same_worker))
     if time_dispatched:
         specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                        "db_path": db_path}, {**base, "variant": DISPATCHED}))
+                                        "db_path": db_path}, {**base, "variant": DISPATCHED}, same_worker))
     return rows
 
 
