@@ -20,6 +20,7 @@ write), and a failed write, like any failure on a file, is a one-line error, not
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -957,6 +958,25 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
                [[r["shape"], _impl_title(r["implementation"]) if r["implementation"] != "fa4" else "fa4.attention",
                  r["outcome"], _fmt(r["fwdbwd_us"]), _fmt(r["bwd_us"]), _fmt(r["bwd_peak_extra_mib"], 1),
                  r["validated"], r["backward"], r["error"]] for r in doc["training_rows"]])
+        click.echo(_training_bar(doc))
+
+
+def _training_bar(doc: dict) -> str:
+    """fa4.attention's training times over the fastest peer's, per pass: on how many shapes it is at most
+    1.00 and the geometric mean (fa4tune.report.data.training_rows' ratios)."""
+    from fa4tune.report.data import TRAINING_FA4, training_rows
+
+    ours = [r for r in training_rows(doc) if r.implementation == TRAINING_FA4]
+    parts = []
+    for pass_, title in (("bwd", "backward"), ("fwdbwd", "forward + backward")):
+        ratios = [getattr(r, f"{pass_}_ratio") for r in ours if getattr(r, f"{pass_}_ratio") is not None]
+        if not ratios:
+            parts.append(f"{title}: no shape with both times")
+            continue
+        geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        parts.append(f"{title} at most 1.00 on {sum(x <= 1.0 for x in ratios)} of {len(ratios)} shapes "
+                     f"(of {len(ours)}), geometric mean {geomean:.3f}, worst {max(ratios):.3f}")
+    return "fa4.attention's training time over the fastest peer's: " + "; ".join(parts)
 
 
 def _dispatch_verdicts(doc: dict) -> dict:
