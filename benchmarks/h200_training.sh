@@ -107,7 +107,9 @@ case "$STEP" in
     if [ -f /tmp/bench_grid_training.json ] && [ ! -f "$OUT/bench_grid_training.json" ]; then
       cp /tmp/bench_grid_training.json "$OUT/bench_grid_training.json"
     fi
-    COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+    # flash-attn-4 compiles its kernels on first call, in the GPU lock: its own disk cache (off by
+    # default) lets the other worker processes and the next call here load them instead
+    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
         --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 \
         --shapes-per-part 4 --resume 2>&1 \
         | quiet | while IFS= read -r line; do printf '%s %s\n' "$(date +%T)" "$line"; done \
