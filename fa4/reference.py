@@ -49,16 +49,19 @@ def key_bounds(causal: bool, window=None) -> tuple[Optional[int], Optional[int]]
     return left, (0 if causal else right)
 
 
-def visible_keys(seqlen_q: int, seqlen_k: int, device=None, window=(-1, 0)):
-    """(Sq, Sk) bool, True where query i sees key j: diag - left <= j <= diag + right with diag =
-    i + Sk - Sq, for `window` (left, right) (-1: unbounded); the default is the causal mask."""
+def visible_keys(seqlen_q: int, seqlen_k: int, device=None, window=(-1, 0), first_row: int = 0,
+                 rows: Optional[int] = None):
+    """(rows, Sk) bool, True where query i sees key j: diag - left <= j <= diag + right with diag =
+    i + Sk - Sq, for `window` (left, right) (-1: unbounded); the default is the causal mask. The rows
+    are the queries first_row .. first_row + rows of the Sq (all of them by default)."""
     import torch
 
     left, right = key_bounds(False, window)
-    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    count = seqlen_q - first_row if rows is None else rows
+    queries = torch.arange(first_row, first_row + count, device=device).unsqueeze(1)
     cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    diag = rows + (seqlen_k - seqlen_q)
-    visible = torch.ones((seqlen_q, seqlen_k), dtype=torch.bool, device=device)
+    diag = queries + (seqlen_k - seqlen_q)
+    visible = torch.ones((count, seqlen_k), dtype=torch.bool, device=device)
     if right is not None:
         visible = visible & (cols <= diag + right)
     if left is not None:
@@ -280,18 +283,21 @@ GRAD_ATOL = 1e-3
 
 
 def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool = False, *, window=None,
-                    softcap: Optional[float] = None):
-    """Attention written out in `dtype` (autograd-able, O(S^2) memory: tests only); a row that sees no
-    key gives O = 0 (and LSE = -inf)."""
+                    softcap: Optional[float] = None, first_row: int = 0, seqlen_q: Optional[int] = None):
+    """Attention written out in `dtype` (autograd-able, (B, H, Sq, Sk) scores: `attention_grads` calls it
+    a chunk of query rows at a time); a row that sees no key gives O = 0 (and LSE = -inf). `q` may be the
+    rows first_row .. of a problem of `seqlen_q` query rows: the mask is that problem's."""
     import torch
 
     heads_q = q.shape[2]
+    seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))        # (B, H, S, D)
     k, v = (t.repeat_interleave(heads_q // t.shape[1], dim=1) for t in (k, v))
     scores = capped((q @ k.transpose(-1, -2)) * scale, softcap)
     mask_window = _mask_window(causal, window)
     if mask_window:
-        scores = scores.masked_fill(~visible_keys(q.shape[2], k.shape[2], q.device, mask_window), float("-inf"))
+        visible = visible_keys(seqlen_q, k.shape[2], q.device, mask_window, first_row, q.shape[2])
+        scores = scores.masked_fill(~visible, float("-inf"))
     has_key = torch.isfinite(scores).any(-1, keepdim=True)
     filled = scores.masked_fill(~has_key, 0.0)
     out = (torch.softmax(filled, dim=-1).masked_fill(~has_key, 0.0) @ v).transpose(1, 2)
@@ -302,16 +308,33 @@ def plain_attention(q, k, v, causal: bool, scale: float, dtype, return_lse: bool
 
 
 def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None, *, window=None,
-                    softcap: Optional[float] = None) -> list:
+                    softcap: Optional[float] = None, chunk_bytes: int = _CHUNK_BYTES) -> list:
     """[dQ, dK, dV] as fp32 of `plain_attention` in `dtype` by autograd (with `dlse`: the gradient
-    reaching the returned LSE too)."""
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, lse = plain_attention(*leaves, causal, scale, dtype, return_lse=True, window=window, softcap=softcap)
-    loss = (out * dout.to(dtype)).sum()
-    if dlse is not None:
-        loss = loss + (lse.masked_fill(~lse.isfinite(), 0.0) * dlse.to(dtype)).sum()
-    loss.backward()
-    return [t.grad.float() for t in leaves]
+    reaching the returned LSE too), a chunk of query rows at a time: a row's output and LSE depend on
+    its own query alone, so dQ's rows are their chunk's and dK, dV the chunks' sums (added in fp32, or
+    `dtype` where wider). At most `chunk_bytes` of fp32 scores a chunk, so a long problem's reference
+    fits beside its kernel (a whole (B, H, Sq, Sk) autograd graph took over 80 GB at B2 S16384 H8)."""
+    import torch
+
+    batch, seqlen_q, heads_q, _ = q.shape
+    rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * k.shape[1]))
+    wide = torch.promote_types(dtype, torch.float32)
+    dq = torch.zeros(q.shape, dtype=wide, device=q.device)
+    dk, dv = (torch.zeros(t.shape, dtype=wide, device=t.device) for t in (k, v))
+    keys, values = (t.detach().to(dtype).requires_grad_() for t in (k, v))
+    for start in range(0, seqlen_q, rows):
+        stop = min(seqlen_q, start + rows)
+        queries = q[:, start:stop].detach().to(dtype).requires_grad_()
+        out, lse = plain_attention(queries, keys, values, causal, scale, dtype, return_lse=True, window=window,
+                                   softcap=softcap, first_row=start, seqlen_q=seqlen_q)
+        loss = (out * dout[:, start:stop].to(dtype)).sum()
+        if dlse is not None:
+            loss = loss + (lse.masked_fill(~lse.isfinite(), 0.0) * dlse[:, :, start:stop].to(dtype)).sum()
+        grad_q, grad_k, grad_v = torch.autograd.grad(loss, (queries, keys, values))
+        dq[:, start:stop] = grad_q
+        dk += grad_k
+        dv += grad_v
+    return [t.float() for t in (dq, dk, dv)]
 
 
 def check_grads(grads, q, k, v, dout, causal: bool, scale: Optional[float] = None, dlse=None,

@@ -952,7 +952,7 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
     click.echo(f"fa4.attention within {bar} of the fastest measured in this run: {', '.join(counts)}")
     if doc.get("training_rows"):
         _table("training pass: forward + backward and backward alone (GPU us, CUDA-graph replay), the "
-               "backward's peak extra memory, gradients validated against fp32 autograd where it fits",
+               "backward's peak extra memory, gradients validated against fp32 autograd",
                ["shape", "implementation", "outcome", "fwd+bwd us", "bwd us", "bwd extra MiB", "validated",
                 "backward", "error"],
                [[r["shape"], _impl_title(r["implementation"]) if r["implementation"] != "fa4" else "fa4.attention",

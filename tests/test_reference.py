@@ -9,7 +9,7 @@ import torch
 
 from fa4 import fallback
 from fa4.kernels import AttentionProblem
-from fa4.reference import (Expected, attention_fp32, check, compare, lse_fp32, random_inputs,
+from fa4.reference import (Expected, attention_fp32, attention_grads, check, compare, lse_fp32, random_inputs,
                            rows_without_keys, sdpa_same_precision, softmax_scale)
 
 
@@ -51,6 +51,31 @@ def test_chunks_do_not_change_the_answer():
     for a, b in zip(whole, by_rows):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(lse_fp32(q, k, True, chunk_bytes=1), whole[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("sq,sk,causal,window,softcap", [
+    (70, 90, True, None, None), (90, 40, True, None, None), (64, 64, False, (20, 5), None),
+    (50, 50, True, None, 5.0), (33, 65, False, None, None)])
+def test_gradient_chunks_do_not_change_the_answer(sq, sk, causal, window, softcap):
+    """The gradient references a few query rows at a time (dK, dV the chunks' sums, masks of the whole
+    problem, a gradient through the LSE) equal the whole problem's; in bf16 the chunks' sums round
+    differently, not worse."""
+    p = AttentionProblem(2, sq, sk, 4, 2, 16, "bf16", causal=causal)
+    q, k, v = random_inputs(p, device="cpu", seed=5)
+    generator = torch.Generator().manual_seed(6)
+    dout = torch.randn(q.shape, generator=generator).to(q.dtype)
+    dlse = torch.randn((2, 4, sq), generator=generator)
+    mask = {"window": window, "softcap": softcap}
+    seven_rows = 4 * 2 * 4 * sk * 7
+    whole = attention_grads(q, k, v, dout, causal, 0.25, torch.float64, dlse, **mask)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        chunked = attention_grads(q, k, v, dout, causal, 0.25, dtype, dlse, chunk_bytes=seven_rows, **mask)
+        for got, want in zip(chunked, whole):
+            torch.testing.assert_close(got, want.float(), rtol=tolerance, atol=tolerance)
+    low_whole = attention_grads(q, k, v, dout, causal, 0.25, torch.bfloat16, dlse, **mask)
+    low_chunked = attention_grads(q, k, v, dout, causal, 0.25, torch.bfloat16, dlse, chunk_bytes=seven_rows, **mask)
+    for chunk_grad, whole_grad, want in zip(low_chunked, low_whole, whole):
+        assert (chunk_grad - want.float()).abs().max() <= 1.5 * (whole_grad - want.float()).abs().max() + 1e-3
 
 
 def test_rows_without_keys_is_the_leading_block():

@@ -187,7 +187,7 @@ def _training_notes(row: TrainingRow) -> list[str]:
     if row.kv_expanded:
         notes.append("K and V expanded to the query heads (inside the timed call)")
     if row.validated is False:
-        notes.append("gradients not validated (the fp32 reference does not fit)")
+        notes.append("gradients not validated (a bench file from before the reference was computed in chunks)")
     return notes
 
 
@@ -459,8 +459,8 @@ def _training_section(data: ReportData, page: _Page) -> None:
              "forward's saved tensors, the lowest over rounds; both GPU time by CUDA-graph replay. A ratio is "
              "that time ÷ the fastest peer's in the same pass (below 1: faster than every peer). "
              "<i>peak extra</i>: the most memory one backward call allocated beyond what was live before it "
-             "(dQ, dK, dV included). <i>validated</i>: dQ, dK, dV checked against fp32 autograd (no: the "
-             "reference did not fit in memory). A peer that refuses GQA ran on K and V expanded to the query "
+             "(dQ, dK, dV included). <i>validated</i>: dQ, dK, dV checked against fp32 autograd (no: a "
+             "file from before the reference was computed in chunks, when it did not fit). A peer that refuses GQA ran on K and V expanded to the query "
              "heads inside its timed call, so its time includes the expansion.</p>")
     page.add(page.figure(training_figure(data.training)))
     many = len({(r.arch, r.device) for r in data.training}) > 1
