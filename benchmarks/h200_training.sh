@@ -108,8 +108,9 @@ case "$STEP" in
       cp /tmp/bench_grid_training.json "$OUT/bench_grid_training.json"
     fi
     # flash-attn-4 compiles its kernels on first call, in the GPU lock: its own disk cache (off by
-    # default) lets the other worker processes and the next call here load them instead
-    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+    # default) lets the other worker processes and the next call here load them instead. Unbuffered:
+    # each line's time stamp is when it was printed (a pipe buffers a whole run's lines otherwise).
+    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 PYTHONUNBUFFERED=1 COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
         --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 \
         --shapes-per-part 4 --resume 2>&1 \
         | quiet | while IFS= read -r line; do printf '%s %s\n' "$(date +%T)" "$line"; done \
