@@ -618,7 +618,7 @@ class TrainingRow:
     bwd_us: float | None             # the backward alone, the lowest over rounds
     bwd_us_rounds: list
     peak_extra_mib: float | None     # the most one backward call allocated beyond what was live
-    validated: bool | None           # gradients checked against fp32 autograd (False: an older file's, the reference did not fit)
+    validated: bool | None           # gradients checked against fp32 autograd (False: an older file's)
     backward: str | None             # fa4 only: the backward implementation that ran
     kv_expanded: bool                # a peer that refuses GQA, run on K and V expanded inside the timed call
     error: str | None

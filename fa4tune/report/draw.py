@@ -460,8 +460,9 @@ def _training_section(data: ReportData, page: _Page) -> None:
              "that time ÷ the fastest peer's in the same pass (below 1: faster than every peer). "
              "<i>peak extra</i>: the most memory one backward call allocated beyond what was live before it "
              "(dQ, dK, dV included). <i>validated</i>: dQ, dK, dV checked against fp32 autograd (no: a "
-             "file from before the reference was computed in chunks, when it did not fit). A peer that refuses GQA ran on K and V expanded to the query "
-             "heads inside its timed call, so its time includes the expansion.</p>")
+             "file from before the reference was computed in chunks, when it did not fit). A peer that "
+             "refuses GQA ran on K and V expanded to the query heads inside its timed call, so its time "
+             "includes the expansion.</p>")
     page.add(page.figure(training_figure(data.training)))
     many = len({(r.arch, r.device) for r in data.training}) > 1
     rows = []
