@@ -6,6 +6,8 @@
 #   bash benchmarks/h200_training.sh varlen   # GPU tests of attention_varlen (ours, the peer's, per sequence)
 #   bash benchmarks/h200_training.sh grid     # fa4tune bench --backward over the 14-shape grid, in parts
 #                                             # of 4 shapes: run it again until the table has all 14
+#   bash benchmarks/h200_training.sh bar      # the grid's GQA-8 shape B2 S16384 H8/1 searched (45 s), its
+#                                             # entry merged, then `grid`: the backward's bar in one call
 #   bash benchmarks/h200_training.sh extras   # transformers prefill; attention_varlen's implementations
 #   bash benchmarks/h200_training.sh head-dims # GPU tests of the default at head dims 96, 192, 256 (336
 #                                              # tests in 8 shards, a whole call: 250 s was too short)
@@ -56,14 +58,16 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|bar|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # the device bundle has no platformdirs (fa4.places' default folders): name the folders instead
 export FA4TUNE_HOME=${FA4TUNE_HOME:-/tmp/fa4tune-home} FA4TUNE_CACHE_DIR=${FA4TUNE_CACHE_DIR:-/tmp/fa4tune-cache}
-quiet() { grep -v -i "userwarning\|exe_args"; }
+# line by line: grep into a pipe holds its lines back otherwise (the grid log's time stamps were a
+# whole run's, 2026-12-07)
+quiet() { grep --line-buffered -v -i "userwarning\|exe_args"; }
 # benchmarks/h200_grid.toml's 14 problems (B,S,HQ,HKV,D,mask) for sm90_bwd_configs.py, timed in bf16 (the
 # fp16 ones too); and 12 training shapes outside it (results/h100/training/2026-12-06/bwd_heldout.txt)
 grid_shapes=""
@@ -108,15 +112,24 @@ case "$STEP" in
       cp /tmp/bench_grid_training.json "$OUT/bench_grid_training.json"
     fi
     # flash-attn-4 compiles its kernels on first call, in the GPU lock: its own disk cache (off by
-    # default) lets the other worker processes and the next call here load them instead. Unbuffered:
-    # each line's time stamp is when it was printed (a pipe buffers a whole run's lines otherwise).
-    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 PYTHONUNBUFFERED=1 COLUMNS=250 timeout 560 python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
+    # default) lets the other worker processes and the next call here load them instead
+    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 COLUMNS=250 timeout "${GRID_SECONDS:-560}" python3 -m fa4tune.cli -v bench --shapes-file benchmarks/h200_grid.toml --rounds 2 \
         --db fa4/data/best_configs.json --backward --out "$OUT/bench_grid_training.json" --jobs 12 \
         --shapes-per-part 4 --resume 2>&1 \
         | quiet | while IFS= read -r line; do printf '%s %s\n' "$(date +%T)" "$line"; done \
         >> "$OUT/bench_grid_training.log"
     cp "$OUT/bench_grid_training.json" /tmp/bench_grid_training.json 2>/dev/null   # for the next call here
     tail -n 60 "$OUT/bench_grid_training.log"
+    ;;
+  bar)
+    # the backward's bar in one call: the grid's one never-searched shape (B2 S16384 H8/1 causal, its
+    # problem 10: the gradient reference ran out of memory before it was chunked) tuned for this GPU
+    # model, merged into the packaged database here (merge $OUT/bwd_retune_db_1.json locally too), then
+    # `grid` in what is left of the call (it took 325-383 s on an H100; run `grid` again to finish it)
+    start=$SECONDS
+    RETUNE_START=10 RETUNE_STOP=11 STUDY_SECONDS=${STUDY_SECONDS:-45} bash "$0" bwd-retune 1 1
+    python3 -m fa4tune.cli db merge -o fa4/data/best_configs.json "$OUT/bwd_retune_db_1.json" | tail -n 1
+    GRID_SECONDS=$((585 - (SECONDS - start))) bash "$0" grid
     ;;
   extras)
     timeout 280 python3 benchmarks/varlen_bench.py --out "$OUT/varlen_bench.json" 2>&1 | quiet | tail -n 6
