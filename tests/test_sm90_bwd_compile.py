@@ -162,9 +162,10 @@ def _whole_space_to_compile(problem: AttentionProblem) -> list[Config]:
     before the warp roles split: here with two P/dS buffers (the register corner where sectioned grids
     once spilled), with one it is the sample's (the block loop of one buffer is the plain order's here).
     Under a full mask (the head-dim-64 kind) neither sectioned_lpt nor a split group: the default runs
-    them under a causal mask, where this test takes them, and a split group's register corner is at
-    head dim 128 (8 bytes spilled at 64 x 128 with S and dP through shared memory); the sample has
-    both at head dim 64. This test is more than half of CI's time; these cuts keep CI under 20 minutes."""
+    sectioned_lpt under a causal mask only, where this test takes it, and a split group's register
+    corner is at head dim 128 (8 bytes spilled at 64 x 128 with S and dP through shared memory), where
+    this test takes split 2; the sample has both at head dim 64, a split one without a mask. This test
+    is more than half of CI's time; these cuts keep CI under 20 minutes."""
     configs = []
     for config in load_space("sm90_bwd").configs():
         if config.scheduler == "single_lpt" or (config.scheduler == "sectioned_lpt" and config.pds_stages == 1):
@@ -188,7 +189,7 @@ def test_the_whole_space_holds_the_model_to_the_compiler(problem):
     admitted, refused, refused_clean = 0, 0, []
     configs = [c for c in _whole_space_to_compile(problem)
                if not sm90_bwd.reasons(c, problem) or _refused_for_registers_alone(c, problem)]
-    # on every core: a compile is one process's work for a second or two, and there are ~300
+    # on every core: a compile is one process's work for a second or two, and there are 80-100
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
         reports = list(pool.map(_MAIN_REPORT, configs, [problem] * len(configs)))
     for config, report in zip(configs, reports):
