@@ -105,23 +105,29 @@ def _expand_kv(x, heads_q: int):
     return x.float().transpose(1, 2).repeat_interleave(heads_q // x.shape[2], dim=1)
 
 
+def _rows_per_chunk(q, k, chunk_bytes: int) -> int:
+    """How many query rows a chunk takes: at most `chunk_bytes` of their (B, Hq, rows, Sk) fp32 scores,
+    at least one row."""
+    batch, _, heads_q, _ = q.shape
+    return max(1, chunk_bytes // max(1, 4 * batch * heads_q * k.shape[1]))
+
+
 def _score_chunks(q, k, causal: bool, scale: float, chunk_bytes: int, window=None, softcap=None):
     """(start, stop, scores) over query-row chunks; scores (B, Hq, rows, Sk) fp32, scaled and capped,
-    hidden keys -inf."""
+    hidden keys -inf (each chunk's rows of the mask, so no (Sq, Sk) buffer)."""
     import torch
 
-    batch, seqlen_q, heads_q, _ = q.shape
-    seqlen_k = k.shape[1]
+    seqlen_q, heads_q, seqlen_k = q.shape[1], q.shape[2], k.shape[1]
     kf = _expand_kv(k, heads_q)
-    rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * seqlen_k))
+    rows = _rows_per_chunk(q, k, chunk_bytes)
     mask_window = _mask_window(causal, window)
-    visible = visible_keys(seqlen_q, seqlen_k, q.device, mask_window) if mask_window else None
     for start in range(0, seqlen_q, rows):
         stop = min(seqlen_q, start + rows)
         scores = capped(torch.matmul(q[:, start:stop].float().transpose(1, 2), kf.transpose(-1, -2)) * scale,
                         softcap)
-        if visible is not None:
-            scores = scores.masked_fill(~visible[start:stop], -math.inf)
+        if mask_window:
+            visible = visible_keys(seqlen_q, seqlen_k, q.device, mask_window, start, stop - start)
+            scores = scores.masked_fill(~visible, -math.inf)
         yield start, stop, scores
 
 
@@ -316,8 +322,8 @@ def attention_grads(q, k, v, dout, causal: bool, scale: float, dtype, dlse=None,
     fits beside its kernel (a whole (B, H, Sq, Sk) autograd graph took over 80 GB at B2 S16384 H8)."""
     import torch
 
-    batch, seqlen_q, heads_q, _ = q.shape
-    rows = max(1, chunk_bytes // max(1, 4 * batch * heads_q * k.shape[1]))
+    seqlen_q = q.shape[1]
+    rows = _rows_per_chunk(q, k, chunk_bytes)
     wide = torch.promote_types(dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=wide, device=q.device)
     dk, dv = (torch.zeros(t.shape, dtype=wide, device=t.device) for t in (k, v))
