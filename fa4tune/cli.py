@@ -20,7 +20,6 @@ write), and a failed write, like any failure on a file, is a one-line error, not
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -964,6 +963,8 @@ def bench(batch, heads, gqa, heads_kv, head_dim, seqlen, seqlen_k, dtype, lse, m
 def _training_bar(doc: dict) -> str:
     """fa4.attention's training times over the fastest peer's, per pass: on how many shapes it is at most
     1.00 and the geometric mean (fa4tune.report.data.training_rows' ratios)."""
+    from statistics import geometric_mean
+
     from fa4tune.report.data import TRAINING_FA4, training_rows
 
     ours = [r for r in training_rows(doc) if r.implementation == TRAINING_FA4]
@@ -973,9 +974,8 @@ def _training_bar(doc: dict) -> str:
         if not ratios:
             parts.append(f"{title}: no shape with both times")
             continue
-        geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         parts.append(f"{title} at most 1.00 on {sum(x <= 1.0 for x in ratios)} of {len(ratios)} shapes "
-                     f"(of {len(ours)}), geometric mean {geomean:.3f}, worst {max(ratios):.3f}")
+                     f"(of {len(ours)}), geometric mean {geometric_mean(ratios):.3f}, worst {max(ratios):.3f}")
     return "fa4.attention's training time over the fastest peer's: " + "; ".join(parts)
 
 
