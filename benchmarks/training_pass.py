@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
+from statistics import geometric_mean
 
 from fa4.files import atomic_write
 from fa4tune.workers.training import FA4   # the row of fa4.attention itself
@@ -104,7 +104,7 @@ def summary(rows: list[dict]) -> str:
         r = ratios(rows, key)
         if not r:
             continue
-        geomean = math.exp(sum(math.log(x) for x in r.values()) / len(r))
+        geomean = geometric_mean(r.values())
         worst = max(r, key=r.get)
         lines.append(f"{what}: fa4 / fastest peer geomean {geomean:.3f}, worst {r[worst]:.3f} ({worst}), "
                      f"at most 1.00 on {sum(x <= 1.0 for x in r.values())} of {len(r)}")

@@ -168,11 +168,12 @@ def run_bench(arch: str, problems: list[AttentionProblem], *, db_path: Optional[
     with WorkerPool(processes, list(gpus), evaluator=evaluator, mode="gpu", arch=arch,
                     trial_timeout_s=trial_timeout_s, compile_timeout_s=compile_timeout_s) as pool:
         device = pool.device
+        context = _BenchContext(arch, db, device, fingerprint, unusable, kernels, timing, peers, backward,
+                                time_dispatched, db_path)
         for start in range(0, len(todo), step):
             specs: list[_Task] = []  # one round's tasks, in submission order
             for problem in todo[start:start + step]:
-                rows += _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timing, peers,
-                                     backward, time_dispatched, db_path, specs)
+                rows += _shape_tasks(context, problem, specs)
             results = _run_rounds(pool, specs, rounds, progress)
             for spec, outs in zip(specs, results):
                 row = spec.row
@@ -210,16 +211,36 @@ def resumable(previous: dict, arch: str, device_name: str, rounds: int, backward
     return why
 
 
-def _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timing, peers, backward,
-                 time_dispatched, db_path, specs: list) -> list[dict]:
+@dataclass(frozen=True)
+class _BenchContext:
+    """What every shape's tasks of one bench run share (`run_bench`'s settings, the database it reads,
+    the workers' GPU)."""
+    arch: str
+    db: object                  # fa4.database.BestConfigDB
+    device: dict
+    fingerprint: str
+    unusable: dict              # (layer, key) -> why the entry cannot be used
+    kernels: object             # the kernel API (`kernel_api`)
+    timing: TimingSettings
+    peers: tuple
+    backward: bool
+    time_dispatched: bool
+    db_path: Optional[str]
+
+
+def _shape_tasks(context: _BenchContext, problem: AttentionProblem, specs: list) -> list[dict]:
     """A shape's tasks, appended to `specs` (tuned and default configurations, peers, training pass,
     dispatched), and the rows it gets without a task (no usable entry, infeasible)."""
     from fa4.database import entry_key, max_distance
 
+    arch, db, device, kernels, timing, peers = (context.arch, context.db, context.device, context.kernels,
+                                                context.timing, context.peers)
+    unusable = context.unusable
+
     key = shape_key(arch, problem)
     base = {"shape": key, "problem": problem.to_dict()}
     rows = []
-    lookup = db.lookup(arch, device.get("name", ""), problem, fingerprint, max_distance=max_distance(),
+    lookup = db.lookup(arch, device.get("name", ""), problem, context.fingerprint, max_distance=max_distance(),
                        broken=frozenset(unusable))
     variants = []
     if lookup.entry is not None:
@@ -250,13 +271,13 @@ def _shape_tasks(arch, problem, db, device, fingerprint, unusable, kernels, timi
         specs.append(_Task("peers", {"problem": problem.to_dict(), "timing": timing.to_dict(),
                                      "names": list(peers), "eager": True}, {**base, "variant": "peers"},
                            same_worker))
-    if backward:
+    if context.backward:
         specs.append(_Task("training", {"problem": problem.to_dict(), "timing": timing.to_dict(),
                                         "names": [TRAINING_FA4, *peers]}, {**base, "variant": "training"},
                            same_worker))
-    if time_dispatched:
+    if context.time_dispatched:
         specs.append(_Task(DISPATCHED, {"problem": problem.to_dict(), "timing": timing.to_dict(),
-                                        "db_path": db_path}, {**base, "variant": DISPATCHED}, same_worker))
+                                        "db_path": context.db_path}, {**base, "variant": DISPATCHED}, same_worker))
     return rows
 
 

@@ -23,6 +23,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
+from statistics import geometric_mean
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -526,7 +527,7 @@ def speedup_summary(rows: Sequence[ShapeRow]) -> dict[str, dict[str, float]]:
     for baseline in baselines():
         values = [r.speedup[baseline] for r in rows if baseline in r.speedup]
         if values:
-            out[baseline] = {"n": len(values), "geomean": math.exp(sum(map(math.log, values)) / len(values)),
+            out[baseline] = {"n": len(values), "geomean": geometric_mean(values),
                              "min": min(values), "max": max(values), "wins": sum(v > 1.0 for v in values)}
     return out
 
