@@ -156,17 +156,19 @@ def test_deterministic_compiles_with_its_waits_and_without_spills(head_dim, dtyp
             != sm90_bwd.compile_key(config, problem))
 
 
-@pytest.mark.parametrize("knobs", [dict(), dict(dq_accum="bulk", group_split=2, sdp_swap=True, tile_m=64)],
-                         ids=["default", "bulk-split-swap"])
+@pytest.mark.parametrize("knobs", [dict(), dict(dq_accum="bulk", group_split=2, sdp_swap=True, tile_m=64),
+                                   dict(dq_accum="fragment", group_split=2, sdp_swap=True, tile_m=64)],
+                         ids=["default", "bulk-split-swap", "fragment-split-swap"])
 def test_programmatic_launch_compiles_with_its_waits(knobs, monkeypatch):
     """FA4_BWD_PROGRAMMATIC_LAUNCH=1 (`plan.PROGRAMMATIC_LAUNCH`, off until timed): the preprocess lets
-    its dependent start, the main kernel waits for it, without spills; the compile key tells the two
-    launches apart, so no cache serves one for the other."""
+    its dependent start, the main kernel waits for it and lets the postprocess start, which waits for
+    it, without spills; the compile key tells the two launches apart, so no cache serves one for the
+    other."""
     config, problem = Config.make("sm90_bwd", **knobs), _problem(64, "bf16", True)
     plain_key = sm90_bwd.compile_key(config, problem)
     monkeypatch.setenv("FA4_BWD_PROGRAMMATIC_LAUNCH", "1")
     assert sm90_bwd.compile_key(config, problem) != plain_key
-    reports = sm90_bwd.compile_report(config, problem, only=("preprocess", "main"))
+    reports = sm90_bwd.compile_report(config, problem)
     for name, report in reports.items():
         assert report["ptx_markers"]["griddepcontrol"], name
         assert not (report["spill_stores"] or report["spill_loads"]), (name, report)

@@ -25,9 +25,10 @@ by key block and a split group's dK and dV by part, each writer waiting for its 
 query blocks) and dK/dV's (B, Hkv, key blocks) int32. Which key block adds first is a compile-time choice
 (`plan.DESCENDING_TURNS`, `FA4_BWD_DETERMINISTIC_ORDER`), in `compile_key`.
 
-The main kernel as a programmatic dependent launch of the preprocess (`plan.PROGRAMMATIC_LAUNCH`, or
-`FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` when compiling): a compile-time choice of the launch, not a knob
-(it is to be on everywhere once timed); `compile_key` carries it.
+The main kernel as a programmatic dependent launch of the preprocess, and each postprocess of the
+kernel before it (`plan.PROGRAMMATIC_LAUNCH`, or `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` when compiling): a
+compile-time choice of the launch, not a knob (it is to be on everywhere once timed); `compile_key`
+carries it.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem, determini
         return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
     if name == "preprocess":
         return prepost.Preprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch())
-    return prepost.Postprocess(dtype=dtype, head_dim=d)   # postprocess, kv_postprocess
+    # postprocess, kv_postprocess
+    return prepost.Postprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch())
 
 
 def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ffi: bool,

@@ -426,6 +426,10 @@ class FlashAttentionBackwardSm90:
                sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout,
                sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                sdKV32_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
+        if const_expr(self.programmatic_launch):
+            # the postprocess may start once every CTA here has started (it waits for this grid's
+            # end before reading what it writes)
+            cute.arch.griddepcontrol_launch_dependents()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV,

@@ -8,8 +8,10 @@ MMA_WARPGROUPS = 2
 REGISTER_SPLIT = (24, 240)
 THREADS = 128 * (1 + MMA_WARPGROUPS)
 # The main kernel as a programmatic dependent launch of the preprocess (its CTAs start in the
-# preprocess's tail and load K and V first). Off: on an H100 (2026-12-07, the 14 grid shapes through
-# autograd) it took 0.998x the plain launch's time, geomean, within the runs' noise (docs/backward.md);
+# preprocess's tail and load K and V first), and each postprocess of the kernel before it (its CTAs
+# start in that kernel's last wave and wait). Off: on an H100 (2026-12-07, the 14 grid shapes through
+# autograd) the first link alone took 0.998x the plain launch's time, geomean, within the runs' noise
+# (docs/backward.md);
 # turning it on changes every entry's main-kernel SASS, so it would go with a re-tune of the packaged
 # backward entries. `FA4_BWD_PROGRAMMATIC_LAUNCH=0|1` overrides it at compile time, for an A/B.
 PROGRAMMATIC_LAUNCH = False

@@ -49,6 +49,17 @@ class _RowKernel:
         self.rows = rows_per_cta(head_dim)
 
 
+@cute.jit
+def follow_the_kernel_before(programmatic_launch: cutlass.Constexpr):
+    """A postprocess launched as the programmatic dependent of the kernel before it (the main kernel, or
+    a split group's dK converter before the dV one): its CTAs may start while that kernel's last ones
+    run, so nothing it wrote is read before it has completed. It lets its own dependent (the next
+    converter) start at once, as the main kernel lets it."""
+    if const_expr(programmatic_launch):
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
+
+
 class Preprocess(_RowKernel):
     """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
 
@@ -110,6 +121,11 @@ class Preprocess(_RowKernel):
 class Postprocess(_RowKernel):
     """dQ = dQ_accum * softmax_scale, converted to the inputs' dtype."""
 
+    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
+        super().__init__(dtype=dtype, head_dim=head_dim)
+        # a programmatic dependent of the kernel before it (`plan.PROGRAMMATIC_LAUNCH`)
+        self.programmatic_launch = programmatic_launch
+
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
                  stream: cuda.CUstream):
@@ -119,10 +135,11 @@ class Postprocess(_RowKernel):
         mdQaccum, mdQ = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mdQaccum, mdQ)]
         grid = ((mdQ.shape[0] + self.rows - 1) // self.rows, mdQ.shape[2], mdQ.shape[3])
         self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[THREADS, 1, 1],
-                                                         stream=stream)
+                                                         stream=stream, use_pdl=self.programmatic_launch)
 
     @cute.kernel
     def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        follow_the_kernel_before(self.programmatic_launch)
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.rows + tidx // self.threads_per_row
@@ -144,6 +161,8 @@ class FragmentPostprocess:
 
     def __init__(self, main):
         self.main = main                       # the FlashAttentionBackwardSm90 whose dQ this converts
+        # its programmatic dependent where it is the preprocess's (`plan.PROGRAMMATIC_LAUNCH`)
+        self.programmatic_launch = main.programmatic_launch
         self.dtype = main.dtype
         self.head_dim = main.head_dim
         self.tile_m = main.tile_m
@@ -164,10 +183,12 @@ class FragmentPostprocess:
             raise TypeError("dQ_accum must be fp32")
         mdQaccum, mdQ = [L.permute_modes(t, [1, 3, 2, 0]) for t in (mdQaccum, mdQ)]  # (S, D, H, B)
         grid = (mdQaccum.shape[0] // self.tile_m, mdQ.shape[2], mdQ.shape[3])
-        self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+        self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                                                         use_pdl=self.programmatic_launch)
 
     @cute.kernel
     def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        follow_the_kernel_before(self.programmatic_launch)
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         d = self.head_dim

@@ -1,7 +1,8 @@
 """The main backward kernel as a programmatic dependent launch of the preprocess
 (`FA4_BWD_PROGRAMMATIC_LAUNCH=1`, `fa4.kernels.sm90_bwd.plan.PROGRAMMATIC_LAUNCH`): its CTAs start in
-the preprocess's tail and load K and V before they wait for LSE2, D and the zeroed dQ accumulator. The
-gradients pass flash-attn's rule for each dQ path, a split group, sdp_swap, a gradient through the LSE
+the preprocess's tail and load K and V before they wait for LSE2, D and the zeroed dQ accumulator; each
+postprocess (dQ's, a split group's dK and dV converters) starts in the last wave of the kernel before it
+and waits for its end before it reads an accumulator. The gradients pass flash-attn's rule for each dQ path, a split group, sdp_swap, a gradient through the LSE
 (a torch op between the two kernels) and the deterministic order, on reused (NaN-filled) workspace
 memory, so a read before the wait would show.
 
