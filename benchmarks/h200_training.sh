@@ -51,6 +51,8 @@
 #                                                 # loops alone: a quick re-tune of a PARTS-th of the grid, each
 #                                                 # study seeded with its own stale winner
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
+#   bash benchmarks/h200_training.sh bwd-dq-vector # GPU tests of dq_accum=fragment_atomic, then each packaged
+#                                                 # entry's configuration as tuned and with it, on 7 grid shapes
 #   bash benchmarks/h200_training.sh bwd-path-gap # one default backward timed as the search and as autograd
 #                                                 # times it (B4 S2048 H64/8 D128 causal; benchmarks/bwd_path_gap.py)
 #   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
@@ -58,7 +60,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|bar|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|bar|bwd-dq-vector|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
@@ -190,6 +192,33 @@ case "$STEP" in
   bwd-configs)
     timeout 570 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --json "$OUT/bwd_configs.json" \
         2> >(quiet > "$OUT/bwd_configs.log") | tee "$OUT/bwd_configs.txt"
+    ;;
+  bwd-dq-vector)
+    # dq_accum="fragment_atomic" (each block's dQ added from the MMA warpgroups' registers, one 128-bit
+    # red a 4 values, no shared-memory tile): its GPU tests, then every packaged backward entry's
+    # configuration for this GPU model, as tuned and with dq_accum=fragment_atomic, and the default rule's
+    # both ways, on seven grid shapes (the five it trails flash-attn-4 on and two it leads) beside
+    # flash-attn-4 (about 5 minutes)
+    timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_sm90_bwd_deterministic_gpu.py \
+        -k fragment_atomic -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_dq_vector.txt"
+    tail -n 4 "$OUT/tests_dq_vector.txt"
+    python3 - > "$OUT/dq_vector_configs.txt" <<'PY'
+import json, torch
+from fa4.kernels import Config
+device = torch.cuda.get_device_name()
+labels = {}
+for e in json.load(open("fa4/data/best_configs.json"))["entries"]:
+    if e["arch"] == "sm90_bwd" and e["device"] == device:
+        config = Config.from_dict("sm90_bwd", e["config"])
+        labels[config.label()] = labels[config.replace(dq_accum="fragment_atomic").label()] = None
+print("rule\nrule dq_accum=fragment_atomic\n" + "\n".join(labels))
+PY
+    # shellcheck disable=SC2086
+    timeout 380 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
+        --shape 1,8192,32,8,128,causal --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal \
+        --shape 16,1024,32,8,128,full --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal \
+        --config-file "$OUT/dq_vector_configs.txt" --json "$OUT/bwd_dq_vector.json" \
+        2> >(quiet > "$OUT/bwd_dq_vector.log") | tee "$OUT/bwd_dq_vector.txt" | tail -n 45
     ;;
   bwd-path-gap)
     FA4_BACKWARD=ours timeout 300 python3 benchmarks/bwd_path_gap.py 2>&1 | quiet | tee "$OUT/bwd_path_gap.txt" | tail -n 20

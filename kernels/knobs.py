@@ -132,12 +132,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q_stages", (1, 2), 2,
          "depth of the shared-memory ring of Q and dO tiles the backward's producer warp fills by TMA",
          codegen=True, archs=SM90_BWD),
-    Knob("dq_accum", ("atomic", "bulk", "fragment"), "atomic",
+    Knob("dq_accum", ("atomic", "bulk", "fragment", "fragment_atomic"), "atomic",
          "how each block's dQ = dS K reaches the fp32 dQ accumulator in global memory: atomic = one "
          "red.global.add.f32 per element from the MMA warpgroups; bulk = an fp32 shared-memory tile "
          "that a producer warp adds with one TMA reduce-add; fragment = the same, the tile and the "
          "accumulator in the MMA fragment's own order (128-bit shared-memory stores; the postprocess "
-         "puts each element back in its row)",
+         "puts each element back in its row); fragment_atomic = that accumulator, added into by the "
+         "MMA warpgroups from registers, one red.global.add.v4.f32 per 4 values (no shared-memory "
+         "tile: neither its bytes nor its writes and reads)",
          codegen=True, archs=SM90_BWD),
     Knob("sdp_swap", (False, True), False,
          "compute S^T = K Q^T and dP^T = V dO^T (keys as the wgmma's M, tile_n = 128): P^T and dS^T "

@@ -101,6 +101,10 @@ SAMPLE = [
     # dQ in fragment order: swapped at 80 rows (with a split group's own dK/dV converter), unswapped at 128
     (dict(tile_m=80, sdp_swap=True, dq_accum="fragment", pds_stages=2, group_split=2), _problem(128)),
     (dict(tile_m=128, sdp_swap=True, dq_accum="fragment", pds_stages=2), _problem(64, causal=False)),
+    # ... added from registers by 128-bit reds (no dQ tile in shared memory): swapped at 80 rows beside a
+    # split group's converter, unswapped at 64
+    (dict(tile_m=80, sdp_swap=True, dq_accum="fragment_atomic", pds_stages=2, group_split=2), _problem(128)),
+    (dict(tile_m=64, dq_accum="fragment_atomic"), _problem(128, "fp16", causal=False)),
     (dict(tile_m=80, sdp_swap=True, dq_accum="bulk", q_stages=1, group_split=2, scheduler="single_lpt"),
      _problem(64, "fp16")),
     # sections of GQA groups on a one-axis grid, each CTA finding its tile (plan.sectioned_tile)
@@ -165,10 +169,16 @@ def _whole_space_to_compile(problem: AttentionProblem) -> list[Config]:
     sectioned_lpt under a causal mask only, where this test takes it, and a split group's register
     corner is at head dim 128 (8 bytes spilled at 64 x 128 with S and dP through shared memory), where
     this test takes split 2; the sample has both at head dim 64, a split one without a mask. This test
-    is more than half of CI's time; these cuts keep CI under 20 minutes."""
+    is more than half of CI's time; these cuts keep CI under 20 minutes. dq_accum "fragment_atomic" is
+    "atomic"'s adds from registers (128-bit, fragment order) without its row bounds: here swapped (every
+    configuration the search has kept is) in the plain order with one CTA a group; the sample has it
+    unswapped, and swapped beside a split group."""
     configs = []
     for config in load_space("sm90_bwd").configs():
         if config.scheduler == "single_lpt" or (config.scheduler == "sectioned_lpt" and config.pds_stages == 1):
+            continue
+        if config.dq_accum == "fragment_atomic" and (config.scheduler != "single" or config.group_split > 1
+                                                     or not config.sdp_swap):
             continue
         if not problem.causal and (config.scheduler == "sectioned_lpt" or config.group_split > 1):
             continue

@@ -138,6 +138,7 @@ DETERMINISTIC_CONFIGS = [
     (128, "bf16", True, dict(tile_m=80, sdp_swap=True, dq_accum="fragment", group_split=2,
                              scheduler="sectioned_lpt")),
     (64, "fp16", True, dict(group_split=2, scheduler="single_lpt")),                     # atomic, split
+    (128, "bf16", True, dict(tile_m=80, sdp_swap=True, dq_accum="fragment_atomic")),      # vector reds
 ]
 
 

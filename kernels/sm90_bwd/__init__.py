@@ -58,6 +58,7 @@ PTX_MARKERS = {
     "wgmma": re.compile(r"wgmma\.mma_async"),
     "tma_load": re.compile(r"cp\.async\.bulk\.tensor"),
     "dq_atomics": re.compile(r"red\.[a-z.]*global\.add\.f32"),               # dq_accum "atomic"
+    "dq_vector_atomics": re.compile(r"red\.[a-z.]*global\.add\.v4\.f32"),    # dq_accum "fragment_atomic"
     "tma_reduce": re.compile(r"cp\.reduce\.async\.bulk\.tensor.*\.add"),   # dq_accum "bulk", group_split > 1
     "setmaxnreg": re.compile(r"setmaxnreg"),
     "stmatrix": re.compile(r"stmatrix"),
@@ -69,8 +70,14 @@ PTX_MARKERS = {
 def kernel_names(config: Config) -> tuple:
     """The kernels a configuration compiles: `KERNELS`, and a split group's dK/dV converter where the
     dQ postprocess reads a fragment-ordered accumulator (`FragmentPostprocess`) and cannot serve."""
-    separate_kv = config.dq_accum == "fragment" and config.group_split > 1
+    separate_kv = fragment_ordered(config) and config.group_split > 1
     return KERNELS + (("kv_postprocess",) if separate_kv else ())
+
+
+def fragment_ordered(config: Config) -> bool:
+    """Whether the dQ accumulator holds each query block's values in the MMA fragment's order (dq_accum
+    "fragment" or "fragment_atomic"): (B, Hq, Sq padded, D), converted by `FragmentPostprocess`."""
+    return config.dq_accum in ("fragment", "fragment_atomic")
 
 
 def _compile_switch(variable: str, default: bool, off: str, on: str) -> bool:
@@ -155,7 +162,7 @@ def _make_kernel(name: str, config: Config, problem: AttentionProblem, determini
                                           descending_turns=deterministic and descending_turns(),
                                           programmatic_launch=programmatic_launch(), **config.to_dict())
     from . import prepost
-    if name == "postprocess" and config.dq_accum == "fragment":
+    if name == "postprocess" and fragment_ordered(config):
         return prepost.FragmentPostprocess(_make_kernel("main", config, problem))
     if name == "preprocess":
         return prepost.Preprocess(dtype=dtype, head_dim=d, programmatic_launch=programmatic_launch())
@@ -177,7 +184,7 @@ def _compile_all(config: Config, problem: AttentionProblem, options: str, tvm_ff
         a = _fake_arguments(problem, tvm_ffi)
         # a split group's CTAs add dK and dV into fp32 accumulators; one CTA a group stores them
         dk, dv = (a["dk"], a["dv"]) if config.group_split == 1 else (a["dk_accum"], a["dv_accum"])
-        dq_accum = a["dq_accum_padded" if config.dq_accum == "fragment" else "dq_accum"]
+        dq_accum = a["dq_accum_padded" if fragment_ordered(config) else "dq_accum"]
         arguments = dict(
             preprocess=(a["out"], a["dout"], a["lse"], a["lse2"], a["delta"], dq_accum, a["stream"]),
             main=(a["q"], a["k"], a["v"], a["dout"], a["lse2"], a["delta"], dq_accum, dk, dv,
@@ -219,7 +226,7 @@ class CompiledBackward:
         delta = torch.empty_like(lse2)
         # the fp32 dQ accumulator, zeroed by the preprocess; in fragment order (B, Hq, Sq padded, D),
         # passed as its (B, Sq padded, Hq, D) view
-        if self.config.dq_accum == "fragment":
+        if fragment_ordered(self.config):
             dq_accum = torch.empty((batch, heads_q, padded, head_dim), dtype=torch.float32,
                                    device=q.device).transpose(1, 2)
         else:

@@ -79,7 +79,7 @@ def smem_bytes(config: Config, problem: AttentionProblem) -> int:
         tn * d * ELEM_BYTES, tn * d * ELEM_BYTES,                     # sK, sV
         0 if config.sdp_swap else pds * tm * tn * ELEM_BYTES,         # sP (none: P^T stays in registers)
         pds * tm * tn * ELEM_BYTES,                                   # sdS
-        tm * d * FP32_BYTES if config.dq_accum != "atomic" else 0,    # sdQ, the bulk reduce's tile
+        tm * d * FP32_BYTES if config.dq_accum in ("bulk", "fragment") else 0,   # sdQ, the bulk reduce's tile
         q * row_stage_floats(tm) * FP32_BYTES if config.sdp_swap else 0,   # sLSE2
         q * row_stage_floats(tm) * FP32_BYTES if config.sdp_swap else 0,   # sDelta
     ]
@@ -139,8 +139,8 @@ def resource_reasons(config: Config, problem: AttentionProblem,
                            f"rows can only be a wgmma's N (S^T = K Q^T)")
         if config.dq_accum == "atomic":
             reasons.append(f"tile_m={config.tile_m} computes dQ^T = K^T dS^T, which reaches the "
-                           f"accumulator by a bulk path only (dq_accum 'bulk' or 'fragment'); "
-                           f"dq_accum={config.dq_accum!r}")
+                           f"accumulator in fragment order or by a bulk path only (dq_accum 'bulk', "
+                           f"'fragment' or 'fragment_atomic'); dq_accum={config.dq_accum!r}")
     score_limit = SCORE_REGISTER_LIMIT[config.sdp_swap]
     if res["score_registers"] > score_limit:
         reasons.append(f"registers: S and dP hold {res['score_registers']} fp32 registers per MMA "

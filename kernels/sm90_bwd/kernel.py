@@ -83,7 +83,7 @@ BAR_DQ_TURN = 6    # deterministic, dq_accum "atomic": the MMA warpgroups wait f
 
 # what this code implements, per knob (the declarations in fa4.kernels.knobs may only offer these)
 IMPLEMENTED = {"tile_m": (64, 80, 128), "tile_n": (64, 128), "q_stages": (1, 2),
-               "dq_accum": ("atomic", "bulk", "fragment"), "sdp_swap": (False, True),
+               "dq_accum": ("atomic", "bulk", "fragment", "fragment_atomic"), "sdp_swap": (False, True),
                "scheduler": ("single", "single_lpt", "sectioned_lpt"), "pds_stages": (1, 2),
                "group_split": (1, 2, 4, 8)}
 
@@ -133,8 +133,9 @@ class FlashAttentionBackwardSm90:
             raise ValueError(f"sm90 backward: tile_m={tile_m} (not a multiple of {WGMMA_M}) needs sdp_swap: "
                              f"query rows can only be the N of a wgmma")
         if self.dq_swap and dq_accum == "atomic":
-            raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the "
-                             f"accumulator by a bulk path only (dq_accum 'bulk' or 'fragment'); got {dq_accum!r}")
+            raise ValueError(f"sm90 backward: tile_m={tile_m} computes dQ^T, which reaches the accumulator "
+                             f"in fragment order or by a bulk path only (dq_accum 'bulk', 'fragment' or "
+                             f"'fragment_atomic'); got {dq_accum!r}")
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -143,6 +144,8 @@ class FlashAttentionBackwardSm90:
         self.q_stages = q_stages
         self.dq_bulk = dq_accum in ("bulk", "fragment")
         self.dq_fragment = dq_accum == "fragment"
+        # fragment_atomic: the fragment-ordered accumulator, 128-bit reds from the MMA warpgroups
+        self.dq_vector_atomics = dq_accum == "fragment_atomic"
         self.sdp_swap = sdp_swap
         self.longest_first = scheduler == "single_lpt"
         self.sectioned = scheduler == "sectioned_lpt"
@@ -986,9 +989,11 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def accumulate_dq(self, acc_dQ, tdQcdQ, thr_dq, dq_target, n_block: Int32, m_block: Int32, head: Int32,
                       batch_idx: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """dQ_accum[rows of this block] += dS K, one red.global.add.f32 per element (rows < Sq);
-        `dq_target`: (dQ_accum, dQ_turn or None). Deterministic: every MMA thread's adds wait for the
-        block's turn, which passes on once all are done.
+        """dQ_accum[rows of this block] += dS K from the MMA warpgroups' registers: one
+        red.global.add.f32 per element (rows < Sq), or with dq_accum="fragment_atomic" one
+        red.global.add.v4.f32 per 4 values into the fragment-ordered accumulator (whole blocks: it is
+        padded); `dq_target`: (dQ_accum, dQ_turn or None). Deterministic: every MMA thread's adds wait
+        for the block's turn, which passes on once all are done.
 
         Addressed per row: one pointer per fragment row, the columns as compile-time offsets from
         it (the head dim is contiguous), so the loop keeps two pointers live, not one per element
@@ -1000,16 +1005,26 @@ class FlashAttentionBackwardSm90:
             cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
         gdQ = cute.local_tile(mdQaccum[None, None, head, batch_idx], (self.tile_m, self.head_dim),
                               (m_block, 0))
-        dQ = L.acc_rows_cols(acc_dQ)
-        gdQ_rows = L.acc_rows_cols(thr_dq.partition_C(gdQ))
-        cdQ_rows = L.acc_rows_cols(tdQcdQ)
-        row_limit = seqlen_q - m_block * self.tile_m
-        for r in cutlass.range_constexpr(cute.size(dQ.shape[0])):
-            if cdQ_rows[r, 0][0] < row_limit:
-                g_row = gdQ_rows[r, None]
-                for c in cutlass.range_constexpr(cute.size(dQ.shape[1])):
-                    ptr = g_row.iterator + cute.crd2idx(c, g_row.layout)
-                    cute.arch.red(ptr, dQ[r, c], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        if const_expr(self.dq_vector_atomics):
+            # this thread's 4-value groups of the block, 16 bytes each (`dq_fragment_thread_layout`; a
+            # warp's group covers 512 contiguous bytes), and the same groups of its registers
+            mine = cute.make_tensor(gdQ.iterator, self.dq_fragment_thread_layout())[
+                (None, cute.arch.thread_idx()[0] - 128), None]
+            values = cute.make_tensor(acc_dQ.iterator, self.dq_fragment_value_layout())
+            for g in cutlass.range_constexpr(cute.size(values.shape[1])):
+                cute.arch.red(mine[None, g].iterator, values[None, g].load().ir_value(), op="add", dtype="f32",
+                              sem="relaxed", scope="gpu")
+        else:
+            dQ = L.acc_rows_cols(acc_dQ)
+            gdQ_rows = L.acc_rows_cols(thr_dq.partition_C(gdQ))
+            cdQ_rows = L.acc_rows_cols(tdQcdQ)
+            row_limit = seqlen_q - m_block * self.tile_m
+            for r in cutlass.range_constexpr(cute.size(dQ.shape[0])):
+                if cdQ_rows[r, 0][0] < row_limit:
+                    g_row = gdQ_rows[r, None]
+                    for c in cutlass.range_constexpr(cute.size(dQ.shape[1])):
+                        ptr = g_row.iterator + cute.crd2idx(c, g_row.layout)
+                        cute.arch.red(ptr, dQ[r, c], op="add", dtype="f32", sem="relaxed", scope="gpu")
         if const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_DQ_TURN, number_of_threads=self.num_mma_threads)
             self.pass_turn(mdQturn, (batch_idx, head, m_block), cute.arch.thread_idx()[0] - 128)

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.gpu
 KNOBS = [dict(), dict(dq_accum="bulk"), dict(dq_accum="fragment"), dict(group_split=2),
          dict(dq_accum="bulk", group_split=4, scheduler="single_lpt"),
          dict(tile_m=80, sdp_swap=True, dq_accum="fragment", group_split=2, scheduler="sectioned_lpt"),
-         dict(sdp_swap=True, dq_accum="bulk", tile_m=64)]
+         dict(sdp_swap=True, dq_accum="bulk", tile_m=64),
+         dict(tile_m=80, sdp_swap=True, dq_accum="fragment_atomic")]
 CASES = [(2, 777, 777, 16, 4, 128, True), (1, 300, 1000, 8, 1, 128, False), (1, 1000, 300, 8, 2, 128, True)]
 
 

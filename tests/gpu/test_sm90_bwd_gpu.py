@@ -47,7 +47,12 @@ COMBINATIONS = [dict(dq_accum="bulk", pds_stages=2), dict(sdp_swap=True, dq_accu
                 dict(dq_accum="atomic", group_split=2),
                 # the fragment-ordered dQ with a split group's dK/dV converter beside it, and unswapped
                 dict(dq_accum="fragment", group_split=2), dict(tile_m=64, dq_accum="fragment"),
-                dict(tile_m=64, sdp_swap=False, dq_accum="fragment")]
+                dict(tile_m=64, sdp_swap=False, dq_accum="fragment"),
+                # the fragment-ordered dQ added from registers: with dQ^T (tile_m 80), a split group,
+                # unswapped
+                dict(sdp_swap=True, tile_m=80, dq_accum="fragment_atomic"),
+                dict(dq_accum="fragment_atomic", group_split=2),
+                dict(tile_m=64, sdp_swap=False, dq_accum="fragment_atomic")]
 
 
 def _kind(head_dim: int, dtype: str = "bf16", causal: bool = True) -> AttentionProblem:
@@ -138,7 +143,7 @@ def test_gradients_follow_flash_attns_rule(case, dtype):
     assert not failures, failures
 
 
-@pytest.mark.parametrize("dq_accum", ["bulk", "fragment"])
+@pytest.mark.parametrize("dq_accum", ["bulk", "fragment", "fragment_atomic"])
 @pytest.mark.parametrize("tile_m", [64, 80, 128])
 def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m, dq_accum):
     """dQ's fp32 accumulator comes from torch.empty and is zeroed by the preprocess: run on memory the
@@ -156,7 +161,7 @@ def test_gradients_follow_flash_attns_rule_on_reused_workspace_memory(tile_m, dq
         # freed just before .run allocates its workspaces: the next block of this size is this one
         # (a fragment-ordered accumulator holds whole query blocks: (B, Hq, Sq padded, D))
         padded = -(-q.shape[1] // tile_m) * tile_m
-        shape = (q.shape[0], q.shape[2], padded, d) if dq_accum == "fragment" else q.shape
+        shape = (q.shape[0], q.shape[2], padded, d) if dq_accum.startswith("fragment") else q.shape
         poison = torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
         del poison
         _compiled(d, "bf16", False, config).run(q, k, v, out, dout, lse, *grads, scale)
