@@ -70,8 +70,9 @@ def _compile_main(config: Config, problem: AttentionProblem, reports: dict = Non
         markers = report["ptx_markers"]
         assert markers["wgmma"] and markers["tma_load"] and markers["setmaxnreg"], markers
         assert markers["dq_atomics"] == (config.dq_accum == "atomic"), markers
+        assert markers["dq_vector_atomics"] == (config.dq_accum == "fragment_atomic"), markers
         # dQ's reduce-add per block, or dK's and dV's at the end of a split group's CTAs
-        assert markers["tma_reduce"] == (config.dq_accum != "atomic" or config.group_split > 1), markers
+        assert markers["tma_reduce"] == (config.dq_accum in ("bulk", "fragment") or config.group_split > 1), markers
     return {**report, "broken": broken}
 
 
