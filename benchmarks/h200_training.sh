@@ -51,8 +51,9 @@
 #                                                 # loops alone: a quick re-tune of a PARTS-th of the grid, each
 #                                                 # study seeded with its own stale winner
 #   bash benchmarks/h200_training.sh bwd-search-test  # the tiny GPU test of the backward search
-#   bash benchmarks/h200_training.sh bwd-dq-vector # GPU tests of dq_accum=fragment_atomic, then each packaged
-#                                                 # entry's configuration as tuned and with it, on 7 grid shapes
+#   bash benchmarks/h200_training.sh bwd-dq-vector # dq_accum=fragment_atomic: each packaged entry's
+#                                                 # configuration as tuned and with it, on 7 grid shapes beside
+#                                                 # flash-attn-4; then that path's GPU tests
 #   bash benchmarks/h200_training.sh bwd-path-gap # one default backward timed as the search and as autograd
 #                                                 # times it (B4 S2048 H64/8 D128 causal; benchmarks/bwd_path_gap.py)
 #   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
@@ -195,30 +196,36 @@ case "$STEP" in
     ;;
   bwd-dq-vector)
     # dq_accum="fragment_atomic" (each block's dQ added from the MMA warpgroups' registers, one 128-bit
-    # red a 4 values, no shared-memory tile): its GPU tests, then every packaged backward entry's
-    # configuration for this GPU model, as tuned and with dq_accum=fragment_atomic, and the default rule's
-    # both ways, on seven grid shapes (the five it trails flash-attn-4 on and two it leads) beside
-    # flash-attn-4 (about 5 minutes)
-    timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py tests/gpu/test_sm90_bwd_deterministic_gpu.py \
-        -k fragment_atomic -p no:cacheprovider 2>&1 | quiet > "$OUT/tests_dq_vector.txt"
-    tail -n 4 "$OUT/tests_dq_vector.txt"
+    # red a 4 values, no shared-memory tile): the packaged backward entries' configurations for this GPU
+    # model at seven grid shapes (the five it trails flash-attn-4 on and two it leads), as tuned and with
+    # dq_accum=fragment_atomic, and the default rule's both ways, on those shapes beside flash-attn-4
+    # (each configuration's gradients checked first); then its GPU tests (about 7 minutes in all)
     python3 - > "$OUT/dq_vector_configs.txt" <<'PY'
 import json, torch
 from fa4.kernels import Config
 device = torch.cuda.get_device_name()
+shapes = {(1, 8192, 32, 8, 128, False), (1, 8192, 32, 8, 128, True), (1, 4096, 32, 8, 128, False),
+          (4, 2048, 64, 8, 128, True), (16, 1024, 32, 8, 128, False), (8, 512, 16, 16, 64, False),
+          (8, 512, 16, 16, 64, True)}
 labels = {}
 for e in json.load(open("fa4/data/best_configs.json"))["entries"]:
-    if e["arch"] == "sm90_bwd" and e["device"] == device:
+    p = e["problem"]
+    shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["heads_kv"], p["head_dim"], p["causal"])
+    if e["arch"] == "sm90_bwd" and e["device"] == device and shape in shapes:
         config = Config.from_dict("sm90_bwd", e["config"])
         labels[config.label()] = labels[config.replace(dq_accum="fragment_atomic").label()] = None
 print("rule\nrule dq_accum=fragment_atomic\n" + "\n".join(labels))
 PY
     # shellcheck disable=SC2086
-    timeout 380 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
+    timeout 330 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
         --shape 1,8192,32,8,128,causal --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal \
         --shape 16,1024,32,8,128,full --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal \
         --config-file "$OUT/dq_vector_configs.txt" --json "$OUT/bwd_dq_vector.json" \
         2> >(quiet > "$OUT/bwd_dq_vector.log") | tee "$OUT/bwd_dq_vector.txt" | tail -n 45
+    timeout "${TESTS_SECONDS:-150}" python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py \
+        tests/gpu/test_sm90_bwd_deterministic_gpu.py -k fragment_atomic -p no:cacheprovider 2>&1 \
+        | quiet > "$OUT/tests_dq_vector.txt"
+    tail -n 4 "$OUT/tests_dq_vector.txt"
     ;;
   bwd-path-gap)
     FA4_BACKWARD=ours timeout 300 python3 benchmarks/bwd_path_gap.py 2>&1 | quiet | tee "$OUT/bwd_path_gap.txt" | tail -n 20
