@@ -216,8 +216,11 @@ for e in json.load(open("fa4/data/best_configs.json"))["entries"]:
         labels[config.label()] = labels[config.replace(dq_accum="fragment_atomic").label()] = None
 print("rule\nrule dq_accum=fragment_atomic\n" + "\n".join(labels))
 PY
+    # AB_CONFIGS=N: the first N lines only (2: the default rule's pair), for a short call
+    if [ -n "${AB_CONFIGS:-}" ]; then head -n "$AB_CONFIGS" "$OUT/dq_vector_configs.txt" > "$OUT/ab.txt" \
+        && mv "$OUT/ab.txt" "$OUT/dq_vector_configs.txt"; fi
     # shellcheck disable=SC2086
-    timeout 330 python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
+    timeout "${AB_SECONDS:-330}" python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
         --shape 1,8192,32,8,128,causal --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal \
         --shape 16,1024,32,8,128,full --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal \
         --config-file "$OUT/dq_vector_configs.txt" --json "$OUT/bwd_dq_vector.json" \
