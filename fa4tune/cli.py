@@ -965,6 +965,7 @@ def _training_bar(doc: dict) -> str:
     1.00 and the geometric mean (fa4tune.report.data.training_rows' ratios)."""
     from statistics import geometric_mean
 
+    from fa4.backends import OURS
     from fa4tune.report.data import TRAINING_FA4, training_rows
 
     ours = [r for r in training_rows(doc) if r.implementation == TRAINING_FA4]
@@ -976,6 +977,15 @@ def _training_bar(doc: dict) -> str:
             continue
         parts.append(f"{title} at most 1.00 on {sum(x <= 1.0 for x in ratios)} of {len(ratios)} shapes "
                      f"(of {len(ours)}), geometric mean {geometric_mean(ratios):.3f}, worst {max(ratios):.3f}")
+    # where fa4.attention's backward was a peer's (its entry timed that one faster), the backward's ratio
+    # is that kernel against itself: say on how many shapes ours ran, and how ours stood there
+    ran = {r.label: r.backward for r in ours if r.backward}
+    if ran:
+        own = [r.bwd_ratio for r in ours if r.backward == OURS and r.bwd_ratio is not None]
+        parts.append(f"its backward was ours on {len(own)} of {len(ran)} shapes"
+                     + (f" (backward geometric mean {geometric_mean(own):.3f} there)" if own else "")
+                     + (", a peer's on the others (there the ratio is that kernel against itself)"
+                        if len(own) < len(ran) else ""))
     return "fa4.attention's training time over the fastest peer's: " + "; ".join(parts)
 
 

@@ -646,3 +646,19 @@ def test_the_help_says_the_window_convention():
         text = " ".join(invoke(command, "-h").stdout.split())
         assert "--window LEFT,RIGHT" in text and "-1 unbounded; under causal the right side is 0" in text, command
         assert "--softcap C" in text and "C > 0" in text, command
+
+
+def test_the_training_bar_says_where_the_backward_was_a_peers():
+    """Where fa4.attention's backward was a peer's, its ratio is that kernel against itself: the bar
+    line says on how many shapes ours ran, and its backward's geometric mean there."""
+    def row(problem, name, bwd, backward=None):
+        return {"shape": problem.label(), "problem": problem.to_dict(), "implementation": name, "outcome": "ok",
+                "fwdbwd_us": 2 * bwd, "bwd_us": bwd, "bwd_us_rounds": [bwd], "backward": backward}
+
+    ours_ran, peer_ran = (AttentionProblem(1, s, s, 8, 2, 128, "bf16", True) for s in (1024, 2048))
+    doc = {"arch": "sm90", "device": {"name": "NVIDIA H200"}, "training_rows": [
+        row(ours_ran, "fa4", 90.0, backward="ours"), row(ours_ran, "flash_attn_4", 100.0),
+        row(peer_ran, "fa4", 101.0, backward="flash_attn_4"), row(peer_ran, "flash_attn_4", 100.0)]}
+    line = cli._training_bar(doc)
+    assert "backward at most 1.00 on 1 of 2 shapes (of 2)" in line
+    assert "its backward was ours on 1 of 2 shapes (backward geometric mean 0.900 there), a peer's on the others" in line
