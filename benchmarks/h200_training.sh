@@ -54,6 +54,8 @@
 #   bash benchmarks/h200_training.sh bwd-dq-vector # dq_accum=fragment_atomic: each packaged entry's
 #                                                 # configuration as tuned and with it, on 7 grid shapes beside
 #                                                 # flash-attn-4; then that path's GPU tests
+#   bash benchmarks/h200_training.sh bwd-pdl-ab   # the programmatic launch against the plain one (plain,
+#                                                 # programmatic, plain), the rule on those 7 shapes
 #   bash benchmarks/h200_training.sh bwd-path-gap # one default backward timed as the search and as autograd
 #                                                 # times it (B4 S2048 H64/8 D128 causal; benchmarks/bwd_path_gap.py)
 #   bash benchmarks/h200_training.sh varlen-search  # fa4tune search over benchmarks/h200_varlen.toml (ours,
@@ -61,7 +63,7 @@
 #                                                   # listed; then the tiny GPU test of the varlen search
 # Output in $OUT (default /tmp/fa4-training-out); copy it into results/ afterwards.
 set -uo pipefail
-STEPS="tests|varlen|grid|bar|bwd-dq-vector|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
+STEPS="tests|varlen|grid|bar|bwd-dq-vector|bwd-pdl-ab|extras|head-dims|head-dims-variants|features|features-search|features-bench|bwd-configs|bwd-tests|bwd-modes|bwd-split|bwd-space|training-pass|bwd-fragment|bwd-ncu|bwd-stalls|bwd-search|bwd-retune|bwd-search-test|bwd-path-gap|varlen-search"
 STEP=${1:?usage: h200_training.sh $STEPS}
 OUT=${OUT:-/tmp/fa4-training-out}
 mkdir -p "$OUT"
@@ -229,6 +231,20 @@ PY
         tests/gpu/test_sm90_bwd_deterministic_gpu.py -k fragment_atomic -p no:cacheprovider 2>&1 \
         | quiet > "$OUT/tests_dq_vector.txt"
     tail -n 4 "$OUT/tests_dq_vector.txt"
+    ;;
+  bwd-pdl-ab)
+    # the programmatic launch (FA4_BWD_PROGRAMMATIC_LAUNCH=1: the main kernel a dependent of the
+    # preprocess, each postprocess of the kernel before it) against the plain launch, the default rule on
+    # the seven shapes of bwd-dq-vector beside flash-attn-4: plain, programmatic, plain again (the
+    # drift between the two plain runs is the noise), about 100 s each
+    for side in 0 1 0; do
+      FA4_BWD_PROGRAMMATIC_LAUNCH=$side timeout "${AB_SECONDS:-150}" python3 benchmarks/sm90_bwd_configs.py \
+          --jobs 2 --timeout 140 --config rule --shape 1,8192,32,8,128,full --shape 1,8192,32,8,128,causal \
+          --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal --shape 16,1024,32,8,128,full \
+          --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal --json "$OUT/bwd_pdl_$side.json" \
+          2> >(quiet >> "$OUT/bwd_pdl.log") | tee -a "$OUT/bwd_pdl.txt" | tail -n 12
+      if [ -f "$OUT/bwd_pdl_$side.json" ]; then mv "$OUT/bwd_pdl_$side.json" "$OUT/bwd_pdl_${side}_$SECONDS.json"; fi
+    done
     ;;
   bwd-path-gap)
     FA4_BACKWARD=ours timeout 300 python3 benchmarks/bwd_path_gap.py 2>&1 | quiet | tee "$OUT/bwd_path_gap.txt" | tail -n 20
