@@ -995,9 +995,9 @@ class FlashAttentionBackwardSm90:
         padded); `dq_target`: (dQ_accum, dQ_turn or None). Deterministic: every MMA thread's adds wait
         for the block's turn, which passes on once all are done.
 
-        Addressed per row: one pointer per fragment row, the columns as compile-time offsets from
-        it (the head dim is contiguous), so the loop keeps two pointers live, not one per element
-        (per-element offsets hoisted out of the block loop spill at 128 x 128)."""
+        The row-order path is addressed per row: one pointer per fragment row, the columns as
+        compile-time offsets from it (the head dim is contiguous), so the loop keeps two pointers live,
+        not one per element (per-element offsets hoisted out of the block loop spill at 128 x 128)."""
         mdQaccum, mdQturn = dq_target
         if const_expr(self.deterministic):
             self.wait_turn(mdQturn, (batch_idx, head, m_block), self.dq_turn(n_block, m_block, seqlen_q, seqlen_k),

@@ -161,7 +161,8 @@ class FragmentPostprocess:
 
     def __init__(self, main):
         self.main = main                       # the FlashAttentionBackwardSm90 whose dQ this converts
-        # its programmatic dependent where it is the preprocess's (`plan.PROGRAMMATIC_LAUNCH`)
+        # the main kernel's programmatic dependent where the main kernel is the preprocess's
+        # (`plan.PROGRAMMATIC_LAUNCH`)
         self.programmatic_launch = main.programmatic_launch
         self.dtype = main.dtype
         self.head_dim = main.head_dim
