@@ -979,13 +979,14 @@ def _training_bar(doc: dict) -> str:
                      f"(of {len(ours)}), geometric mean {geometric_mean(ratios):.3f}, worst {max(ratios):.3f}")
     # where fa4.attention's backward was a peer's (its entry timed that one faster), the backward's ratio
     # is that kernel against itself: say on how many shapes ours ran, and how ours stood there
-    ran = {r.label: r.backward for r in ours if r.backward}
+    ran = [r for r in ours if r.backward]
     if ran:
-        own = [r.bwd_ratio for r in ours if r.backward == OURS and r.bwd_ratio is not None]
-        parts.append(f"its backward was ours on {len(own)} of {len(ran)} shapes"
+        mine = [r for r in ran if r.backward == OURS]
+        own = [r.bwd_ratio for r in mine if r.bwd_ratio is not None]
+        parts.append(f"its backward was ours on {len(mine)} of {len(ran)} shapes"
                      + (f" (backward geometric mean {geometric_mean(own):.3f} there)" if own else "")
                      + (", a peer's on the others (there the ratio is that kernel against itself)"
-                        if len(own) < len(ran) else ""))
+                        if len(mine) < len(ran) else ""))
     return "fa4.attention's training time over the fastest peer's: " + "; ".join(parts)
 
 
