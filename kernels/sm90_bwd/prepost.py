@@ -40,13 +40,16 @@ def rows_per_cta(head_dim: int) -> int:
 
 class _RowKernel:
     """A kernel over query rows: `threads_per_row` threads per row of `head_dim` elements, `rows`
-    rows per CTA (module docstring)."""
+    rows per CTA (module docstring). `programmatic_launch` (`plan.PROGRAMMATIC_LAUNCH`): the preprocess
+    lets the main kernel start as its programmatic dependent; a postprocess is the programmatic
+    dependent of the kernel before it."""
 
-    def __init__(self, *, dtype: str, head_dim: int):
+    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
         self.dtype = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype]
         self.head_dim = head_dim
         self.threads_per_row = head_dim // ELEMS_PER_THREAD
         self.rows = rows_per_cta(head_dim)
+        self.programmatic_launch = programmatic_launch
 
 
 @cute.jit
@@ -62,11 +65,6 @@ def follow_the_kernel_before(programmatic_launch: cutlass.Constexpr):
 
 class Preprocess(_RowKernel):
     """D = rowsum(dO * O) and LSE2 = LSE * log2(e), rows padded (module docstring)."""
-
-    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
-        super().__init__(dtype=dtype, head_dim=head_dim)
-        # the main kernel is its programmatic dependent (`plan.PROGRAMMATIC_LAUNCH`)
-        self.programmatic_launch = programmatic_launch
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
@@ -120,11 +118,6 @@ class Preprocess(_RowKernel):
 
 class Postprocess(_RowKernel):
     """dQ = dQ_accum * softmax_scale, converted to the inputs' dtype."""
-
-    def __init__(self, *, dtype: str, head_dim: int, programmatic_launch: bool = False):
-        super().__init__(dtype=dtype, head_dim=head_dim)
-        # a programmatic dependent of the kernel before it (`plan.PROGRAMMATIC_LAUNCH`)
-        self.programmatic_launch = programmatic_launch
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
