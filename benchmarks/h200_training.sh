@@ -86,6 +86,12 @@ for s in 2,8192,32,8,128,causal 1,16384,16,2,128,causal 4,4096,16,4,128,causal 8
          16,2048,16,16,64,causal 2,8192,32,8,128,full 3,3000,24,8,128,full 4,2048,16,4,128,full; do
   other_shapes="$other_shapes --shape $s"
 done
+# the seven grid shapes of the kernel A/Bs (bwd-dq-vector, bwd-pdl-ab): the five our backward trails
+# flash-attn-4 on and two it leads; B,S,HQ,HKV,D,mask as --shape takes them
+AB_SHAPES="1,8192,32,8,128,full 1,8192,32,8,128,causal 1,4096,32,8,128,full 4,2048,64,8,128,causal
+16,1024,32,8,128,full 8,512,16,16,64,full 8,512,16,16,64,causal"
+ab_shapes=""
+for s in $AB_SHAPES; do ab_shapes="$ab_shapes --shape $s"; done
 case "$STEP" in
   tests)
     # -v: a run cut by the call's limit still shows each test's outcome
@@ -202,13 +208,11 @@ case "$STEP" in
     # model at seven grid shapes (the five it trails flash-attn-4 on and two it leads), as tuned and with
     # dq_accum=fragment_atomic, and the default rule's both ways, on those shapes beside flash-attn-4
     # (each configuration's gradients checked first); then its GPU tests (about 7 minutes in all)
-    python3 - > "$OUT/dq_vector_configs.txt" <<'PY'
-import json, torch
+    AB_SHAPES="$AB_SHAPES" python3 - > "$OUT/dq_vector_configs.txt" <<'PY'
+import json, os, torch
 from fa4.kernels import Config
 device = torch.cuda.get_device_name()
-shapes = {(1, 8192, 32, 8, 128, False), (1, 8192, 32, 8, 128, True), (1, 4096, 32, 8, 128, False),
-          (4, 2048, 64, 8, 128, True), (16, 1024, 32, 8, 128, False), (8, 512, 16, 16, 64, False),
-          (8, 512, 16, 16, 64, True)}
+shapes = {(*map(int, s.split(",")[:5]), s.endswith("causal")) for s in os.environ["AB_SHAPES"].split()}
 labels = {}
 for e in json.load(open("fa4/data/best_configs.json"))["entries"]:
     p = e["problem"]
@@ -222,10 +226,8 @@ PY
     if [ -n "${AB_CONFIGS:-}" ]; then head -n "$AB_CONFIGS" "$OUT/dq_vector_configs.txt" > "$OUT/ab.txt" \
         && mv "$OUT/ab.txt" "$OUT/dq_vector_configs.txt"; fi
     # shellcheck disable=SC2086
-    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 timeout "${AB_SECONDS:-330}" python3 benchmarks/sm90_bwd_configs.py --jobs 8 --timeout 300 --shape 1,8192,32,8,128,full \
-        --shape 1,8192,32,8,128,causal --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal \
-        --shape 16,1024,32,8,128,full --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal \
-        --config-file "$OUT/dq_vector_configs.txt" --json "$OUT/bwd_dq_vector.json" \
+    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 timeout "${AB_SECONDS:-330}" python3 benchmarks/sm90_bwd_configs.py \
+        --jobs 8 --timeout 300 $ab_shapes --config-file "$OUT/dq_vector_configs.txt" --json "$OUT/bwd_dq_vector.json" \
         2> >(quiet > "$OUT/bwd_dq_vector.log") | tee "$OUT/bwd_dq_vector.txt" | tail -n 45
     timeout "${TESTS_SECONDS:-150}" python3 -m pytest -q -m gpu tests/gpu/test_sm90_bwd_gpu.py \
         tests/gpu/test_sm90_bwd_deterministic_gpu.py -k fragment_atomic -p no:cacheprovider 2>&1 \
@@ -239,11 +241,10 @@ PY
     # drift between the two plain runs is the noise), about 100 s each
     for side in 0 1 0; do
       # flash-attn-4's disk cache: its kernels compile in the first run only
+      # shellcheck disable=SC2086
       FA4_BWD_PROGRAMMATIC_LAUNCH=$side FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 timeout "${AB_SECONDS:-150}" \
           python3 benchmarks/sm90_bwd_configs.py \
-          --jobs 2 --timeout 140 --config rule --shape 1,8192,32,8,128,full --shape 1,8192,32,8,128,causal \
-          --shape 1,4096,32,8,128,full --shape 4,2048,64,8,128,causal --shape 16,1024,32,8,128,full \
-          --shape 8,512,16,16,64,full --shape 8,512,16,16,64,causal --json "$OUT/bwd_pdl_$side.json" \
+          --jobs 2 --timeout 140 --config rule $ab_shapes --json "$OUT/bwd_pdl_$side.json" \
           2> >(quiet >> "$OUT/bwd_pdl.log") | tee -a "$OUT/bwd_pdl.txt" | tail -n 12
       if [ -f "$OUT/bwd_pdl_$side.json" ]; then mv "$OUT/bwd_pdl_$side.json" "$OUT/bwd_pdl_${side}_$SECONDS.json"; fi
     done
