@@ -23,8 +23,8 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from statistics import geometric_mean
 from pathlib import Path
+from statistics import geometric_mean
 from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
